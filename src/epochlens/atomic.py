@@ -1,0 +1,43 @@
+"""Atomic file writes: a result file either exists complete or not at all.
+
+A job killed mid-write (time limit, pre-emption, Ctrl-C) must never leave a truncated file that a
+later run mistakes for a finished one. Each writer writes to a temporary file in the destination's
+folder and renames it into place (``os.replace`` is atomic on POSIX within one file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success rename it to ``path``, else delete it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | Path, writer: Callable[[Path], Any]) -> None:
+    """Call ``writer(tmp_path)`` and move the result to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        writer(tmp)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented, key-sorted JSON, atomically."""
+    write_atomic(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n"))
