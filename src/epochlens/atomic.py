@@ -26,10 +26,19 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp creates the file with mode 0600; give the result the mode a plain open() would
+        # (0666 minus the umask), so collaborators on a shared file system can read the results.
+        os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_atomic(path: str | Path, writer: Callable[[Path], Any]) -> None:
@@ -41,3 +50,14 @@ def write_atomic(path: str | Path, writer: Callable[[Path], Any]) -> None:
 def write_json(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted JSON, atomically."""
     write_atomic(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n"))
+
+
+def save_npy(path: str | Path, array: Any) -> None:
+    """``np.save`` atomically (through a file handle, so no ``.npy`` suffix is appended)."""
+    import numpy as np
+
+    def _write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+
+    write_atomic(path, _write)

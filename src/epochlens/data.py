@@ -76,7 +76,7 @@ class Dataset:
 
     def normalized(self, split: str, indices: np.ndarray | None = None) -> torch.Tensor:
         """Float32 tensor (N, C, H, W) of normalised images of ``split`` ("train" or "test")."""
-        images = self.train_images if split == "train" else self.test_images
+        images = self.train_images if _check_split(split) == "train" else self.test_images
         if indices is not None:
             images = images[indices]
         x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32) * self.scale
@@ -85,7 +85,13 @@ class Dataset:
         return (x - mean) / std
 
     def labels(self, split: str) -> np.ndarray:
-        return self.train_labels if split == "train" else self.test_labels
+        return self.train_labels if _check_split(split) == "train" else self.test_labels
+
+
+def _check_split(split: str) -> str:
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    return split
 
 
 def holdout_mask(labels: np.ndarray, per_class: int) -> np.ndarray:
@@ -161,18 +167,28 @@ def _unpickle(path: Path) -> dict:
         ) from exc
 
 
+CIFAR100_FILES = ("train", "test", "meta")
+
+
+def cifar100_files(folder: str | Path) -> list[Path]:
+    """The pickles of a ``cifar-100-python`` folder; DataError if the layout is wrong."""
+    folder = Path(folder)
+    missing = [name for name in CIFAR100_FILES if not (folder / name).is_file()]
+    if not folder.is_dir() or missing:
+        found = sorted(p.name for p in folder.iterdir())[:10] if folder.is_dir() else []
+        what = f"missing {missing}; found {found}" if folder.is_dir() else "no such folder"
+        raise DataError(
+            f"{folder}: not a cifar-100-python folder ({what}). Point data.path at the folder "
+            "extracted from cifar-100-python.tar.gz, which holds the pickles 'train', 'test' and "
+            "'meta'."
+        )
+    return [folder / name for name in CIFAR100_FILES]
+
+
 def load_cifar100(folder: str | Path) -> Dataset:
     """Read a ``cifar-100-python`` folder in its original pickle layout."""
     folder = Path(folder)
-    expected = ["train", "test", "meta"]
-    missing = [name for name in expected if not (folder / name).is_file()]
-    if not folder.is_dir() or missing:
-        found = sorted(p.name for p in folder.iterdir())[:10] if folder.is_dir() else []
-        raise DataError(
-            f"{folder}: not a cifar-100-python folder (missing {missing}; found {found}). Point "
-            "data.path at the folder extracted from cifar-100-python.tar.gz, which holds the "
-            "pickles 'train', 'test' and 'meta'."
-        )
+    cifar100_files(folder)
     splits = {}
     for split in ("train", "test"):
         d = _unpickle(folder / split)
@@ -229,6 +245,11 @@ def load_npz(path: str | Path, layout: str = "nchw", scale: float | None = None)
         archive = np.load(path, allow_pickle=False)
     except Exception as exc:
         raise DataError(f"{path}: not a readable .npz ({exc}).") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):  # a single .npy array loads as ndarray
+        raise DataError(
+            f"{path}: a single .npy array, not an .npz archive; save it with "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)."
+        )
     keys = ("x_train", "y_train", "x_test", "y_test")
     missing = [k for k in keys if k not in archive.files]
     if missing:
@@ -321,8 +342,7 @@ def read_dataset(path: str | Path) -> Dataset:
             stored_hash = str(f.attrs["content_hash"])
     except (OSError, KeyError) as exc:
         raise DataError(
-            f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the "
-            "prepare_data rule."
+            f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."
         ) from exc
     if ds.content_hash != stored_hash:
         raise DataError(f"{path}: content hash mismatch; the file is corrupt. Delete and rerun.")

@@ -47,8 +47,10 @@ class ClassSchedule:
 
     def __post_init__(self) -> None:
         order = np.asarray(self.class_order)
+        # Check before converting: astype would turn a float order into ints, fail on strings, and
+        # len() fails on a 0-d array; all of these must be ClassOrderError.
+        check_permutation(order, order.size, source="class_order")
         object.__setattr__(self, "class_order", order.astype(np.int64))
-        check_permutation(order, len(order), source="class_order")
         n = len(order)
         if not 1 <= self.initial_classes <= n:
             raise ConfigError(
@@ -81,8 +83,7 @@ class ClassSchedule:
         """Number of classes the model at checkpoint ``epoch`` has been trained on (see module doc)."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        # Task being trained during (E-1, E]; a boundary checkpoint belongs to the task it ends.
-        task = 0 if epoch == 0 else (epoch - 1) // self.epochs_per_task
+        task = int(task_at_epoch(epoch, self.epochs_per_task))
         return min(self.num_classes, self.initial_classes + self.increment * task)
 
     def active_classes(self, epoch: int) -> np.ndarray:
@@ -110,6 +111,16 @@ class ClassSchedule:
         epochs = set(range(0, self.final_epoch + 1, self.epochs_per_task))
         epochs.update(range(0, self.final_epoch + 1, step))
         return sorted(epochs)
+
+
+def task_at_epoch(epoch, epochs_per_task: int):
+    """Task most recently trained at checkpoint ``epoch`` (scalar or array); 0 for epoch 0.
+
+    Training during epochs (E-1, E] belongs to task (E-1) // epochs_per_task, so a boundary
+    checkpoint belongs to the task it ends.
+    """
+    epoch = np.asarray(epoch)
+    return np.where(epoch == 0, 0, (epoch - 1) // epochs_per_task)
 
 
 def check_permutation(order: np.ndarray, num_classes: int, source: str | Path) -> None:

@@ -1,0 +1,45 @@
+# epochlens: per-sample analyses of a training run (checkpoints + data set).
+#
+#   snakemake --profile profiles/default                 # the embedded default (digits)
+#   snakemake --configfile config/cifar100_lop.yaml ...  # the loss-of-plasticity CIFAR-100 study
+#   snakemake figures                                    # redraw figures from cached tables
+#
+# The DAG per run:  prepare_data -> class_order -> train_<run> (or the user's checkpoint folder)
+#                   -> evaluate_checkpoint (one job per index x epoch) -> accuracy_tables -> plots
+
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+
+
+validate_config(config)
+
+
+wildcard_constraints:
+    run=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    index=r"\d+",
+    epoch=r"\d\d\d\d+",
+
+
+include: "rules/data.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+include: "rules/figures.smk"
+
+
+localrules:
+    all,
+    figures,
+
+
+rule all:
+    default_target: True
+    input:
+        get_all_figures(),

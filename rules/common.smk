@@ -1,0 +1,151 @@
+# Helpers shared by the rules: config validation and the get_* functions that map wildcards to
+# paths and parameters. The analysis code lives in src/epochlens; nothing here computes results.
+
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+# Prefer the library next to this Snakefile over any other installed copy, here and in the jobs'
+# scripts (which inherit the environment).
+_SRC = str(Path(workflow.basedir) / "src")
+sys.path.insert(0, _SRC)
+os.environ.update(
+    PYTHONPATH=os.pathsep.join(filter(None, [_SRC, os.getenv("PYTHONPATH")]))
+)
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from epochlens import config as run_config
+from epochlens.data import cifar100_files
+from epochlens.errors import EpochlensError
+from epochlens.provenance import module_sources
+
+SCHEMA = Path(workflow.basedir) / "config" / "schema.yaml"
+SCRIPTS = Path(workflow.basedir) / "scripts"
+
+
+def validate_config(cfg):
+    """Schema check (fills defaults), then the checks a schema cannot express."""
+    try:
+        validate(cfg, SCHEMA)
+    except WorkflowError:
+        raise WorkflowError(run_config.explain_config_errors(cfg, SCHEMA)) from None
+    for name, run in cfg["runs"].items():
+        try:
+            run_config.analysis_epochs(name, run)
+        except EpochlensError as exc:
+            raise WorkflowError(str(exc)) from None
+
+
+def get_run(wildcards):
+    return config["runs"][wildcards.run]
+
+
+@cache
+def get_epochs(run):
+    """Checkpoint epochs analysed for ``run``."""
+    return run_config.analysis_epochs(run, config["runs"][run])
+
+
+def get_code(script):
+    """A rule's script plus every epochlens module it imports: editing any of them reruns the rule."""
+    path = SCRIPTS / script
+    return [str(path)] + [str(p) for p in module_sources(path)]
+
+
+def get_dataset(wildcards):
+    return f"results/{wildcards.run}/data/dataset.h5"
+
+
+def get_class_order(wildcards):
+    return f"results/{wildcards.run}/index-{wildcards.index}/class_order.npy"
+
+
+def get_data_source_files(wildcards):
+    """The user's data files (so replacing them rebuilds dataset.h5); none for bundled digits."""
+    data = get_run(wildcards)["data"]
+    if data["source"] == "cifar100":
+        return [str(p) for p in cifar100_files(data["path"])]
+    if data["source"] == "npz":
+        return [data["path"]]
+    return []
+
+
+def get_user_class_order(wildcards):
+    spec = get_run(wildcards)["class_order"]
+    if spec["source"] != "file":
+        return []
+    path = Path(spec["path"].format(index=int(wildcards.index)))
+    if not path.is_file():
+        raise WorkflowError(
+            f"{path}: class order file not found (run {wildcards.run}, index {wildcards.index}). "
+            "Fix class_order.path in the config or use class_order.source: seed."
+        )
+    return [str(path)]
+
+
+def get_trained_runs():
+    return [
+        r
+        for r, spec in config["runs"].items()
+        if spec["checkpoints"]["source"] == "train"
+    ]
+
+
+def get_trained_checkpoints(run):
+    """Output paths of run's training job (``{index}`` left as a wildcard)."""
+    epochs = run_config.checkpoint_epochs(config["runs"][run])
+    return [
+        f"results/{run}/index-{{index}}/checkpoints/epoch_{e:04d}.pt" for e in epochs
+    ]
+
+
+def get_checkpoint(wildcards):
+    """The checkpoint of (run, index, epoch): trained by the pipeline or in the user's folder."""
+    ckpt = get_run(wildcards)["checkpoints"]
+    if ckpt["source"] == "train":
+        return (
+            f"results/{wildcards.run}/index-{wildcards.index}/checkpoints/"
+            f"epoch_{wildcards.epoch}.pt"
+        )
+    path = Path(
+        ckpt["path"].format(index=int(wildcards.index), epoch=int(wildcards.epoch))
+    )
+    if not path.is_file():
+        raise WorkflowError(
+            f"{path}: checkpoint not found (run {wildcards.run}, index {wildcards.index}, epoch "
+            f"{int(wildcards.epoch)}). Copy it from the training run, fix checkpoints.path, or "
+            "restrict runs.<run>.epochs to the epochs you have."
+        )
+    return str(path)
+
+
+def get_eval_tables(wildcards):
+    run = wildcards.run
+    return [
+        f"results/{run}/index-{index}/eval/epoch_{epoch:04d}.csv"
+        for index in config["runs"][run]["indices"]
+        for epoch in get_epochs(run)
+    ]
+
+
+def get_data_params(wildcards):
+    return get_run(wildcards)["data"]
+
+
+def get_class_order_params(wildcards):
+    return get_run(wildcards)["class_order"]
+
+
+def get_epochs_per_task(wildcards):
+    return get_run(wildcards)["schedule"]["epochs_per_task"]
+
+
+def get_all_figures():
+    return [
+        f"results/{run}/figures/accuracy_by_cohort.{ext}"
+        for run in config["runs"]
+        for ext in ("png", "pdf")
+    ]

@@ -1,0 +1,20 @@
+rule plot_accuracy:
+    input:
+        cohorts="results/{run}/tables/accuracy_per_cohort.csv",
+        code=get_code("plot_accuracy.py"),
+    output:
+        png="results/{run}/figures/accuracy_by_cohort.png",
+        pdf="results/{run}/figures/accuracy_by_cohort.pdf",
+    log:
+        "results/{run}/logs/plot_accuracy.log",
+    conda:
+        "../envs/epochlens.yaml"
+    params:
+        epochs_per_task=get_epochs_per_task,
+    script:
+        "../scripts/plot_accuracy.py"
+
+
+rule figures:
+    input:
+        get_all_figures(),

@@ -1,0 +1,41 @@
+"""Rule evaluate_checkpoint: per-class accuracy of one checkpoint on the test set and the holdout."""
+
+import numpy as np
+
+from epochlens.atomic import write_atomic
+from epochlens.checkpoints import load_into
+from epochlens.data import read_dataset
+from epochlens.device import resolve_device
+from epochlens.evaluation import evaluate_checkpoint
+from epochlens.models import build_model
+from epochlens.runner import log, run_step
+from epochlens.schedule import ClassSchedule
+
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
+
+
+def main() -> None:
+    run = snakemake.params.run
+    epoch = int(snakemake.wildcards.epoch)
+    data = read_dataset(snakemake.input.dataset)
+    s = run["schedule"]
+    schedule = ClassSchedule(
+        np.load(snakemake.input.class_order), s["initial_classes"], s["increment"], s["epochs_per_task"]
+    )
+    model = build_model(run["model"]["name"], data.num_classes, data.train_images.shape[1])
+    load_into(model, snakemake.input.checkpoint)
+    device = resolve_device(snakemake.params.device)
+    table = evaluate_checkpoint(model, data, schedule, epoch, run["evaluation"]["batch_size"], device)
+    table.insert(0, "index", int(snakemake.wildcards.index))
+    table.insert(0, "run", snakemake.wildcards.run)
+    write_atomic(snakemake.output.table, lambda p: table.to_csv(p, index=False))
+    test = table[table["split"] == "test"]
+    log.info(
+        "epoch %d: %d active classes, test accuracy %.3f",
+        epoch,
+        schedule.num_active(epoch),
+        test["n_correct"].sum() / max(test["n"].sum(), 1),
+    )
+
+
+run_step(main, snakemake.log[0])

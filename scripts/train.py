@@ -1,0 +1,61 @@
+"""Rule train_<run>: class-incremental training of one replicate, checkpoints at task boundaries."""
+
+from pathlib import Path
+
+import numpy as np
+
+from epochlens.atomic import write_atomic, write_json
+from epochlens.data import read_dataset
+from epochlens.device import resolve_device
+from epochlens.models import build_model
+from epochlens.provenance import provenance
+from epochlens.runner import log, run_step
+from epochlens.schedule import ClassSchedule
+from epochlens.training import TrainSettings, train_incremental
+
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
+
+
+def main() -> None:
+    run = snakemake.params.run
+    index = int(snakemake.wildcards.index)
+    data = read_dataset(snakemake.input.dataset)
+    s = run["schedule"]
+    schedule = ClassSchedule(
+        np.load(snakemake.input.class_order), s["initial_classes"], s["increment"], s["epochs_per_task"]
+    )
+    settings = TrainSettings(**{**run["train"], "seed": run["train"]["seed"] + index})
+    in_channels = data.train_images.shape[1]
+    model = build_model(run["model"]["name"], data.num_classes, in_channels)
+    folder = Path(snakemake.output.checkpoints[0]).parent
+    device = resolve_device(snakemake.params.device)
+    log.info(
+        "training index %d on %s: %d tasks x %d epochs",
+        index,
+        device,
+        schedule.num_tasks,
+        s["epochs_per_task"],
+    )
+    table = train_incremental(
+        model,
+        data,
+        schedule,
+        settings,
+        checkpoint_path=lambda epoch: folder / f"epoch_{epoch:04d}.pt",
+        save_every=run["checkpoints"].get("save_every"),
+        device=device,
+    )
+    write_atomic(snakemake.output.log_table, lambda p: table.to_csv(p, index=False))
+    write_json(
+        snakemake.output.metadata,
+        {
+            "index": index,
+            "device": str(device),
+            "settings": vars(settings),
+            "final_holdout_accuracy": float(table["holdout_accuracy"].iloc[-1]),
+            "provenance": provenance(run, {"dataset": data.content_hash}),
+        },
+    )
+
+
+run_step(main, snakemake.log[0])

@@ -1,0 +1,118 @@
+"""Per-checkpoint evaluation: accuracy and loss per class and per task cohort.
+
+A cohort is the set of classes introduced in the same task. At checkpoint epoch E the "new" cohort
+is the one most recently trained (the task that ended at or is running at E) and the "old" cohorts
+are those trained before it; classes not yet introduced are not evaluated (their logits are not
+part of the restricted output).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from epochlens.data import Dataset
+from epochlens.models import positions_in, restrict_logits
+from epochlens.schedule import ClassSchedule, task_at_epoch
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    images: torch.Tensor,
+    targets: np.ndarray,
+    active_classes: np.ndarray,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample correctness (bool) and cross-entropy over the restricted logits, eval mode."""
+    model.eval().to(device)
+    correct, losses = [], []
+    t = torch.as_tensor(targets)
+    for start in range(0, len(images), batch_size):
+        xb = images[start : start + batch_size].to(device)
+        yb = t[start : start + batch_size].to(device)
+        logits = restrict_logits(model(xb), active_classes)
+        losses.append(nn.functional.cross_entropy(logits, yb, reduction="none").cpu())
+        correct.append((logits.argmax(1) == yb).cpu())
+    if not correct:
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.float32)
+    return torch.cat(correct).numpy(), torch.cat(losses).numpy()
+
+
+def evaluate_checkpoint(
+    model: nn.Module,
+    data: Dataset,
+    schedule: ClassSchedule,
+    epoch: int,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> pd.DataFrame:
+    """Tidy per-class table for one checkpoint on the test set and the training holdout.
+
+    Columns: epoch, split, class_id, class_name, position (in the class order), cohort (task that
+    introduced it), n, n_correct, accuracy, mean_loss.
+    """
+    active = schedule.active_classes(epoch)
+    cohort = schedule.task_of_class()
+    position = np.argsort(schedule.class_order)
+    rows = []
+    for split, mask_fn in (
+        ("test", lambda labels: np.ones(len(labels), dtype=bool)),
+        ("holdout", lambda labels: data.holdout),
+    ):
+        base = "test" if split == "test" else "train"
+        labels = data.labels(base)
+        idx = np.flatnonzero(mask_fn(labels) & np.isin(labels, active))
+        if len(idx) == 0:
+            continue
+        correct, loss = predict(
+            model,
+            data.normalized(base, idx),
+            positions_in(labels[idx], active),
+            active,
+            batch_size,
+            device,
+        )
+        frame = pd.DataFrame({"class_id": labels[idx], "correct": correct, "loss": loss})
+        for class_id, group in frame.groupby("class_id", sort=True):
+            rows.append(
+                dict(
+                    epoch=epoch,
+                    split=split,
+                    class_id=int(class_id),
+                    class_name=data.class_names[int(class_id)],
+                    position=int(position[class_id]),
+                    cohort=int(cohort[class_id]),
+                    n=len(group),
+                    n_correct=int(group["correct"].sum()),
+                    accuracy=float(group["correct"].mean()),
+                    mean_loss=float(group["loss"].mean()),
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def cohort_table(per_class: pd.DataFrame, epochs_per_task: int) -> pd.DataFrame:
+    """Aggregate a per-class table (any number of runs/indices/epochs) to cohorts and old/new.
+
+    Returns rows per (index, epoch, split, group) where group is ``cohort <k>``, ``old`` or ``new``,
+    with n, n_correct and accuracy = n_correct / n (sample-weighted).
+    """
+    df = per_class.copy()
+    newest = task_at_epoch(df["epoch"].to_numpy(), epochs_per_task)
+    df["age"] = np.where(df["cohort"] == newest, "new", "old")
+    keys = ["index", "epoch", "split"]
+    parts = []
+    by_cohort = df.groupby([*keys, "cohort"], as_index=False)[["n", "n_correct"]].sum()
+    by_cohort["group"] = "cohort " + by_cohort["cohort"].astype(str)
+    by_age = df.groupby([*keys, "age"], as_index=False)[["n", "n_correct"]].sum()
+    by_age["group"] = by_age["age"]
+    by_age["cohort"] = -1
+    for g in (by_cohort, by_age):
+        parts.append(g[[*keys, "group", "cohort", "n", "n_correct"]])
+    out = pd.concat(parts, ignore_index=True)
+    out["accuracy"] = out["n_correct"] / out["n"]
+    return out.sort_values([*keys, "cohort", "group"]).reset_index(drop=True)

@@ -1,0 +1,93 @@
+"""What produced a result: code version, the library modules a script uses, package versions."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import platform
+import subprocess
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import epochlens
+
+PACKAGE_DIR = Path(epochlens.__file__).resolve().parent
+_PACKAGES = ("torch", "numpy", "h5py", "pandas", "scikit-learn", "matplotlib", "snakemake")
+
+
+def module_sources(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """The ``epochlens`` modules that ``script`` imports, directly or through other modules.
+
+    Snakemake does not notice edits to modules a script imports; listing these files as a rule's
+    inputs makes a change to any of them rebuild what the rule produced. ``__init__.py`` is left out
+    (it only holds the version).
+    """
+    found: set[Path] = set()
+    todo = [Path(script)]
+    while todo:
+        tree = ast.parse(todo.pop().read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "epochlens" or len(parts) < 2:
+                    continue
+                path = package_dir.joinpath(*parts[1:]).with_suffix(".py")
+                if path.is_file() and path not in found:
+                    found.add(path)
+                    todo.append(path)
+    return sorted(found)
+
+
+@cache
+def code_version() -> dict:
+    """Git commit and dirty flag of the checkout holding the library (or the package version)."""
+    info = {"epochlens": epochlens.__version__, "git_commit": None, "git_dirty": None}
+    try:
+        root = PACKAGE_DIR.parents[1]
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode == 0:
+            info["git_commit"] = commit.stdout.strip()
+            status = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            info["git_dirty"] = bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def config_hash(cfg: dict) -> str:
+    """SHA-256 of a config section, independent of key order."""
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def provenance(cfg: dict, inputs: dict[str, str] | None = None) -> dict:
+    """Provenance record for a metadata.json: code, config hash, input hashes, packages."""
+    return {
+        "code": code_version(),
+        "config_hash": config_hash(cfg),
+        "inputs": inputs or {},
+        "packages": package_versions(),
+    }

@@ -1,0 +1,68 @@
+"""Running a pipeline step with a log file and errors a user can act on.
+
+The workflow's scripts call :func:`run_step`; it knows nothing of Snakemake, only a log path.
+Everything written to stderr (messages, progress bars, tracebacks) goes to the terminal and to the
+log. A user error (:class:`~epochlens.errors.EpochlensError`) is reported as its message alone,
+without a traceback, and the step exits with status 1 so the workflow manager marks it failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from epochlens.errors import EpochlensError
+
+log = logging.getLogger("epochlens")
+
+
+class _Tee:
+    """Copy writes to the terminal and to the log file; progress-bar redraws go to the terminal only."""
+
+    def __init__(self, terminal, logfile):
+        self.terminal, self.logfile = terminal, logfile
+
+    def write(self, text: str) -> int:
+        self.terminal.write(text)
+        if not text.startswith("\r"):  # tqdm redraws a bar by writing "\r..."
+            self.logfile.write(text)
+        self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.terminal.flush()
+        self.logfile.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def run_step(main: Callable[[], None], log_path: str | Path | None) -> None:
+    """Call ``main()`` with stderr copied to ``log_path``; exit 1 with a clear message on error."""
+    handle = None
+    original = sys.stderr
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handle = open(log_path, "w")  # noqa: SIM115 - closed in finally
+        sys.stderr = _Tee(original, handle)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    try:
+        main()
+    except EpochlensError as exc:
+        log.error("%s", exc)
+        raise SystemExit(1) from None
+    except Exception:
+        traceback.print_exc()
+        raise SystemExit(1) from None
+    finally:
+        sys.stderr = original
+        if handle:
+            handle.close()

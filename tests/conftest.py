@@ -1,0 +1,32 @@
+"""Shared fixtures for the unit tests: small, seeded and fast (two CPU cores)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from epochlens.data import Dataset
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded numpy generator, fresh for every test."""
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def tiny_dataset(rng: np.random.Generator) -> Dataset:
+    """3 classes, RGB uint8 4x4 images: 12 train (4 per class, interleaved) and 6 test images."""
+    return Dataset(
+        name="tiny",
+        source="conftest",
+        train_images=rng.integers(0, 256, size=(12, 3, 4, 4), dtype=np.uint8),
+        train_labels=np.tile(np.arange(3), 4),
+        test_images=rng.integers(0, 256, size=(6, 3, 4, 4), dtype=np.uint8),
+        test_labels=np.tile(np.arange(3), 2),
+        num_classes=3,
+        scale=1.0 / 255.0,
+        mean=(0.5, 0.4, 0.3),
+        std=(0.25, 0.2, 0.1),
+        class_names=["cat", "dog", "fox"],
+    )

@@ -1,0 +1,210 @@
+"""The workflow as users drive it: job lists, partial rebuilds, staleness, and bad input.
+
+A tiny run reads its checkpoints from a folder, as a user with their own training run would:
+digits, 10 classes, 4 initial +3 every 2 epochs -> checkpoints at epochs 0, 2, 4, 6.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from wfutil import (
+    REPO,
+    copy_workflow,
+    planned_jobs,
+    planned_wildcards,
+    save_random_checkpoint,
+    snakemake,
+    write_config,
+)
+
+from epochlens.models import ResNet18LoP, SmallCNN
+
+pytestmark = pytest.mark.workflow
+
+EPOCHS = (0, 2, 4, 6)
+
+
+def tiny_config(ckpt_dir: Path, **overrides) -> dict:
+    run = {
+        "data": {"source": "digits", "holdout_per_class": 5},
+        "model": {"name": "small_cnn"},
+        "schedule": {"initial_classes": 4, "increment": 3, "epochs_per_task": 2},
+        "indices": [0],
+        "checkpoints": {"source": "folder", "path": str(ckpt_dir / "index-{index}_epoch-{epoch}.pt")},
+    }
+    run.update(overrides)
+    return {"device": "cpu", "runs": {"tiny": run}}
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """(workflow copy, workdir, configfile) with random checkpoints for every epoch."""
+    wf = copy_workflow(tmp_path / "wf")
+    work = tmp_path / "work"
+    work.mkdir()
+    ckpts = tmp_path / "model_parameters"
+    for epoch in EPOCHS:
+        save_random_checkpoint(SmallCNN, ckpts / f"index-0_epoch-{epoch}.pt", seed=epoch, num_classes=10)
+    cfg = write_config(tmp_path / "tiny.yaml", tiny_config(ckpts))
+    return wf, work, cfg, ckpts
+
+
+def test_default_config_job_list(tmp_path):
+    jobs = planned_jobs(REPO, tmp_path, configfile=REPO / "config/config.yaml")
+    # digits, 2 seeds, 5 tasks x 15 epochs, checkpoints every 3 epochs -> 26 per seed
+    assert jobs == {
+        "prepare_data": 1,
+        "class_order": 2,
+        "train_digits": 2,
+        "evaluate_checkpoint": 52,
+        "accuracy_tables": 1,
+        "plot_accuracy": 1,
+        "all": 1,
+    }
+
+
+def test_partial_rebuilds(tiny):
+    wf, work, cfg, ckpts = tiny
+
+    # One epoch's output builds only what that epoch needs.
+    one = "results/tiny/index-0/eval/epoch_0004.csv"
+    assert planned_jobs(wf, work, one, configfile=cfg) == {
+        "prepare_data": 1,
+        "class_order": 1,
+        "evaluate_checkpoint": 1,
+    }
+
+    snakemake(wf, work, configfile=cfg)
+    assert (work / "results/tiny/figures/accuracy_by_cohort.png").stat().st_size > 10_000
+    assert (work / "results/tiny/figures/accuracy_by_cohort.pdf").exists()
+
+    # A second run does nothing.
+    assert planned_jobs(wf, work, configfile=cfg) == {}
+
+    # Replacing one checkpoint reruns that epoch and the aggregates only.
+    save_random_checkpoint(SmallCNN, ckpts / "index-0_epoch-4.pt", seed=99, num_classes=10)
+    assert planned_jobs(wf, work, configfile=cfg) == {
+        "evaluate_checkpoint": 1,
+        "accuracy_tables": 1,
+        "plot_accuracy": 1,
+        "all": 1,
+    }
+    assert planned_wildcards(wf, work, "evaluate_checkpoint", configfile=cfg) == [
+        "run=tiny, index=0, epoch=0004"
+    ]
+    snakemake(wf, work, configfile=cfg)
+
+    # Editing a plotting script reruns plots only (also through the `figures` target).
+    with open(wf / "scripts/plot_accuracy.py", "a") as f:
+        f.write("\n# edited\n")
+    assert planned_jobs(wf, work, "figures", configfile=cfg) == {"plot_accuracy": 1, "figures": 1}
+    snakemake(wf, work, configfile=cfg)
+
+    # Editing a library module a rule imports reruns that rule (and what depends on it).
+    with open(wf / "src/epochlens/evaluation.py", "a") as f:
+        f.write("\n# edited\n")
+    assert planned_jobs(wf, work, configfile=cfg) == {
+        "evaluate_checkpoint": len(EPOCHS),
+        "accuracy_tables": 1,
+        "plot_accuracy": 1,
+        "all": 1,
+    }
+
+
+def test_results_of_tiny_run(tiny):
+    wf, work, cfg, _ = tiny
+    snakemake(wf, work, configfile=cfg)
+    per_class = pd.read_csv(work / "results/tiny/tables/accuracy_per_class.csv")
+    test = per_class[per_class["split"] == "test"]
+    # Classes evaluated per checkpoint follow the schedule: 4, 4, 7, 10.
+    assert test.groupby("epoch")["class_id"].nunique().to_dict() == {0: 4, 2: 4, 4: 7, 6: 10}
+    order = np.load(work / "results/tiny/index-0/class_order.npy")
+    assert sorted(test[test["epoch"] == 2]["class_id"]) == sorted(order[:4])
+    cohorts = pd.read_csv(work / "results/tiny/tables/accuracy_per_cohort.csv")
+    at6 = cohorts[(cohorts["epoch"] == 6) & (cohorts["split"] == "test")].set_index("group")
+    assert set(at6.index) == {"cohort 0", "cohort 1", "cohort 2", "old", "new"}
+    assert at6.loc["new", "n"] == at6.loc["cohort 2", "n"]
+    assert at6.loc["old", "n"] == at6.loc["cohort 0", "n"] + at6.loc["cohort 1", "n"]
+
+
+def test_config_typo_fails_before_any_job(tiny):
+    wf, work, _, ckpts = tiny
+    cfg = tiny_config(ckpts)
+    cfg["runs"]["tiny"]["schedule"]["epoch_per_task"] = cfg["runs"]["tiny"]["schedule"].pop("epochs_per_task")
+    path = write_config(work / "typo.yaml", cfg)
+    proc = snakemake(wf, work, "--dry-run", configfile=path, check=False)
+    assert proc.returncode != 0
+    assert "runs.tiny.schedule" in proc.stdout
+    assert "'epoch_per_task' was unexpected" in proc.stdout
+    assert "allowed keys here: epochs_per_task, increment, initial_classes" in proc.stdout
+    assert not (work / "results").exists()
+
+
+def test_bad_config_value_names_key_and_allowed_values(tiny):
+    wf, work, _, ckpts = tiny
+    cfg = tiny_config(ckpts, model={"name": "resnet50"})
+    proc = snakemake(wf, work, "--dry-run", configfile=write_config(work / "bad.yaml", cfg), check=False)
+    assert proc.returncode != 0
+    assert "runs.tiny.model.name" in proc.stdout
+    assert "allowed values: small_cnn, resnet18_lop" in proc.stdout
+
+
+def test_missing_checkpoint_names_file(tiny):
+    wf, work, cfg, ckpts = tiny
+    (ckpts / "index-0_epoch-4.pt").unlink()
+    proc = snakemake(wf, work, "--dry-run", configfile=cfg, check=False)
+    assert proc.returncode != 0
+    assert str(ckpts / "index-0_epoch-4.pt") in proc.stdout
+    assert "checkpoint not found" in proc.stdout
+
+
+def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
+    wf, work, cfg, ckpts = tiny
+    bad = ckpts / "index-0_epoch-2.pt"
+    bad.write_bytes(bad.read_bytes()[:1000])
+    proc = snakemake(wf, work, configfile=cfg, check=False)
+    assert proc.returncode != 0
+    assert str(bad) in proc.stdout
+    assert "truncated or corrupt" in proc.stdout
+    evals = work / "results/tiny/index-0/eval"
+    assert sorted(p.name for p in evals.glob("*.csv")) == [
+        "epoch_0000.csv",
+        "epoch_0004.csv",
+        "epoch_0006.csv",
+    ]
+    # Fixing the file and rerunning computes only what is missing.
+    save_random_checkpoint(SmallCNN, bad, seed=2, num_classes=10)
+    assert planned_jobs(wf, work, configfile=cfg) == {
+        "evaluate_checkpoint": 1,
+        "accuracy_tables": 1,
+        "plot_accuracy": 1,
+        "all": 1,
+    }
+
+
+def test_checkpoint_of_another_architecture_lists_keys(tiny):
+    wf, work, cfg, ckpts = tiny
+    save_random_checkpoint(ResNet18LoP, ckpts / "index-0_epoch-0.pt", seed=0, num_classes=10)
+    proc = snakemake(wf, work, "results/tiny/index-0/eval/epoch_0000.csv", configfile=cfg, check=False)
+    assert proc.returncode != 0
+    assert "does not fit model SmallCNN" in proc.stdout
+    assert "unexpected keys ['bn1.bias'" in proc.stdout
+
+
+def test_class_order_that_is_not_a_permutation(tiny, tmp_path):
+    wf, work, _, ckpts = tiny
+    order_file = tmp_path / "class_order" / "index-0.npy"
+    order_file.parent.mkdir()
+    np.save(order_file, np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 8]))
+    cfg = tiny_config(
+        ckpts, class_order={"source": "file", "path": str(tmp_path / "class_order/index-{index}.npy")}
+    )
+    path = write_config(work / "order.yaml", cfg)
+    proc = snakemake(wf, work, "results/tiny/index-0/class_order.npy", configfile=path, check=False)
+    assert proc.returncode != 0
+    assert str(order_file) in proc.stdout
+    assert "not a permutation" in proc.stdout and "repeated [8]" in proc.stdout

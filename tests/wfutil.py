@@ -1,0 +1,121 @@
+"""Helpers for tests that drive the Snakemake workflow through its command line."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "src", "profiles", "envs")
+
+
+def copy_workflow(dest: Path) -> Path:
+    """Copy the workflow (Snakefile, rules, scripts, config, library) so a test may edit it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for part in WORKFLOW_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, dest / part)
+    return dest
+
+
+def snakemake(
+    workflow: Path, workdir: Path, *args: str, configfile: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
+    """Run ``snakemake`` on ``workflow``'s Snakefile in ``workdir``; output in .stdout (merged)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(workflow / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "2",
+        "--keep-going",
+        "--show-failed-logs",
+    ]
+    cmd += args
+    if configfile:  # last: --configfile takes several values and would swallow a target
+        cmd += ["--configfile", str(configfile)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc.stdout = proc.stdout + proc.stderr
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-6000:]}")
+    return proc
+
+
+def planned_jobs(workflow: Path, workdir: Path, *targets: str, configfile: Path | None = None) -> dict:
+    """Dry run: {rule: job count} that Snakemake would run now (empty when up to date)."""
+    out = snakemake(workflow, workdir, "--dry-run", *targets, configfile=configfile).stdout
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1]
+    jobs = {}
+    for line in table.splitlines()[3:]:
+        m = re.match(r"^(\S+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        if m.group(1) != "total":
+            jobs[m.group(1)] = int(m.group(2))
+    return jobs
+
+
+def planned_wildcards(workflow: Path, workdir: Path, rule: str, configfile: Path | None = None) -> list[str]:
+    """The ``wildcards:`` lines of the planned jobs of ``rule`` in a dry run."""
+    out = snakemake(workflow, workdir, "--dry-run", configfile=configfile).stdout
+    blocks = re.split(r"\n(?=(?:local)?rule )", out)
+    found = []
+    for block in blocks:
+        if re.match(rf"(?:local)?rule {rule}:", block):
+            m = re.search(r"wildcards: (.*)", block)
+            found.append(m.group(1).strip() if m else "")
+    return found
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def save_random_checkpoint(model_cls, path: Path, seed: int, **kwargs) -> None:
+    """A randomly initialised model saved as the original experiment does: a bare state_dict."""
+    torch.manual_seed(seed)
+    model = model_cls(**kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+
+
+def write_cifar100_folder(folder: Path, train_per_class: int, test_per_class: int, seed: int = 0) -> None:
+    """A small data set in the real ``cifar-100-python`` pickle layout (random pixels)."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, per_class in (("train", train_per_class), ("test", test_per_class)):
+        labels = rng.permutation(np.repeat(np.arange(100), per_class))
+        d = {
+            "filenames": [f"img_{i}.png" for i in range(len(labels))],
+            "batch_label": f"{split} batch",
+            "fine_labels": labels.tolist(),
+            "coarse_labels": (labels // 5).tolist(),
+            "data": rng.integers(0, 256, size=(len(labels), 3072), dtype=np.uint8),
+        }
+        with open(folder / split, "wb") as f:
+            pickle.dump(d, f, protocol=2)
+    meta = {
+        "fine_label_names": [f"class_{c}" for c in range(100)],
+        "coarse_label_names": [f"super_{c}" for c in range(20)],
+    }
+    with open(folder / "meta", "wb") as f:
+        pickle.dump(meta, f, protocol=2)
