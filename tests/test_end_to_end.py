@@ -1,0 +1,44 @@
+"""The embedded default end to end, as `make demo` runs it: train, evaluate, tabulate, plot."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from wfutil import REPO, copy_workflow, planned_jobs, snakemake
+
+from epochlens.checkpoints import load_into
+from epochlens.models import SmallCNN
+
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
+
+
+def test_embedded_default(tmp_path):
+    wf = copy_workflow(tmp_path / "wf")
+    work = tmp_path / "work"
+    work.mkdir()
+    cfg = REPO / "config/config.yaml"
+    snakemake(wf, work, configfile=cfg)
+    results = work / "results/digits"
+
+    for index in (0, 1):
+        ckpts = sorted((results / f"index-{index}/checkpoints").glob("epoch_*.pt"))
+        assert len(ckpts) == 26  # 0..75 every 3 epochs
+        load_into(SmallCNN(num_classes=10), ckpts[-1])
+        log = pd.read_csv(results / f"index-{index}/train_log.csv")
+        assert list(log["epoch"]) == list(range(1, 76))
+        assert list(log.groupby("task")["num_active"].first()) == [2, 4, 6, 8, 10]
+        meta = json.loads((results / f"index-{index}/train_metadata.json").read_text())
+        assert meta["provenance"]["packages"]["torch"]
+
+    cohorts = pd.read_csv(results / "tables/accuracy_per_cohort.csv")
+    test = cohorts[cohorts["split"] == "test"]
+    # The untrained model guesses between the 2 first classes; trained models learn every task.
+    assert test[(test["epoch"] == 0) & (test["group"] == "new")]["accuracy"].between(0.2, 0.8).all()
+    final = test[(test["epoch"] == 75) & test["group"].str.startswith("cohort")]
+    assert len(final) == 10 and (final["accuracy"] > 0.8).all()
+    for ext in ("png", "pdf"):
+        assert (results / f"figures/accuracy_by_cohort.{ext}").stat().st_size > 10_000
+
+    assert planned_jobs(wf, work, configfile=cfg) == {}

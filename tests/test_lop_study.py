@@ -1,0 +1,102 @@
+"""config/cifar100_lop.yaml on inputs in the real formats: a cifar-100-python folder of pickles,
+class_order/index-{i}.npy, and randomly initialised ResNet-18 checkpoints saved as the original
+experiment saves them (bare state_dicts named index-{i}_epoch-{e}.pt)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from wfutil import (
+    REPO,
+    copy_workflow,
+    planned_jobs,
+    save_random_checkpoint,
+    snakemake,
+    write_cifar100_folder,
+    write_config,
+)
+
+from epochlens.models import ResNet18LoP
+
+pytestmark = pytest.mark.workflow
+
+
+def lop_config(tmp_path, **run_overrides) -> dict:
+    """The shipped study config with its paths pointed at ``tmp_path``."""
+    cfg = yaml.safe_load((REPO / "config/cifar100_lop.yaml").read_text())
+    run = cfg["runs"]["cifar100_lop"]
+    run["data"]["path"] = str(tmp_path / "cifar-100-python")
+    run["class_order"]["path"] = str(tmp_path / "lop/class_order/index-{index}.npy")
+    run["checkpoints"]["path"] = str(tmp_path / "lop/model_parameters/index-{index}_epoch-{epoch}.pt")
+    run.update(run_overrides)
+    return cfg
+
+
+def write_class_orders(tmp_path, indices):
+    folder = tmp_path / "lop/class_order"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in indices:
+        np.save(folder / f"index-{i}.npy", np.random.default_rng(100 + i).permutation(100))
+
+
+def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
+    """21 checkpoints x 3 indices; the DAG only needs the files to exist."""
+    write_cifar100_folder(tmp_path / "cifar-100-python", train_per_class=1, test_per_class=1)
+    write_class_orders(tmp_path, range(3))
+    ckpts = tmp_path / "lop/model_parameters"
+    ckpts.mkdir(parents=True)
+    for i in range(3):
+        for epoch in range(0, 4001, 200):
+            (ckpts / f"index-{i}_epoch-{epoch}.pt").touch()
+    cfg = write_config(tmp_path / "lop.yaml", lop_config(tmp_path))
+    start = time.perf_counter()
+    jobs = planned_jobs(REPO, tmp_path, configfile=cfg)
+    elapsed = time.perf_counter() - start
+    assert jobs == {
+        "prepare_data": 1,
+        "class_order": 3,
+        "evaluate_checkpoint": 63,
+        "accuracy_tables": 1,
+        "plot_accuracy": 1,
+        "all": 1,
+    }
+    print(f"dry run of the full study: {elapsed:.1f} s")
+
+
+@pytest.mark.slow
+def test_study_runs_on_real_formats(tmp_path):
+    write_cifar100_folder(tmp_path / "cifar-100-python", train_per_class=4, test_per_class=2)
+    write_class_orders(tmp_path, [0])
+    epochs = [0, 200, 400]
+    for epoch in epochs:
+        save_random_checkpoint(
+            ResNet18LoP,
+            tmp_path / f"lop/model_parameters/index-0_epoch-{epoch}.pt",
+            seed=epoch,
+            num_classes=100,
+        )
+    cfg = lop_config(tmp_path, indices=[0], epochs=epochs)
+    cfg["runs"]["cifar100_lop"]["data"]["holdout_per_class"] = 1
+    cfg["device"] = "cpu"
+    path = write_config(tmp_path / "lop.yaml", cfg)
+    wf = copy_workflow(tmp_path / "wf")
+    work = tmp_path / "work"
+    work.mkdir()
+    snakemake(wf, work, configfile=path)
+
+    results = work / "results/cifar100_lop"
+    order = np.load(results / "index-0/class_order.npy")
+    assert np.array_equal(order, np.load(tmp_path / "lop/class_order/index-0.npy"))
+    per_class = pd.read_csv(results / "tables/accuracy_per_class.csv")
+    test = per_class[per_class["split"] == "test"]
+    # Checkpoint 200 holds the model trained on the first 5 classes; 400 on the first 10.
+    active = test.groupby("epoch")["class_id"].apply(lambda s: sorted(s)).to_dict()
+    assert active == {0: sorted(order[:5]), 200: sorted(order[:5]), 400: sorted(order[:10])}
+    assert (test["n"] == 2).all()
+    holdout = per_class[per_class["split"] == "holdout"]
+    assert (holdout["n"] == 1).all()
+    assert (results / "figures/accuracy_by_cohort.png").exists()
