@@ -208,3 +208,16 @@ def test_class_order_that_is_not_a_permutation(tiny, tmp_path):
     assert proc.returncode != 0
     assert str(order_file) in proc.stdout
     assert "not a permutation" in proc.stdout and "repeated [8]" in proc.stdout
+
+
+def test_data_folder_in_the_wrong_layout(tiny, tmp_path):
+    wf, work, _, ckpts = tiny
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    (folder / "img_0.png").write_bytes(b"\x89PNG")
+    cfg = tiny_config(ckpts, data={"source": "cifar100", "path": str(folder)})
+    path = write_config(work / "layout.yaml", cfg)
+    proc = snakemake(wf, work, "--dry-run", "results/tiny/data/dataset.h5", configfile=path, check=False)
+    assert proc.returncode != 0
+    assert f"{folder}: not a cifar-100-python folder" in proc.stdout
+    assert "found ['img_0.png']" in proc.stdout
