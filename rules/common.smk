@@ -143,9 +143,24 @@ def get_epochs_per_task(wildcards):
     return get_run(wildcards)["schedule"]["epochs_per_task"]
 
 
-def get_all_figures():
+def get_indices(wildcards):
+    return get_run(wildcards)["indices"]
+
+
+def get_train_logs(wildcards):
     return [
-        f"results/{run}/figures/accuracy_by_cohort.{ext}"
+        f"results/{wildcards.run}/index-{index}/train_log.csv"
+        for index in get_indices(wildcards)
+    ]
+
+
+def get_all_figures():
+    """Every figure of every run; training curves only where the pipeline trains."""
+    trained = set(get_trained_runs())
+    return [
+        f"results/{run}/figures/{name}.{ext}"
         for run in config["runs"]
+        for name in ("accuracy_by_cohort", "training_curves")
+        if name != "training_curves" or run in trained
         for ext in ("png", "pdf")
     ]

@@ -18,3 +18,21 @@ rule plot_accuracy:
 rule figures:
     input:
         get_all_figures(),
+
+
+rule plot_training:
+    input:
+        logs=get_train_logs,
+        code=get_code("plot_training.py"),
+    output:
+        png="results/{run}/figures/training_curves.png",
+        pdf="results/{run}/figures/training_curves.pdf",
+    log:
+        "results/{run}/logs/plot_training.log",
+    conda:
+        "../envs/epochlens.yaml"
+    params:
+        indices=get_indices,
+        epochs_per_task=get_epochs_per_task,
+    script:
+        "../scripts/plot_training.py"

@@ -63,6 +63,7 @@ def test_default_config_job_list(tmp_path):
         "evaluate_checkpoint": 52,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
+        "plot_training": 1,
         "all": 1,
     }
 

@@ -78,3 +78,29 @@ def _line(ax: plt.Axes, sub: pd.DataFrame, color, label: str) -> None:
     ax.plot(epochs, mean, marker="o", ms=3, color=color, label=label)
     if np.any(half > 0):
         ax.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
+
+
+def plot_training_curves(logs: pd.DataFrame, epochs_per_task: int, title: str) -> plt.Figure:
+    """Training loss and holdout accuracy per epoch, one line per replicate index.
+
+    ``logs`` concatenates the per-index training logs with an ``index`` column. Task boundaries are
+    marked: the loss jumps and holdout accuracy drops when a task's new classes arrive.
+    """
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2))
+    cmap = plt.get_cmap("tab10")
+    for k, (index, log) in enumerate(logs.groupby("index")):
+        ax_loss.plot(log["epoch"], log["train_loss"], color=cmap(k % 10), label=f"index {index}")
+        ax_acc.plot(log["epoch"], log["holdout_accuracy"], color=cmap(k % 10), label=f"index {index}")
+    for ax in (ax_loss, ax_acc):
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        for boundary in range(0, int(logs["epoch"].max()) + 1, epochs_per_task):
+            ax.axvline(boundary, color="0.85", lw=0.8, zorder=0)
+        ax.legend(fontsize=8)
+    ax_loss.set_ylabel("training loss (active classes)")
+    ax_loss.set_yscale("log")
+    ax_acc.set_ylabel("holdout accuracy (active classes)")
+    ax_acc.set_ylim(-0.02, 1.02)
+    fig.suptitle(f"{title}: class-incremental training")
+    fig.tight_layout()
+    return fig
