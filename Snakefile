@@ -6,6 +6,7 @@
 #
 # The DAG per run:  prepare_data -> class_order -> train_<run> (or the user's checkpoint folder)
 #                   -> evaluate_checkpoint (one job per index x epoch) -> accuracy_tables -> plots
+#                   -> curvature_shard (index x epoch x shard) -> curvature_epoch (merge)
 
 
 from snakemake.utils import min_version
@@ -26,11 +27,14 @@ wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     index=r"\d+",
     epoch=r"\d\d\d\d+",
+    shard=r"\d+",
+    nshards=r"\d+",
 
 
 include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/curvature.smk"
 include: "rules/figures.smk"
 
 
@@ -43,3 +47,4 @@ rule all:
     default_target: True
     input:
         get_all_figures(),
+        get_all_curvature(),

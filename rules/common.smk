@@ -35,12 +35,25 @@ def validate_config(cfg):
     for name, run in cfg["runs"].items():
         try:
             run_config.analysis_epochs(name, run)
+            run_config.curvature_epochs(name, run)
         except EpochlensError as exc:
             raise WorkflowError(str(exc)) from None
 
 
 def get_run(wildcards):
     return config["runs"][wildcards.run]
+
+
+def get_run_params(run):
+    """A run's config as the training and evaluation rules see it: without the curvature section,
+    so that changing curvature settings reruns neither training nor evaluation."""
+    return {
+        key: value for key, value in config["runs"][run].items() if key != "curvature"
+    }
+
+
+def get_eval_run(wildcards):
+    return get_run_params(wildcards.run)
 
 
 @cache
@@ -163,4 +176,68 @@ def get_all_figures():
         for name in ("accuracy_by_cohort", "training_curves")
         if name != "training_curves" or run in trained
         for ext in ("png", "pdf")
+    ]
+
+
+@cache
+def get_curvature_epochs(run):
+    """Epochs of ``run`` whose curvature is computed (none when curvature is disabled)."""
+    return run_config.curvature_epochs(run, config["runs"][run])
+
+
+def get_curvature_shards(wildcards):
+    """The shard files that curvature_epoch merges for (run, index, epoch)."""
+    nshards = get_run(wildcards)["curvature"]["shards"]
+    return [
+        f"results/{wildcards.run}/index-{wildcards.index}/curvature/"
+        f"epoch_{wildcards.epoch}/shards/shard_{k}-of-{nshards}.npz"
+        for k in range(nshards)
+    ]
+
+
+def get_curvature_params(wildcards):
+    """What curvature results depend on: estimator settings, model and class schedule.
+
+    Only these (not the whole run config), so that changing e.g. curvature.shards or
+    curvature.epochs does not rerun the epochs already computed.
+    """
+    run = get_run(wildcards)
+    settings = {
+        key: run["curvature"][key]
+        for key in (
+            "h",
+            "n_directions",
+            "temperature",
+            "norm",
+            "mode",
+            "seed",
+            "batch_size",
+        )
+    }
+    return {
+        "settings": settings,
+        "model": run["model"]["name"],
+        "schedule": run["schedule"],
+    }
+
+
+def get_curvature_settings(wildcards):
+    return get_curvature_params(wildcards)["settings"]
+
+
+def get_curvature_model(wildcards):
+    return get_curvature_params(wildcards)["model"]
+
+
+def get_schedule(wildcards):
+    return get_run(wildcards)["schedule"]
+
+
+def get_all_curvature():
+    """metadata.json of every (run, index, epoch) whose curvature is computed."""
+    return [
+        f"results/{run}/index-{index}/curvature/epoch_{epoch:04d}/metadata.json"
+        for run, spec in config["runs"].items()
+        for index in spec["indices"]
+        for epoch in get_curvature_epochs(run)
     ]

@@ -13,7 +13,7 @@ rule evaluate_checkpoint:
     conda:
         "../envs/epochlens.yaml"
     params:
-        run=get_run,
+        run=get_eval_run,
         device=config["device"],
     script:
         "../scripts/evaluate_checkpoint.py"

@@ -23,7 +23,7 @@ for _run in get_trained_runs():
         conda:
             "../envs/epochlens.yaml"
         params:
-            run=config["runs"][_run],
+            run=get_run_params(_run),
             device=config["device"],
         script:
             "../scripts/train.py"

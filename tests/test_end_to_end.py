@@ -41,4 +41,16 @@ def test_embedded_default(tmp_path):
     for ext in ("png", "pdf"):
         assert (results / f"figures/accuracy_by_cohort.{ext}").stat().st_size > 10_000
 
+    # Curvature at the task boundaries, in 2 shards merged per epoch (config/config.yaml).
+    # The checkpoint at a task boundary holds the model trained on the classes before it.
+    active_at = {0: 2, 15: 2, 30: 4, 45: 6, 60: 8, 75: 10}
+    for index in (0, 1):
+        for epoch, n_active in active_at.items():
+            folder = results / f"index-{index}/curvature/epoch_{epoch:04d}"
+            meta = json.loads((folder / "metadata.json").read_text())
+            assert meta["shards"] == 2 and meta["epoch"] == epoch
+            assert meta["stats"]["n_active"] + meta["stats"]["n_inactive"] == meta["stats"]["n_samples"]
+            assert len(meta["allowed_classes"]) == n_active
+            assert len(list((folder / "shards").glob("shard_*-of-2.npz"))) == 2
+
     assert planned_jobs(wf, work, configfile=cfg) == {}

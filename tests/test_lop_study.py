@@ -60,6 +60,8 @@ def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
         "prepare_data": 1,
         "class_order": 3,
         "evaluate_checkpoint": 63,
+        "curvature_shard": 63,
+        "curvature_epoch": 63,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "all": 1,

@@ -61,6 +61,8 @@ def test_default_config_job_list(tmp_path):
         "class_order": 2,
         "train_digits": 2,
         "evaluate_checkpoint": 52,
+        "curvature_shard": 24,  # 6 task-boundary epochs x 2 seeds x 2 shards
+        "curvature_epoch": 12,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "plot_training": 1,
@@ -86,16 +88,21 @@ def test_partial_rebuilds(tiny):
     # A second run does nothing.
     assert planned_jobs(wf, work, configfile=cfg) == {}
 
-    # Replacing one checkpoint reruns that epoch and the aggregates only.
+    # Replacing one checkpoint reruns that epoch (evaluation, curvature) and the aggregates only.
     save_random_checkpoint(SmallCNN, ckpts / "index-0_epoch-4.pt", seed=99, num_classes=10)
     assert planned_jobs(wf, work, configfile=cfg) == {
         "evaluate_checkpoint": 1,
+        "curvature_shard": 1,
+        "curvature_epoch": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "all": 1,
     }
     assert planned_wildcards(wf, work, "evaluate_checkpoint", configfile=cfg) == [
         "run=tiny, index=0, epoch=0004"
+    ]
+    assert planned_wildcards(wf, work, "curvature_shard", configfile=cfg) == [
+        "run=tiny, index=0, epoch=0004, shard=0, nshards=1"
     ]
     snakemake(wf, work, configfile=cfg)
 
@@ -181,6 +188,8 @@ def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
     save_random_checkpoint(SmallCNN, bad, seed=2, num_classes=10)
     assert planned_jobs(wf, work, configfile=cfg) == {
         "evaluate_checkpoint": 1,
+        "curvature_shard": 1,
+        "curvature_epoch": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "all": 1,

@@ -82,3 +82,21 @@ def analysis_epochs(run_name: str, run_cfg: dict) -> list[int]:
     if unknown and max(unknown) > last:
         raise ConfigError(f"runs.{run_name}.epochs: {max(unknown)} is past the end of the schedule ({last}).")
     return sorted(chosen)
+
+
+def curvature_epochs(run_name: str, run_cfg: dict) -> list[int]:
+    """Epochs whose curvature is computed: ``curvature.epochs``, or every analysed epoch."""
+    analysed = analysis_epochs(run_name, run_cfg)
+    curv = run_cfg.get("curvature") or {}
+    if not curv.get("enabled", True):
+        return []
+    chosen = curv.get("epochs")
+    if not chosen:
+        return analysed
+    unknown = sorted(set(chosen) - set(analysed))
+    if unknown:
+        raise ConfigError(
+            f"runs.{run_name}.curvature.epochs: {unknown} are not analysed epochs of this run "
+            f"({analysed}); pick from those or change runs.{run_name}.epochs."
+        )
+    return sorted(chosen)

@@ -1,0 +1,51 @@
+# Per-image input-loss curvature of every training image, per (index, epoch): S shard jobs, each a
+# contiguous range of training samples, then one job merging them into the DESIGN.md files.
+# Samples of classes not yet trained at that epoch are NaN.
+
+
+rule curvature_shard:
+    input:
+        dataset=get_dataset,
+        class_order=get_class_order,
+        checkpoint=get_checkpoint,
+        code=get_code("curvature_shard.py"),
+    output:
+        shard="results/{run}/index-{index}/curvature/epoch_{epoch}/shards/shard_{shard}-of-{nshards}.npz",
+    log:
+        "results/{run}/logs/curvature/index-{index}/epoch_{epoch}/shard_{shard}-of-{nshards}.log",
+    benchmark:
+        "results/{run}/benchmarks/curvature/index-{index}/epoch_{epoch}/shard_{shard}-of-{nshards}.tsv"
+    conda:
+        "../envs/epochlens.yaml"
+    params:
+        settings=get_curvature_settings,
+        model=get_curvature_model,
+        schedule=get_schedule,
+        device=config["device"],
+    script:
+        "../scripts/curvature_shard.py"
+
+
+rule curvature_epoch:
+    input:
+        shards=get_curvature_shards,
+        code=get_code("curvature_epoch.py"),
+    output:
+        curvature="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_curvature.npy",
+        directional_eig="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_directional_eig.npy",
+        loss="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_loss.npy",
+        grad_norm="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_grad_norm.npy",
+        correct="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_correct.npy",
+        labels="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_labels.npy",
+        holdout="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_holdout.npy",
+        metadata="results/{run}/index-{index}/curvature/epoch_{epoch}/metadata.json",
+    log:
+        "results/{run}/logs/curvature/index-{index}/epoch_{epoch}/merge.log",
+    benchmark:
+        "results/{run}/benchmarks/curvature/index-{index}/epoch_{epoch}/merge.tsv"
+    conda:
+        "../envs/epochlens.yaml"
+    params:
+        config=get_curvature_params,
+    script:
+        "../scripts/curvature_epoch.py"

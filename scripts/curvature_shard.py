@@ -1,0 +1,70 @@
+"""Rule curvature_shard: per-image curvature of one contiguous range of training samples."""
+
+import time
+
+import numpy as np
+
+from epochlens.checkpoints import file_sha256, load_into
+from epochlens.curvature import CurvatureSettings, per_sample_curvature
+from epochlens.curvature_io import shard_range, write_shard
+from epochlens.data import read_dataset
+from epochlens.device import resolve_device
+from epochlens.models import build_model
+from epochlens.runner import log, run_step
+from epochlens.schedule import ClassSchedule
+
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
+
+
+def main() -> None:
+    p = snakemake.params
+    epoch = int(snakemake.wildcards.epoch)
+    shard, nshards = int(snakemake.wildcards.shard), int(snakemake.wildcards.nshards)
+    data = read_dataset(snakemake.input.dataset)
+    s = p.schedule
+    order = np.load(snakemake.input.class_order)
+    active = ClassSchedule(order, s["initial_classes"], s["increment"], s["epochs_per_task"]).active_classes(
+        epoch
+    )
+    model = build_model(p.model, data.num_classes, data.train_images.shape[1])
+    load_into(model, snakemake.input.checkpoint)
+    settings = CurvatureSettings(**p.settings)
+    device = resolve_device(p.device)
+
+    n = len(data.train_labels)
+    lo, hi = shard_range(n, shard, nshards)
+    idx = np.arange(lo, hi)
+    log.info(
+        "epoch %d shard %d of %d: samples %d..%d, %d active classes",
+        epoch,
+        shard,
+        nshards,
+        lo,
+        hi,
+        len(active),
+    )
+    start = time.perf_counter()
+    results = per_sample_curvature(
+        model, data.normalized("train", idx), data.train_labels[idx], idx, active, settings, device
+    )
+    elapsed = time.perf_counter() - start
+    results.update(labels=data.train_labels[idx], holdout=data.holdout[idx])
+    header = {
+        "epoch": epoch,
+        "allowed_classes": [int(c) for c in active],
+        "estimator": settings.estimator_metadata(),
+        "n_samples": n,
+        "nshards": nshards,
+        "device": str(device),
+        "compute_time_seconds": elapsed,
+        "inputs": {
+            "dataset": data.content_hash,
+            "class_order": file_sha256(snakemake.input.class_order),
+            "checkpoint": file_sha256(snakemake.input.checkpoint),
+        },
+    }
+    write_shard(snakemake.output.shard, lo, hi, results, header)
+    log.info("%d samples in %.1f s", hi - lo, elapsed)
+
+
+run_step(main, snakemake.log[0])

@@ -1,0 +1,162 @@
+"""Curvature in the workflow: shard/gather job lists, shard invariance, class partition, resume.
+
+The tiny run of test_workflow.py (digits, 4 initial classes +3 every 2 epochs, random checkpoints
+at epochs 0, 2, 4, 6 read from a folder), with curvature at epochs 2 (4 classes) and 6 (all 10).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_workflow import EPOCHS, tiny_config
+from wfutil import copy_workflow, planned_jobs, save_random_checkpoint, snakemake, write_config
+
+from epochlens.curvature_io import merged_names
+from epochlens.data import read_dataset
+from epochlens.models import SmallCNN
+
+pytestmark = pytest.mark.workflow
+
+CURV_EPOCHS = (2, 6)
+
+
+def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS) -> dict:
+    return tiny_config(ckpts, curvature={"shards": shards, "epochs": list(epochs) if epochs else None})
+
+
+def epoch_rel(epoch: int) -> str:
+    return f"results/tiny/index-0/curvature/epoch_{epoch:04d}"
+
+
+def epoch_dir(work, epoch: int):
+    return work / epoch_rel(epoch)
+
+
+def merged_arrays(work, epoch: int) -> dict[str, np.ndarray]:
+    return {key: np.load(epoch_dir(work, epoch) / name) for key, name in merged_names().items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The tiny run with curvature computed in 2 shards (whole workflow) and in 1 (curvature only)."""
+    root = tmp_path_factory.mktemp("curvature")
+    wf = copy_workflow(root / "wf")
+    ckpts = root / "model_parameters"
+    for epoch in EPOCHS:
+        save_random_checkpoint(SmallCNN, ckpts / f"index-0_epoch-{epoch}.pt", seed=epoch, num_classes=10)
+    work = {}
+    for shards in (1, 2):
+        work[shards] = root / f"work{shards}"
+        work[shards].mkdir()
+        cfg = write_config(root / f"shards{shards}.yaml", curv_config(ckpts, shards))
+        targets = [] if shards == 2 else [f"{epoch_rel(e)}/metadata.json" for e in CURV_EPOCHS]
+        snakemake(wf, work[shards], *targets, configfile=cfg)
+    return wf, work, root / "shards2.yaml"
+
+
+def test_dry_run_job_counts_with_shards(tmp_path):
+    ckpts = tmp_path / "model_parameters"
+    for epoch in EPOCHS:
+        (ckpts / f"index-0_epoch-{epoch}.pt").parent.mkdir(parents=True, exist_ok=True)
+        (ckpts / f"index-0_epoch-{epoch}.pt").touch()
+    cfg = write_config(tmp_path / "all.yaml", curv_config(ckpts, shards=2, epochs=None))
+    jobs = planned_jobs(copy_workflow(tmp_path / "wf"), tmp_path, configfile=cfg)
+    assert jobs["curvature_shard"] == len(EPOCHS) * 2
+    assert jobs["curvature_epoch"] == len(EPOCHS)
+
+    # One epoch's metadata builds that epoch's shards and merge, plus the data and class order.
+    one = "results/tiny/index-0/curvature/epoch_0004/metadata.json"
+    assert planned_jobs(tmp_path / "wf", tmp_path, one, configfile=cfg) == {
+        "prepare_data": 1,
+        "class_order": 1,
+        "curvature_shard": 2,
+        "curvature_epoch": 1,
+    }
+
+    # curvature.enabled: false drops every curvature job.
+    off = tiny_config(ckpts, curvature={"enabled": False, "shards": 2})
+    jobs = planned_jobs(tmp_path / "wf", tmp_path, configfile=write_config(tmp_path / "off.yaml", off))
+    assert "curvature_shard" not in jobs and "curvature_epoch" not in jobs
+
+
+def test_epoch_not_analysed_is_a_config_error(tmp_path):
+    wf = copy_workflow(tmp_path / "wf")
+    cfg = curv_config(tmp_path / "model_parameters", shards=1, epochs=[3])
+    proc = snakemake(
+        wf, tmp_path, "--dry-run", configfile=write_config(tmp_path / "c.yaml", cfg), check=False
+    )
+    assert proc.returncode != 0
+    assert "runs.tiny.curvature.epochs: [3] are not analysed epochs" in proc.stdout
+
+
+def test_shard_invariance(runs):
+    _, work, _ = runs
+    for epoch in CURV_EPOCHS:
+        one, two = merged_arrays(work[1], epoch), merged_arrays(work[2], epoch)
+        for key in one:
+            assert one[key].dtype == two[key].dtype, key
+            assert np.array_equal(one[key], two[key], equal_nan=True), (epoch, key)
+
+
+def test_nan_exactly_for_inactive_classes(runs):
+    _, work, _ = runs
+    work = work[2]
+    data = read_dataset(work / "results/tiny/data/dataset.h5")
+    order = np.load(work / "results/tiny/index-0/class_order.npy")
+    for epoch, n_active in zip(CURV_EPOCHS, (4, 10), strict=True):
+        arrays = merged_arrays(work, epoch)
+        meta = json.loads((epoch_dir(work, epoch) / "metadata.json").read_text())
+        assert meta["epoch"] == epoch
+        assert meta["allowed_classes"] == order[:n_active].tolist()
+        assert meta["estimator"]["h"] == 1e-3 and meta["estimator"]["n_directions"] == 10
+        assert meta["shards"] == 2 and meta["compute_time_seconds"] > 0
+        assert set(meta["provenance"]["inputs"]) == {"dataset", "class_order", "checkpoint"}
+        assert arrays["labels"].dtype == np.int64
+        np.testing.assert_array_equal(arrays["labels"], data.train_labels)
+        np.testing.assert_array_equal(arrays["holdout"], data.holdout)
+        active = np.isin(data.train_labels, order[:n_active])
+        assert meta["stats"]["n_active"] == active.sum()
+        assert meta["stats"]["n_samples"] == len(active)
+        for key in ("curvature", "directional_eig", "loss", "grad_norm"):
+            values = arrays[key]
+            assert values.dtype == np.float32 and values.shape == (len(active),)
+            assert np.isnan(values[~active]).all(), key
+            assert np.isfinite(values[active]).all(), key
+        assert (arrays["curvature"][active] >= 0).all()
+        assert not arrays["correct"][~active].any()
+        assert meta["stats"]["curvature_mean"] == pytest.approx(
+            float(arrays["curvature"][active].astype(np.float64).mean())
+        )
+
+
+def test_resume_recomputes_only_the_missing_shard(runs):
+    """A run killed after some shards: only the missing shard and the merge run again.
+
+    Deleting a shard while the merged files exist plans nothing: Snakemake does not rerun a job
+    whose outputs are newer than its inputs because an intermediate input is gone, so shards may be
+    deleted to save space once merged. Resuming an interrupted epoch means the merged files are
+    missing too, which is what this test simulates.
+    """
+    wf, work, cfg = runs
+    work = work[2]
+    folder = epoch_dir(work, 6)
+    before = {
+        e: {n: (epoch_dir(work, e) / n).read_bytes() for n in merged_names().values()} for e in CURV_EPOCHS
+    }
+    shard = folder / "shards/shard_1-of-2.npz"
+    kept = folder / "shards/shard_0-of-2.npz"
+    kept_mtime = kept.stat().st_mtime_ns
+    shard.unlink()
+    assert planned_jobs(wf, work, configfile=cfg) == {}
+    for name in [*merged_names().values(), "metadata.json"]:
+        (folder / name).unlink()
+    assert planned_jobs(wf, work, configfile=cfg) == {"curvature_shard": 1, "curvature_epoch": 1, "all": 1}
+    snakemake(wf, work, configfile=cfg)
+    assert shard.exists() and kept.stat().st_mtime_ns == kept_mtime
+    assert planned_jobs(wf, work, configfile=cfg) == {}
+    after = {
+        e: {n: (epoch_dir(work, e) / n).read_bytes() for n in merged_names().values()} for e in CURV_EPOCHS
+    }
+    assert after == before
