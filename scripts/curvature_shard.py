@@ -11,7 +11,7 @@ from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.models import build_model
 from epochlens.runner import log, run_step
-from epochlens.schedule import ClassSchedule
+from epochlens.schedule import schedule_from_config
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -21,11 +21,7 @@ def main() -> None:
     epoch = int(snakemake.wildcards.epoch)
     shard, nshards = int(snakemake.wildcards.shard), int(snakemake.wildcards.nshards)
     data = read_dataset(snakemake.input.dataset)
-    s = p.schedule
-    order = np.load(snakemake.input.class_order)
-    active = ClassSchedule(order, s["initial_classes"], s["increment"], s["epochs_per_task"]).active_classes(
-        epoch
-    )
+    active = schedule_from_config(p.schedule, snakemake.input.class_order).active_classes(epoch)
     model = build_model(p.model, data.num_classes, data.train_images.shape[1])
     load_into(model, snakemake.input.checkpoint)
     settings = CurvatureSettings(**p.settings)

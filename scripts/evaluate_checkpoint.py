@@ -1,7 +1,5 @@
 """Rule evaluate_checkpoint: per-class accuracy of one checkpoint on the test set and the holdout."""
 
-import numpy as np
-
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_into
 from epochlens.data import read_dataset
@@ -9,7 +7,7 @@ from epochlens.device import resolve_device
 from epochlens.evaluation import evaluate_checkpoint
 from epochlens.models import build_model
 from epochlens.runner import log, run_step
-from epochlens.schedule import ClassSchedule
+from epochlens.schedule import schedule_from_config
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -18,10 +16,7 @@ def main() -> None:
     run = snakemake.params.run
     epoch = int(snakemake.wildcards.epoch)
     data = read_dataset(snakemake.input.dataset)
-    s = run["schedule"]
-    schedule = ClassSchedule(
-        np.load(snakemake.input.class_order), s["initial_classes"], s["increment"], s["epochs_per_task"]
-    )
+    schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
     model = build_model(run["model"]["name"], data.num_classes, data.train_images.shape[1])
     load_into(model, snakemake.input.checkpoint)
     device = resolve_device(snakemake.params.device)

@@ -2,15 +2,13 @@
 
 from pathlib import Path
 
-import numpy as np
-
 from epochlens.atomic import write_atomic, write_json
 from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.models import build_model
 from epochlens.provenance import provenance
 from epochlens.runner import log, run_step
-from epochlens.schedule import ClassSchedule
+from epochlens.schedule import schedule_from_config
 from epochlens.training import TrainSettings, train_incremental
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
@@ -20,10 +18,7 @@ def main() -> None:
     run = snakemake.params.run
     index = int(snakemake.wildcards.index)
     data = read_dataset(snakemake.input.dataset)
-    s = run["schedule"]
-    schedule = ClassSchedule(
-        np.load(snakemake.input.class_order), s["initial_classes"], s["increment"], s["epochs_per_task"]
-    )
+    schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
     settings = TrainSettings(**{**run["train"], "seed": run["train"]["seed"] + index})
     in_channels = data.train_images.shape[1]
     model = build_model(run["model"]["name"], data.num_classes, in_channels)
@@ -34,7 +29,7 @@ def main() -> None:
         index,
         device,
         schedule.num_tasks,
-        s["epochs_per_task"],
+        schedule.epochs_per_task,
     )
     table = train_incremental(
         model,

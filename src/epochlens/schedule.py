@@ -164,3 +164,9 @@ def load_class_order(path: str | Path, num_classes: int) -> np.ndarray:
         raise ClassOrderError(f"{path}: not a readable .npy file ({exc}). Re-copy it.") from exc
     check_permutation(order, num_classes, source=path)
     return order.astype(np.int64)
+
+
+def schedule_from_config(spec: dict, class_order_path: str | Path) -> ClassSchedule:
+    """A run's schedule from its ``schedule`` config section and its ``class_order.npy``."""
+    order = np.load(class_order_path, allow_pickle=False)
+    return ClassSchedule(order, spec["initial_classes"], spec["increment"], spec["epochs_per_task"])
