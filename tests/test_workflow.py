@@ -26,6 +26,15 @@ from epochlens.models import ResNet18LoP, SmallCNN
 pytestmark = pytest.mark.workflow
 
 EPOCHS = (0, 2, 4, 6)
+# What one changed checkpoint reruns: its epoch's evaluation and curvature, then the aggregates.
+ONE_EPOCH_AND_AGGREGATES = {
+    "evaluate_checkpoint": 1,
+    "curvature_shard": 1,
+    "curvature_epoch": 1,
+    "accuracy_tables": 1,
+    "plot_accuracy": 1,
+    "all": 1,
+}
 
 
 def tiny_config(ckpt_dir: Path, **overrides) -> dict:
@@ -90,14 +99,7 @@ def test_partial_rebuilds(tiny):
 
     # Replacing one checkpoint reruns that epoch (evaluation, curvature) and the aggregates only.
     save_random_checkpoint(SmallCNN, ckpts / "index-0_epoch-4.pt", seed=99, num_classes=10)
-    assert planned_jobs(wf, work, configfile=cfg) == {
-        "evaluate_checkpoint": 1,
-        "curvature_shard": 1,
-        "curvature_epoch": 1,
-        "accuracy_tables": 1,
-        "plot_accuracy": 1,
-        "all": 1,
-    }
+    assert planned_jobs(wf, work, configfile=cfg) == ONE_EPOCH_AND_AGGREGATES
     assert planned_wildcards(wf, work, "evaluate_checkpoint", configfile=cfg) == [
         "run=tiny, index=0, epoch=0004"
     ]
@@ -186,14 +188,7 @@ def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
     ]
     # Fixing the file and rerunning computes only what is missing.
     save_random_checkpoint(SmallCNN, bad, seed=2, num_classes=10)
-    assert planned_jobs(wf, work, configfile=cfg) == {
-        "evaluate_checkpoint": 1,
-        "curvature_shard": 1,
-        "curvature_epoch": 1,
-        "accuracy_tables": 1,
-        "plot_accuracy": 1,
-        "all": 1,
-    }
+    assert planned_jobs(wf, work, configfile=cfg) == ONE_EPOCH_AND_AGGREGATES
 
 
 def test_checkpoint_of_another_architecture_lists_keys(tiny):
