@@ -1,0 +1,202 @@
+"""Per-sample representations of one layer's activation, computed batch by batch.
+
+An activation is a tensor (B, C, *spatial) for convolutional layers (usually (B, C, H, W)) or
+(B, D) for fully connected ones. Every representation maps it to a matrix (B, dim):
+
+* ``pooled``: global average over the spatial positions, (B, C); a (B, D) activation is kept as is.
+* ``stats``: simple statistics of each sample's whole activation, (B, 6), in the order of
+  :data:`STATS_COLUMNS`: mean, standard deviation (population), minimum, maximum, root mean square
+  and the fraction of positive entries (the share of active ReLUs after a ReLU).
+* ``spectral``: the top-k singular values of each sample's C x (H*W) matrix (channels by spatial
+  positions), in descending order, (B, k). Where the matrix has rank below k (min(C, H*W) < k),
+  the missing values are 0. A (B, D) activation is a 1 x D matrix: its one singular value is the
+  Euclidean norm, followed by k - 1 zeros.
+
+Spectral method (``RepresentationSettings.spectral_method``):
+
+* ``exact``: ``torch.linalg.svdvals`` of the batch of matrices.
+* ``randomized``: the randomized range finder of Halko, Martinsson & Tropp (2011, Alg. 4.4; the
+  algorithm of ``torch.svd_lowrank``) with q = k + oversample columns and ``spectral_iters``
+  power iterations, then the exact singular values of the small q x n projection. Unlike
+  ``torch.svd_lowrank``, which draws its Gaussian test matrix from the global random generator
+  per call, the test matrix here is a pure function of (seed, matrix shape) and shared by every
+  sample: a sample's values do not depend on the batch it is in, nor on the random state.
+* ``auto`` (default): exact when q >= min(C, H*W), i.e. the low-rank sketch would not be smaller
+  than the matrix (small maps, such as the digits CNN's and ResNet-18's deeper layers), randomized
+  otherwise.
+
+The randomized values are lower bounds of the exact ones. Measured on a randomly initialised
+ResNet-18 (layer1 64 x 1024 and layer2 128 x 256 maps, k = 8, 2 power iterations): the largest
+value agrees to 1e-6 relative, the k-th is up to 1% low with oversample 16 (the default; 2x
+faster than exact on the CPU), 5% with oversample 8 (4x faster), 0.06% with oversample 16 and 4
+iterations (as fast as exact). Trained networks' spectra decay faster, which helps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
+
+from epochlens.errors import ConfigError
+
+REPRESENTATIONS = ("pooled", "stats", "spectral")
+STATS_COLUMNS = ("mean", "std", "min", "max", "rms", "frac_positive")
+
+
+@dataclass
+class RepresentationSettings:
+    """Which representations are built from each layer's activation, and how."""
+
+    names: tuple[str, ...] = field(
+        default=REPRESENTATIONS,
+        metadata={"help": f"representations to compute, any of {list(REPRESENTATIONS)}"},
+    )
+    spectral_k: int = field(default=8, metadata={"help": "number of top singular values (spectral)"})
+    spectral_method: Literal["auto", "exact", "randomized"] = field(
+        default="auto",
+        metadata={
+            "help": "exact svdvals, randomized range finder, or auto: exact where k + oversample "
+            ">= min(C, H*W)"
+        },
+    )
+    spectral_oversample: int = field(
+        default=16, metadata={"help": "extra columns of the randomized sketch (q = k + oversample)"}
+    )
+    spectral_iters: int = field(default=2, metadata={"help": "power iterations of the randomized SVD"})
+    spectral_seed: int = field(default=0, metadata={"help": "seed of the randomized SVD's test matrix"})
+
+    def __post_init__(self) -> None:
+        self.names = tuple(self.names)
+        problems = []
+        unknown = [n for n in self.names if n not in REPRESENTATIONS]
+        if unknown:
+            problems.append(f"unknown representations {unknown} (choose from {list(REPRESENTATIONS)})")
+        if not self.names:
+            problems.append("names is empty: ask for at least one representation")
+        if len(set(self.names)) != len(self.names):
+            problems.append(f"names {list(self.names)} repeats a representation")
+        if self.spectral_k < 1:
+            problems.append(f"spectral_k={self.spectral_k} must be >= 1")
+        if self.spectral_method not in ("auto", "exact", "randomized"):
+            problems.append(f"spectral_method={self.spectral_method!r} must be auto, exact or randomized")
+        if self.spectral_oversample < 0 or self.spectral_iters < 0:
+            problems.append("spectral_oversample and spectral_iters must be >= 0")
+        if problems:
+            raise ConfigError("representation settings: " + "; ".join(problems) + ". Fix the config.")
+
+    def spec(self) -> dict:
+        """What the values depend on (for cache keys): spectral fields only when spectral is asked for."""
+        d = asdict(self)
+        d["names"] = list(self.names)
+        if "spectral" not in self.names:
+            d = {"names": d["names"]}
+        return d
+
+
+def as_matrix(act: torch.Tensor) -> torch.Tensor:
+    """(B, C, *spatial) -> (B, C, prod(spatial)); (B, D) -> (B, 1, D)."""
+    if act.ndim < 2:
+        raise ValueError(f"activation must have a batch and a feature dimension, got {tuple(act.shape)}")
+    if act.ndim == 2:
+        return act.unsqueeze(1)
+    return act.flatten(2)
+
+
+def pooled(act: torch.Tensor) -> torch.Tensor:
+    """Global average over spatial positions: (B, C, *spatial) -> (B, C); (B, D) unchanged."""
+    return act if act.ndim == 2 else act.flatten(2).mean(2)
+
+
+def simple_stats(act: torch.Tensor) -> torch.Tensor:
+    """(B, 6) statistics of each sample's whole activation, columns :data:`STATS_COLUMNS`."""
+    flat = act.flatten(1)
+    mean = flat.mean(1)
+    return torch.stack(
+        [
+            mean,
+            flat.std(1, correction=0),
+            flat.amin(1),
+            flat.amax(1),
+            flat.square().mean(1).sqrt(),
+            (flat > 0).to(flat.dtype).mean(1),
+        ],
+        dim=1,
+    )
+
+
+def sketch_matrix(n: int, q: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Gaussian (n, q) test matrix, a pure function of (seed, n, q) (drawn on the CPU in float64)."""
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + n * 1009 + q)
+    return torch.randn(n, q, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def randomized_svdvals(a: torch.Tensor, k: int, omega: torch.Tensor, n_iter: int = 2) -> torch.Tensor:
+    """Approximate top-k singular values of a batch of matrices (B, m, n) with test matrix (n, q).
+
+    Range finder with power iterations (re-orthonormalised by QR), then the exact singular values of
+    Qᵀ A (B, q, n). Returns (B, min(k, q)) in descending order. Needs q >= k.
+    """
+    y = a @ omega  # (B, m, q)
+    q_mat = torch.linalg.qr(y).Q
+    for _ in range(n_iter):
+        z = torch.linalg.qr(a.transpose(1, 2) @ q_mat).Q  # (B, n, q)
+        q_mat = torch.linalg.qr(a @ z).Q  # (B, m, q)
+    return torch.linalg.svdvals(q_mat.transpose(1, 2) @ a)[:, :k]
+
+
+def spectral_method_for(shape: tuple[int, ...], settings: RepresentationSettings) -> str:
+    """``exact`` or ``randomized`` for one sample's activation shape (C, *spatial) or (D,)."""
+    m, n = _matrix_dims(shape)
+    if settings.spectral_method != "auto":
+        return settings.spectral_method
+    q = settings.spectral_k + settings.spectral_oversample
+    return "exact" if q >= min(m, n) else "randomized"
+
+
+def spectral(act: torch.Tensor, settings: RepresentationSettings) -> torch.Tensor:
+    """(B, k) top singular values of each sample's C x (H*W) matrix, zero-padded beyond its rank."""
+    mat = as_matrix(act)
+    if mat.shape[1] > mat.shape[2]:  # sketch the smaller side: same singular values
+        mat = mat.transpose(1, 2)
+    work = mat if mat.dtype in (torch.float32, torch.float64) else mat.float()
+    k, m, n = settings.spectral_k, work.shape[1], work.shape[2]
+    if spectral_method_for(tuple(act.shape[1:]), settings) == "exact":
+        values = torch.linalg.svdvals(work)[:, :k]
+    else:
+        q = min(k + settings.spectral_oversample, m)  # a sketch wider than m adds nothing
+        omega = sketch_matrix(n, q, settings.spectral_seed, work.dtype, work.device)
+        values = randomized_svdvals(work, min(k, q), omega, settings.spectral_iters)
+    if values.shape[1] < k:
+        values = torch.nn.functional.pad(values, (0, k - values.shape[1]))
+    return values
+
+
+def compute(act: torch.Tensor, settings: RepresentationSettings) -> dict[str, torch.Tensor]:
+    """Every representation in ``settings.names`` of a batch activation, each (B, dim), same device."""
+    act = act.detach()
+    if not act.is_floating_point():
+        raise ValueError(f"activation must be a floating-point tensor, got {act.dtype}")
+    out = {}
+    for name in settings.names:
+        if name == "pooled":
+            out[name] = pooled(act)
+        elif name == "stats":
+            out[name] = simple_stats(act)
+        else:
+            out[name] = spectral(act, settings)
+    return out
+
+
+def dims(shape: tuple[int, ...], settings: RepresentationSettings) -> dict[str, int]:
+    """Width of each representation for one sample's activation shape (C, *spatial) or (D,)."""
+    widths = {"pooled": shape[0], "stats": len(STATS_COLUMNS), "spectral": settings.spectral_k}
+    return {name: widths[name] for name in settings.names}
+
+
+def _matrix_dims(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) == 1:
+        return 1, shape[0]
+    return shape[0], math.prod(shape[1:])
