@@ -1,0 +1,164 @@
+"""Unit tests of linear probes: known answers on synthetic features, targets and seed aggregation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from epochlens.errors import ConfigError
+from epochlens.probes import (
+    ProbeError,
+    ProbeSettings,
+    aggregate_seeds,
+    cohort_target,
+    probe_features,
+    probe_seeds,
+    quantile_target,
+    standard_targets,
+    stratified_split,
+    train_linear_probe,
+)
+
+FAST = ProbeSettings(seeds=(0, 1, 2), max_epochs=60, patience=5, lr=0.05, batch_size=128)
+
+
+def separable(
+    rng: np.random.Generator, n: int = 300, d: int = 10, k: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features of k classes at well-separated centres (distance 8, unit noise): linearly separable."""
+    y = np.arange(n) % k
+    centres = 8 * rng.standard_normal((k, d)) / np.sqrt(2)
+    return (centres[y] + rng.standard_normal((n, d))).astype(np.float32), y.astype(np.int64)
+
+
+class FakeFeatures:
+    """The part of FeatureSet that probe_features reads."""
+
+    def __init__(self, arrays: dict[tuple[str, str, str], np.ndarray]) -> None:
+        self.arrays = arrays
+        self.layers = sorted({k[1] for k in arrays})
+        self.representations = sorted({k[2] for k in arrays})
+        self.splits = ["train", "test"]
+
+    def array(self, split: str, layer: str, representation: str) -> np.ndarray:
+        return self.arrays[(split, layer, representation)]
+
+
+def test_linearly_separable_features_are_probed_near_perfectly(rng) -> None:
+    x, y = separable(rng)
+    holdout = np.zeros(len(y), dtype=bool)
+    holdout[:60] = True
+    rows = probe_seeds(x, y, ~holdout, {"holdout": holdout}, FAST, device="cpu")
+    assert len(rows) == 3 and {r["seed"] for r in rows} == {0, 1, 2}
+    for r in rows:
+        assert r["accuracy"] >= 0.98 and r["fit_accuracy"] >= 0.98
+        assert r["n_eval"] == 60 and r["n_fit"] + r["n_stop"] == 240 and r["n_classes"] == 3
+        assert 1 <= r["best_epoch"] <= r["epochs_run"] <= FAST.max_epochs
+        assert r["chance"] == pytest.approx(1 / 3)
+
+
+def test_random_labels_give_chance_accuracy(rng) -> None:
+    x = rng.standard_normal((600, 8)).astype(np.float32)
+    y = rng.integers(0, 2, 600)
+    holdout = np.arange(600) < 200
+    rows = probe_seeds(x, y, ~holdout, {"holdout": holdout}, FAST, device="cpu")
+    for r in rows:
+        assert abs(r["accuracy"] - 0.5) < 0.1  # 200 samples: binomial sd 0.035
+        assert r["best_epoch"] < FAST.max_epochs  # early stopping stopped it
+
+
+def test_undefined_targets_are_left_out_and_seeds_differ(rng) -> None:
+    x, y = separable(rng, n=90)
+    y = y.copy()
+    y[::9] = -1  # e.g. samples of inactive classes
+    holdout = np.arange(90) >= 70
+    rows = probe_seeds(x, y, ~holdout, {"holdout": holdout}, FAST, device="cpu")
+    assert all(r["n_fit"] + r["n_stop"] == np.sum((y >= 0) & ~holdout) for r in rows)
+    assert rows[0]["n_eval"] == np.sum((y >= 0) & holdout)
+    a, b = stratified_split(y[y >= 0], 0.2, 0)[1], stratified_split(y[y >= 0], 0.2, 1)[1]
+    assert not np.array_equal(a, b) and len(a) == len(b)
+
+
+def test_probe_training_is_deterministic_per_seed(rng) -> None:
+    x, y = separable(rng, n=120)
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    a = train_linear_probe(xt[:100], yt[:100], xt[100:], yt[100:], 3, FAST, seed=4)
+    b = train_linear_probe(xt[:100], yt[:100], xt[100:], yt[100:], 3, FAST, seed=4)
+    torch.testing.assert_close(a.weight, b.weight, rtol=0, atol=0)
+
+
+def test_targets() -> None:
+    labels = np.array([5, 2, 7, 9, 2, 5])
+    active, new = np.array([2, 5, 7]), np.array([7])
+    np.testing.assert_array_equal(cohort_target(labels, active, new), [0, 0, 1, -1, 0, 0])
+    with pytest.raises(ConfigError, match=r"new classes \[9\]"):
+        cohort_target(labels, active, np.array([9]))
+    curv = np.array([0.1, np.nan, 0.5, 0.9, 0.3, 0.7, 0.2, 0.8])
+    np.testing.assert_array_equal(quantile_target(curv, 2), [0, -1, 1, 1, 0, 1, 0, 1])
+    t = standard_targets({"train": labels, "test": labels[:3]}, active, new, curvature=curv[:6])
+    assert set(t) == {"class", "cohort", "curvature_q4"} and set(t["curvature_q4"]) == {"train"}
+    np.testing.assert_array_equal(t["class"]["test"], [1, 0, 2])
+    # First task: no old classes, so no cohort target.
+    assert "cohort" not in standard_targets({"train": labels}, active, active)
+
+
+def test_probe_features_table_and_seed_aggregate(rng) -> None:
+    x, y = separable(rng, n=150, d=6, k=2)
+    noise = rng.standard_normal((150, 6)).astype(np.float32)
+    arrays = {
+        ("train", "block1", "pooled"): x[:120],
+        ("test", "block1", "pooled"): x[120:],
+        ("train", "block1", "stats"): noise[:120],
+        ("test", "block1", "stats"): noise[120:],
+    }
+    holdout = np.arange(120) < 30
+    targets = {"class": {"train": y[:120], "test": y[120:]}, "q": {"train": y[:120]}}
+    table = probe_features(FakeFeatures(arrays), targets, holdout, FAST, context={"epoch": 7}, device="cpu")
+    assert list(table.columns[:6]) == ["epoch", "layer", "representation", "target", "seed", "eval_split"]
+    # 2 representations x (class: holdout + test, q: holdout only) x 3 seeds
+    assert len(table) == 2 * 3 * 3 and set(table.eval_split) == {"holdout", "test"}
+    assert (table.query("target == 'q'").eval_split == "holdout").all()
+    agg = aggregate_seeds(table)
+    assert len(agg) == 6 and (agg.n_seeds == 3).all()
+    sep = agg.query("representation == 'pooled' and target == 'class' and eval_split == 'test'").iloc[0]
+    assert sep.accuracy_mean >= 0.98 and sep.epoch == 7
+    rand = agg.query("representation == 'stats' and target == 'class' and eval_split == 'holdout'").iloc[0]
+    assert rand.accuracy_mean < 0.8
+    for _, row in agg.iterrows():
+        accs = table[
+            (table.representation == row.representation)
+            & (table.target == row.target)
+            & (table.eval_split == row.eval_split)
+        ].accuracy
+        assert row.accuracy_mean == pytest.approx(accs.mean())
+        assert row.accuracy_std == pytest.approx(accs.std(ddof=1), nan_ok=True)
+        assert row.accuracy_ci95 == pytest.approx(
+            4.302653 * accs.std(ddof=1) / np.sqrt(3), rel=1e-5, nan_ok=True
+        )
+
+
+def test_aggregate_of_one_seed_has_no_spread() -> None:
+    table = pd.DataFrame(
+        {
+            "layer": ["a"],
+            "seed": [0],
+            "accuracy": [0.5],
+            "loss": [1.0],
+            "fit_accuracy": [1],
+            "best_epoch": [3],
+        }
+    )
+    agg = aggregate_seeds(table)
+    assert agg.n_seeds.tolist() == [1] and np.isnan(agg.accuracy_std[0]) and np.isnan(agg.accuracy_ci95[0])
+
+
+def test_bad_inputs_are_named(rng) -> None:
+    with pytest.raises(ConfigError, match="stop_fraction"):
+        ProbeSettings(stop_fraction=1.5)
+    x, y = separable(rng, n=20)
+    with pytest.raises(ProbeError, match="two targets"):
+        probe_seeds(x, np.zeros(20, dtype=np.int64), np.ones(20, bool), {}, FAST, device="cpu")
+    with pytest.raises(ProbeError, match="one entry per sample"):
+        probe_seeds(x, y[:10], np.ones(20, bool), {}, FAST, device="cpu")
