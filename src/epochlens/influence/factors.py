@@ -1,0 +1,314 @@
+"""Fitting the per-layer curvature factors: covariances (float64), eigendecompositions, corrections.
+
+For layer l with per-sample inputs a_{n,t} (in_dim,) and output gradients ds_{n,t} (out,) at
+positions t = 1..T (see :mod:`epochlens.influence.layers`) and N valid samples:
+
+    A = 1/(N·T) Σ_n Σ_t a_{n,t} a_{n,t}ᵀ          (in_dim, in_dim)   activation covariance
+    S = 1/N     Σ_n Σ_t ds_{n,t} ds_{n,t}ᵀ        (out, out)         pre-activation-gradient covariance
+
+so that S ⊗ A approximates the layer's block of the GGN (1/N) Σ_n vec(G_n) vec(G_n)ᵀ, exactly for
+a Linear layer whose output Hessian is the same for every sample, and under KFC's spatial
+assumptions for a convolution (the T in A's normaliser: S ⊗ A = T·Γ ⊗ Ω of Grosse & Martens).
+ds are drawn per the Fisher type (true: a label sampled from the model; expected: every active
+class weighted by its probability; empirical: the sample's label).
+
+EK-FAC's correction (George et al. 2018) refits the eigenvalues in the Kronecker eigenbasis:
+
+    Λ[i, j] = 1/N Σ_n (Q_Sᵀ G_n Q_A)[i, j]²                                       (out, in_dim)
+
+The diagonal method keeps D = 1/N Σ_n G_n² (out, in_dim). All sums run in float64 whatever the
+model's dtype; samples with NaN/Inf in any tracked quantity are left out of every sum and reported.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from epochlens.curvature import check_finite_weights
+from epochlens.device import resolve_device
+from epochlens.errors import ConfigError
+from epochlens.influence.eigen import symmetric_eigh
+from epochlens.influence.errors import NoFiniteSamplesError
+from epochlens.influence.gradients import (
+    forward_backprop,
+    prepare_model,
+    resolve_compute_dtype,
+)
+from epochlens.influence.layers import ActivationCapture, LayerInfo, select_layers
+from epochlens.influence.settings import InfluenceSettings
+from epochlens.models import positions_in
+
+
+@dataclass
+class LayerFactors:
+    """Fitted curvature of one layer (CPU tensors, float64).
+
+    Attributes:
+        name, kind, out_dim, in_dim, has_bias: the layer (gradient matrices are (out_dim, in_dim)).
+        n_samples: valid samples in the sums.
+        activation_cov: A (in_dim, in_dim) (kfac, ekfac).
+        gradient_cov: S (out_dim, out_dim) (kfac, ekfac).
+        activation_values, activation_vectors: eigenpairs of A, (in_dim,), (in_dim, in_dim).
+        gradient_values, gradient_vectors: eigenpairs of S, (out_dim,), (out_dim, out_dim).
+        corrected: EK-FAC eigenvalues Λ (out_dim, in_dim).
+        diagonal: D (out_dim, in_dim) (diagonal method).
+        solver: which eigensolvers ran, per factor.
+        min_raw: smallest eigenvalue of A and S before clamping at 0.
+    """
+
+    name: str
+    kind: str
+    out_dim: int
+    in_dim: int
+    has_bias: bool
+    n_samples: int = 0
+    activation_cov: torch.Tensor | None = None
+    gradient_cov: torch.Tensor | None = None
+    activation_values: torch.Tensor | None = None
+    activation_vectors: torch.Tensor | None = None
+    gradient_values: torch.Tensor | None = None
+    gradient_vectors: torch.Tensor | None = None
+    corrected: torch.Tensor | None = None
+    diagonal: torch.Tensor | None = None
+    solver: dict[str, str] = field(default_factory=dict)
+    min_raw: dict[str, float] = field(default_factory=dict)
+
+    def eigenvalues(self, method: str) -> torch.Tensor | None:
+        """Eigenvalues (out_dim, in_dim) of this layer's curvature under ``method`` (None: identity)."""
+        if method == "ekfac":
+            return self.corrected
+        if method == "kfac":
+            return torch.outer(self.gradient_values, self.activation_values)
+        if method == "diagonal":
+            return self.diagonal
+        return None
+
+
+@dataclass
+class InfluenceFactors:
+    """Fitted factors of every tracked layer, plus what they were fitted on.
+
+    Attributes:
+        method, fisher: as in the settings.
+        layers: layer name -> :class:`LayerFactors`, in module order.
+        skipped: (K,) int64 global indices of samples left out for NaN/Inf gradients.
+        n_samples: valid samples in the sums.
+        key: the cache key (see :func:`epochlens.influence.io.factor_cache_key`); {} if not given.
+        timings: seconds per stage ("covariances", "eigendecomposition", "corrections").
+    """
+
+    method: str
+    fisher: str
+    layers: dict[str, LayerFactors]
+    skipped: np.ndarray
+    n_samples: int
+    key: dict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _check_inputs(images: torch.Tensor, labels: np.ndarray, sample_indices: np.ndarray, what: str) -> None:
+    if images.ndim < 2 or len(labels) != len(images) or len(sample_indices) != len(images):
+        raise ValueError(
+            f"{what}: images {tuple(images.shape)}, labels ({len(labels)},) and sample_indices "
+            f"({len(sample_indices)},) must describe the same N samples"
+        )
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{what}: labels must be a 1-D integer array")
+
+
+def check_active_classes(active_classes: np.ndarray | list[int]) -> np.ndarray:
+    active = np.asarray(active_classes, dtype=np.int64)
+    if active.ndim != 1 or len(active) == 0 or len(np.unique(active)) != len(active):
+        raise ConfigError(f"active_classes must be distinct class ids, at least one; got {active}")
+    return active
+
+
+def resolve_layers(model: nn.Module, settings: InfluenceSettings) -> dict[str, LayerInfo]:
+    """The tracked layers of ``model`` under ``settings`` (see :func:`select_layers`)."""
+    return select_layers(model, settings.layers, settings.exclude_layers)
+
+
+def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    if device is None:
+        p = next(iter([*model.parameters(), *model.buffers()]), None)
+        return p.device if p is not None else torch.device("cpu")
+    return resolve_device(device) if isinstance(device, str) else torch.device(device)
+
+
+def _report_skipped(skipped: list[int], what: str) -> np.ndarray:
+    arr = np.asarray(sorted(set(skipped)), dtype=np.int64)
+    if len(arr):
+        shown = arr[:20].tolist()
+        more = f" and {len(arr) - 20} more" if len(arr) > 20 else ""
+        warnings.warn(
+            f"influence: {len(arr)} sample(s) with NaN/Inf gradients left out of the {what}: "
+            f"indices {shown}{more}. Check these images (and the model's output on them).",
+            stacklevel=3,
+        )
+    return arr
+
+
+def fit_factors(
+    model: nn.Module,
+    images: torch.Tensor | np.ndarray,
+    labels: np.ndarray,
+    active_classes: np.ndarray,
+    settings: InfluenceSettings | None = None,
+    sample_indices: np.ndarray | None = None,
+    device: str | torch.device | None = None,
+    key: dict | None = None,
+    progress: bool = False,
+) -> InfluenceFactors:
+    """Fit the curvature factors of ``settings.method`` on a training set.
+
+    Args:
+        model: classifier (B, C, H, W) -> (B, num_classes); a copy in eval mode is used.
+        images: (N, ...) normalised training inputs (moved to the device batch by batch).
+        labels: (N,) class ids; samples whose label is not active are not used (only the empirical
+            Fisher reads labels, but every method fits on the classes the model was trained on).
+        active_classes: class ids the model was trained on (restricted logits, in this order).
+        settings: method, Fisher type, layers, batch size, ... (defaults: EK-FAC, true Fisher).
+        sample_indices: (N,) global indices (for reports and the true Fisher's draws); default arange.
+        device: "auto", "cpu", "cuda", ... or None for the model's device.
+        key: cache key to store with the factors (see :func:`epochlens.influence.io.factor_cache_key`).
+        progress: tqdm bars over batches.
+
+    Returns:
+        :class:`InfluenceFactors` (CPU, float64). For ``identity`` no data pass is made.
+
+    Raises:
+        NoFiniteSamplesError: no sample with finite gradients; EigenError, LayerSelectionError.
+    """
+    settings = settings or InfluenceSettings()
+    images = torch.as_tensor(images)
+    labels = np.asarray(labels)
+    sample_indices = np.arange(len(images)) if sample_indices is None else np.asarray(sample_indices)
+    _check_inputs(images, labels, sample_indices, "fit_factors")
+    active = check_active_classes(active_classes)
+    layers = resolve_layers(model, settings)
+    factors = {n: LayerFactors(n, i.kind, i.out_dim, i.in_dim, i.has_bias) for n, i in layers.items()}
+    result = InfluenceFactors(settings.method, settings.fisher, factors, np.zeros(0, np.int64), 0, key or {})
+    if settings.method == "identity":
+        return result
+
+    device = _device_of(model, device)
+    dtype = resolve_compute_dtype(model, settings.compute_dtype)
+    net, layers = prepare_model(model, layers, device, dtype)
+    check_finite_weights(net)
+    targets = positions_in(labels, active)
+    rows = np.flatnonzero(targets >= 0)
+    if len(rows) == 0:
+        raise NoFiniteSamplesError(
+            f"fit_factors: no training sample has an active label (active classes {active.tolist()})."
+        )
+    active_idx = torch.as_tensor(active, device=device)
+
+    def batches(desc: str):
+        bar = tqdm(total=len(rows), unit="sample", disable=not progress, desc=desc)
+        with ActivationCapture(layers) as capture:
+            for start in range(0, len(rows), settings.factor_batch_size):
+                sel = rows[start : start + settings.factor_batch_size]
+                x = images[torch.as_tensor(sel)].to(device=device, dtype=dtype)
+                y = torch.as_tensor(targets[sel], device=device)
+                bp = forward_backprop(
+                    net, capture, x, y, active_idx, settings.fisher, settings.seed, sample_indices[sel]
+                )
+                yield sel, bp
+                bar.update(len(sel))
+        bar.close()
+
+    f64 = torch.float64
+    skipped: list[int] = []
+    n_valid = 0
+    t0 = time.perf_counter()
+    if settings.method in ("kfac", "ekfac"):
+        a_sum = {n: torch.zeros(i.in_dim, i.in_dim, dtype=f64, device=device) for n, i in layers.items()}
+        s_sum = {n: torch.zeros(i.out_dim, i.out_dim, dtype=f64, device=device) for n, i in layers.items()}
+        positions = dict.fromkeys(layers, 0)
+        for sel, bp in batches("covariances"):
+            ok = bp.valid
+            skipped += sample_indices[sel][~ok.cpu().numpy()].tolist()
+            n_valid += int(ok.sum())
+            for n in layers:
+                a = bp.inputs[n][ok].to(f64)
+                positions[n] += a.shape[0] * a.shape[1]
+                a = a.reshape(-1, a.shape[-1])
+                a_sum[n] += a.T @ a
+                for ds in bp.output_grads:
+                    d = ds[n][ok].to(f64).reshape(-1, ds[n].shape[-1])
+                    s_sum[n] += d.T @ d
+        _require_samples(n_valid, len(rows))
+        result.timings["covariances"] = _elapsed(t0, device)
+        t0 = time.perf_counter()
+        eig_device = device if settings.eigh_device == "auto" else torch.device("cpu")
+        for n, lf in factors.items():
+            lf.n_samples = n_valid
+            lf.activation_cov = (a_sum.pop(n) / positions[n]).cpu()
+            lf.gradient_cov = (s_sum.pop(n) / n_valid).cpu()
+            for short, what, cov in (
+                ("A", "activation covariance A", lf.activation_cov),
+                ("S", "pre-activation-gradient covariance S", lf.gradient_cov),
+            ):
+                e = symmetric_eigh(cov, f"layer {n!r}: {what}", eig_device, settings.max_device_eigh_dim)
+                lf.solver[short], lf.min_raw[short] = e.solver, e.min_raw
+                if short == "A":
+                    lf.activation_values, lf.activation_vectors = e.values, e.vectors
+                else:
+                    lf.gradient_values, lf.gradient_vectors = e.values, e.vectors
+        result.timings["eigendecomposition"] = _elapsed(t0, device)
+
+    if settings.method in ("ekfac", "diagonal"):
+        t0 = time.perf_counter()
+        sums = {n: torch.zeros(i.out_dim, i.in_dim, dtype=f64, device=device) for n, i in layers.items()}
+        rot = {}
+        if settings.method == "ekfac":
+            rot = {
+                n: (lf.gradient_vectors.to(device), lf.activation_vectors.to(device))
+                for n, lf in factors.items()
+            }
+        first_pass = settings.method == "diagonal"
+        n_corr = 0
+        for sel, bp in batches("eigenvalue corrections" if rot else "diagonal"):
+            ok = bp.valid
+            if first_pass:
+                skipped += sample_indices[sel][~ok.cpu().numpy()].tolist()
+            n_corr += int(ok.sum())
+            for n in layers:
+                for g in bp.gradients(n, f64, rows=ok):
+                    if rot:
+                        qs, qa = rot[n]
+                        g = qs.T @ g @ qa
+                    sums[n] += (g * g).sum(0)
+        _require_samples(n_corr, len(rows))
+        for n, lf in factors.items():
+            value = (sums.pop(n) / n_corr).cpu()
+            if rot:
+                lf.corrected = value
+            else:
+                lf.diagonal, lf.n_samples = value, n_corr
+        n_valid = n_corr
+        result.timings["corrections" if rot else "diagonal"] = _elapsed(t0, device)
+    result.skipped = _report_skipped(skipped, "curvature factors")
+    result.n_samples = n_valid
+    return result
+
+
+def _require_samples(n_valid: int, n_total: int) -> None:
+    if n_valid == 0:
+        raise NoFiniteSamplesError(
+            f"fit_factors: all {n_total} samples have NaN/Inf gradients; the inputs or the checkpoint "
+            "are broken (check for NaN images, overflowing inputs, or use compute_dtype float32)."
+        )
+
+
+def _elapsed(t0: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0

@@ -1,0 +1,233 @@
+"""Saving and loading fitted factors, with a cache key that says what they were fitted on.
+
+A factors file (``factors.pt``, written atomically with :mod:`epochlens.atomic`) is a ``torch.save``
+of plain containers, loadable with ``weights_only=True``::
+
+    format   "epochlens-influence-factors-v1"
+    key      JSON string: the cache key (see factor_cache_key)
+    method, fisher, n_samples, timings (JSON)
+    skipped  int64 (K,) global indices left out for NaN/Inf gradients
+    layers   {name: {"meta": JSON (kind, out_dim, in_dim, has_bias, n_samples, solver, min_raw),
+                     "activation_cov", "gradient_cov", "activation_values", "activation_vectors",
+                     "gradient_values", "gradient_vectors", "corrected", "diagonal": float64 tensors
+                     (absent where the method has none)}}
+
+The cache key holds everything the factors depend on: the model's weights (SHA-256 of the state
+dict, or of the checkpoint file), the training data used (SHA-256 of images, labels and indices),
+the resolved layer names, the active classes and the settings of :meth:`InfluenceSettings.factor_key`
+(method, Fisher type, layer patterns, compute dtype, seed, scheme). Damping and batch sizes are not
+in it: the same factors serve any damping, pairwise and self-influence alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from epochlens.atomic import atomic_path, write_atomic
+from epochlens.influence.errors import FactorCacheError
+from epochlens.influence.factors import InfluenceFactors, LayerFactors, resolve_layers
+from epochlens.influence.settings import InfluenceSettings
+
+FACTORS_FORMAT = "epochlens-influence-factors-v1"
+_TENSORS = (
+    "activation_cov",
+    "gradient_cov",
+    "activation_values",
+    "activation_vectors",
+    "gradient_values",
+    "gradient_vectors",
+    "corrected",
+    "diagonal",
+)
+
+
+def state_dict_sha256(model: nn.Module) -> str:
+    """SHA-256 of a model's parameters and buffers (names, dtypes, shapes, values)."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def data_sha256(
+    images: torch.Tensor | np.ndarray, labels: np.ndarray, sample_indices: np.ndarray | None
+) -> str:
+    """SHA-256 of the images, labels and global indices a fit used."""
+    h = hashlib.sha256()
+    x = torch.as_tensor(images).detach().cpu().contiguous()
+    for arr in (
+        x.numpy(),
+        np.asarray(labels, dtype=np.int64),
+        np.asarray(np.arange(len(x)) if sample_indices is None else sample_indices, dtype=np.int64),
+    ):
+        a = np.ascontiguousarray(arr)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def factor_cache_key(
+    model: nn.Module,
+    images: torch.Tensor | np.ndarray,
+    labels: np.ndarray,
+    active_classes: np.ndarray,
+    settings: InfluenceSettings,
+    sample_indices: np.ndarray | None = None,
+    checkpoint_sha256: str | None = None,
+) -> dict:
+    """The cache key of factors fitted with these arguments (a JSON-able dict).
+
+    ``checkpoint_sha256`` (the checkpoint file's hash) replaces hashing the weights when given.
+    """
+    return {
+        "checkpoint": checkpoint_sha256 or f"state_dict:{state_dict_sha256(model)}",
+        "data": data_sha256(images, labels, sample_indices),
+        "layers": list(resolve_layers(model, settings)),
+        "active_classes": [int(c) for c in np.asarray(active_classes)],
+        "settings": settings.factor_key(),
+    }
+
+
+def check_key(stored: dict, expected: dict, path: str | Path) -> None:
+    """Raise FactorCacheError naming every field where ``stored`` differs from ``expected``."""
+    stored, expected = json.loads(json.dumps(stored)), json.loads(json.dumps(expected))
+    diffs = [k for k in sorted(set(stored) | set(expected)) if stored.get(k) != expected.get(k)]
+    if diffs:
+        detail = "; ".join(
+            f"{k}: stored {_brief(stored.get(k))}, expected {_brief(expected.get(k))}" for k in diffs
+        )
+        raise FactorCacheError(
+            f"{path}: factors were fitted for other inputs ({detail}). Delete the file to refit, or "
+            "point to the factors of this checkpoint, data and settings."
+        )
+
+
+def _brief(value: object, n: int = 80) -> str:
+    s = json.dumps(value)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def save_factors(path: str | Path, factors: InfluenceFactors) -> None:
+    """Write ``factors`` to ``path`` atomically (format in the module doc)."""
+    layers = {}
+    for name, lf in factors.layers.items():
+        entry: dict[str, object] = {
+            "meta": json.dumps(
+                {
+                    "kind": lf.kind,
+                    "out_dim": lf.out_dim,
+                    "in_dim": lf.in_dim,
+                    "has_bias": lf.has_bias,
+                    "n_samples": lf.n_samples,
+                    "solver": lf.solver,
+                    "min_raw": lf.min_raw,
+                }
+            )
+        }
+        for t in _TENSORS:
+            value = getattr(lf, t)
+            if value is not None:
+                entry[t] = value.detach().cpu().to(torch.float64).contiguous()
+        layers[name] = entry
+    obj = {
+        "format": FACTORS_FORMAT,
+        "key": json.dumps(factors.key, sort_keys=True),
+        "method": factors.method,
+        "fisher": factors.fisher,
+        "n_samples": int(factors.n_samples),
+        "timings": json.dumps(factors.timings),
+        "skipped": torch.as_tensor(np.asarray(factors.skipped, dtype=np.int64)),
+        "layers": layers,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def load_factors(path: str | Path, expected_key: dict | None = None) -> InfluenceFactors:
+    """Read factors written by :func:`save_factors`; with ``expected_key``, check it matches.
+
+    Raises:
+        FileNotFoundError: no such file (fit and save the factors).
+        FactorCacheError: unreadable file, other format, or a key that differs (fields named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no factors file; fit the factors first")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        if obj.get("format") != FACTORS_FORMAT:
+            raise ValueError(f"format {obj.get('format')!r}, expected {FACTORS_FORMAT!r}")
+        key = json.loads(obj["key"])
+        layers = {}
+        for name, entry in obj["layers"].items():
+            meta = json.loads(entry["meta"])
+            lf = LayerFactors(
+                name, meta["kind"], meta["out_dim"], meta["in_dim"], meta["has_bias"], meta["n_samples"]
+            )
+            lf.solver, lf.min_raw = meta["solver"], meta["min_raw"]
+            for t in _TENSORS:
+                if t in entry:
+                    setattr(lf, t, entry[t])
+            layers[name] = lf
+        factors = InfluenceFactors(
+            obj["method"],
+            obj["fisher"],
+            layers,
+            obj["skipped"].numpy().astype(np.int64),
+            int(obj["n_samples"]),
+            key,
+            json.loads(obj["timings"]),
+        )
+    except Exception as exc:
+        raise FactorCacheError(
+            f"{path}: not a readable epochlens factors file ({type(exc).__name__}: {str(exc)[:200]}). "
+            "Delete it and fit the factors again."
+        ) from exc
+    if expected_key is not None:
+        check_key(key, expected_key, path)
+    return factors
+
+
+def load_or_fit_factors(
+    path: str | Path,
+    model: nn.Module,
+    images: torch.Tensor | np.ndarray,
+    labels: np.ndarray,
+    active_classes: np.ndarray,
+    settings: InfluenceSettings,
+    sample_indices: np.ndarray | None = None,
+    checkpoint_sha256: str | None = None,
+    **fit_options,
+) -> tuple[InfluenceFactors, bool]:
+    """Factors from ``path`` if its key matches these inputs, else fitted and saved there.
+
+    Returns:
+        (factors, reused) with reused True when the file was loaded.
+    """
+    from epochlens.influence.factors import fit_factors
+
+    key = factor_cache_key(model, images, labels, active_classes, settings, sample_indices, checkpoint_sha256)
+    if Path(path).is_file():
+        try:
+            return load_factors(path, key), True
+        except FactorCacheError:
+            pass
+    factors = fit_factors(
+        model, images, labels, active_classes, settings, sample_indices, key=key, **fit_options
+    )
+    save_factors(path, factors)
+    return factors, False
+
+
+def save_table(path: str | Path, table: pd.DataFrame) -> None:
+    """Write a table (diagnostics, detection) as CSV, atomically."""
+    write_atomic(path, lambda p: table.to_csv(p, index=False))

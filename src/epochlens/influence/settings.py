@@ -1,0 +1,156 @@
+"""Settings of the influence engine (``InfluenceSettings``) and what each choice means.
+
+Methods (how the Gauss-Newton matrix G of the mean training loss is approximated per layer):
+
+* ``ekfac``: eigenvalue-corrected K-FAC (George et al. 2018): the eigenbasis of K-FAC's Kronecker
+  factors, with eigenvalues refitted to the per-sample gradients in that basis.
+* ``kfac``: K-FAC (Martens & Grosse 2015) for Linear, KFC (Grosse & Martens 2016) for Conv2d:
+  G_layer ≈ S ⊗ A, A the covariance of the layer's inputs (unfolded patches for convolutions, a
+  ones column for the bias), S the covariance of the gradients of its outputs (pre-activations).
+* ``diagonal``: the diagonal of G (squared per-sample gradients).
+* ``identity``: no curvature; the influence is the gradient dot product (TracIn with one checkpoint).
+
+Fisher types (the labels whose gradients the curvature is built from):
+
+* ``true`` (default, as kronfluence): one label per sample drawn from the model's own predictive
+  distribution over the active classes. Its expectation is the GGN, at the cost of one backward
+  pass per sample, and it does not use the data set's labels: a curvature built from possibly
+  corrupted labels (``empirical``) would absorb the very samples a data-quality study looks for.
+  The draw is a pure function of (seed, sample index), so results do not depend on batching.
+* ``expected``: the exact expectation, a sum over the active classes weighted by the predicted
+  probabilities; equals the GGN J^T H_out J of the cross-entropy. One backward pass per active
+  class and sample: for tests and tiny models.
+* ``empirical``: the data set's labels (the "empirical Fisher"; biased, see Kunstner et al. 2019).
+
+Damping λ is added to every eigenvalue of a layer's curvature before inverting. ``relative``
+(default) scales ``damping`` by the mean eigenvalue of the layer (kronfluence's heuristic is 0.1),
+so one setting suits layers whose curvature differs by orders of magnitude; ``absolute`` uses it
+as is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from epochlens.errors import ConfigError
+
+METHODS = ("ekfac", "kfac", "diagonal", "identity")
+FISHERS = ("true", "expected", "empirical")
+COMPUTE_DTYPES = ("auto", "model", "float32", "float64")
+PRECONDITION_DTYPES = ("float64", "float32")
+
+#: Identifies the factor computation; part of every cache key, bumped when the maths changes.
+FACTOR_SCHEME = "epochlens-kfc-v1"
+
+
+@dataclass
+class InfluenceSettings:
+    """How influence is computed. Fields named in :meth:`factor_key` decide the cached factors."""
+
+    method: Literal["ekfac", "kfac", "diagonal", "identity"] = field(
+        default="ekfac", metadata={"help": "curvature approximation: ekfac, kfac, diagonal or identity"}
+    )
+    fisher: Literal["true", "expected", "empirical"] = field(
+        default="true",
+        metadata={
+            "help": "labels of the curvature's gradients: true (sampled from the model), expected "
+            "(all active classes weighted by probability; exact GGN, one backward per class) or "
+            "empirical (the data set's labels)"
+        },
+    )
+    damping: float = field(
+        default=0.1,
+        metadata={"help": "damping λ: a factor of the layer's mean eigenvalue (relative) or absolute"},
+    )
+    damping_mode: Literal["relative", "absolute"] = field(
+        default="relative", metadata={"help": "relative: λ = damping × mean eigenvalue of the layer"}
+    )
+    damping_growth: float = field(
+        default=10.0, metadata={"help": "factor by which the ladder raises λ where a solve is not finite"}
+    )
+    max_damping_steps: int = field(
+        default=30, metadata={"help": "ladder steps before a layer's solve is declared impossible"}
+    )
+    layers: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "fnmatch patterns of module names to track (Linear, Conv2d); empty: all"},
+    )
+    exclude_layers: tuple[str, ...] = field(
+        default=(), metadata={"help": "fnmatch patterns of module names not to track"}
+    )
+    factor_batch_size: int = field(
+        default=64, metadata={"help": "samples per forward/backward while fitting factors"}
+    )
+    train_batch_size: int = field(
+        default=32,
+        metadata={"help": "training samples whose per-sample gradients are held at once (memory)"},
+    )
+    query_batch_size: int = field(
+        default=16,
+        metadata={
+            "help": "queries whose preconditioned gradients are held at once; each query batch "
+            "recomputes the training gradients, so larger is faster and uses more memory"
+        },
+    )
+    compute_dtype: Literal["auto", "model", "float32", "float64"] = field(
+        default="auto",
+        metadata={
+            "help": "dtype of forward/backward: auto (the model's, float16/bfloat16 promoted to "
+            "float32), model (as is), float32 or float64. Factors are always accumulated in float64"
+        },
+    )
+    precondition_dtype: Literal["float64", "float32"] = field(
+        default="float64", metadata={"help": "dtype of per-sample gradients, solves and scores"}
+    )
+    eigh_device: Literal["auto", "cpu"] = field(
+        default="auto", metadata={"help": "auto: eigendecompose on the compute device, CPU fallback"}
+    )
+    max_device_eigh_dim: int = field(
+        default=8192,
+        metadata={"help": "factors larger than this are eigendecomposed on the CPU (solver limits)"},
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the sampled labels of the true Fisher"})
+
+    def __post_init__(self) -> None:
+        self.layers = tuple(self.layers)
+        self.exclude_layers = tuple(self.exclude_layers)
+        problems = []
+        for name, value, allowed in (
+            ("method", self.method, METHODS),
+            ("fisher", self.fisher, FISHERS),
+            ("damping_mode", self.damping_mode, ("relative", "absolute")),
+            ("compute_dtype", self.compute_dtype, COMPUTE_DTYPES),
+            ("precondition_dtype", self.precondition_dtype, PRECONDITION_DTYPES),
+            ("eigh_device", self.eigh_device, ("auto", "cpu")),
+        ):
+            if value not in allowed:
+                problems.append(f"{name}={value!r} must be one of {list(allowed)}")
+        if not (isinstance(self.damping, (int, float)) and math.isfinite(self.damping) and self.damping > 0):
+            problems.append(
+                f"damping={self.damping!r} is refused: it must be a finite number > 0. Without damping "
+                "the inverse of a singular curvature (dead units, constant or duplicated features) is "
+                "undefined; for near-exact influence use a tiny relative damping such as 1e-8"
+            )
+        if not (math.isfinite(self.damping_growth) and self.damping_growth > 1):
+            problems.append(f"damping_growth={self.damping_growth} must be > 1")
+        if self.max_damping_steps < 0:
+            problems.append(f"max_damping_steps={self.max_damping_steps} must be >= 0")
+        for name in ("factor_batch_size", "train_batch_size", "query_batch_size", "max_device_eigh_dim"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if problems:
+            raise ConfigError("influence settings: " + "; ".join(problems) + ". Fix the config.")
+
+    def factor_key(self) -> dict:
+        """The settings the fitted factors depend on (damping and batch sizes excluded)."""
+        keys = ("method", "fisher", "layers", "exclude_layers", "compute_dtype", "seed")
+        out = {k: v for k, v in asdict(self).items() if k in keys}
+        out["layers"], out["exclude_layers"] = list(self.layers), list(self.exclude_layers)
+        if self.fisher != "true":
+            out["seed"] = None  # only the sampled labels use it
+        if self.method == "identity":
+            out["fisher"] = None
+        out["scheme"] = FACTOR_SCHEME
+        return out
