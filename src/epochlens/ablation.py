@@ -1,0 +1,355 @@
+"""Ablations of unit groups and their effect on old versus new classes.
+
+A *unit group* is a set of channels of one block's output (dimension 1 of the module's output
+(B, C, H, W), or of (B, D) for a linear layer):
+
+* the whole block (all its channels, group name ``all``), and
+* ``channel_groups`` contiguous groups of (nearly) equal size, named ``ch{start}-{stop-1}``
+  (``numpy.array_split`` sizes; with ``channel_groups >= C`` every channel is its own group).
+
+Blocks are given as module names, by default every block output (``features.default_layers``:
+SmallCNN block1-3, ResNet18LoP layer1.0 ... layer4.1). A forward hook replaces the group's
+channels in the block's output before the rest of the network sees them:
+
+* ``zero``: by 0;
+* ``mean``: by their mean over the reference images, per channel and spatial position (the mean
+  activation map, accumulated in float64), so a unit that is constant over the data is unchanged.
+
+Accuracy and cross-entropy use the logits of the active classes only (``models.restrict_logits``)
+with targets at the label's position among them. Samples of inactive classes are left out. The
+*old* cohort holds the active classes outside ``new_classes`` (earlier tasks), the *new* cohort
+``new_classes`` (the current task), and ``all`` both.
+
+Tidy output (:func:`ablation_table`), one row per (block, group, mode, cohort), with any context
+columns (e.g. epoch, split) first: block, group, channel_start, channel_stop, n_channels, mode,
+cohort, n_samples, accuracy_base, accuracy, delta_accuracy, loss_base, loss, delta_loss. Deltas are
+ablated minus intact; losses in nats (mean over the cohort's samples).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from epochlens.curvature import check_finite_weights
+from epochlens.errors import ConfigError
+from epochlens.features import LayerError, model_device, resolve_layers
+from epochlens.models import positions_in, restrict_logits
+
+MODES = ("zero", "mean")
+COHORTS = ("old", "new", "all")
+
+
+@dataclass
+class AblationSettings:
+    """Which unit groups are ablated, and how."""
+
+    blocks: list[str] | None = field(
+        default=None,
+        metadata={"help": "module names whose outputs are ablated; None: every block output"},
+    )
+    channel_groups: int = field(
+        default=4,
+        metadata={"help": "contiguous channel groups per block (0: none; >= channels: one per channel)"},
+    )
+    whole_blocks: bool = field(default=True, metadata={"help": "also ablate each block as a whole"})
+    modes: tuple[str, ...] = field(default=MODES, metadata={"help": "zero and/or mean ablation"})
+    batch_size: int = field(default=256, metadata={"help": "images per forward pass (bounds memory)"})
+
+    def __post_init__(self) -> None:
+        self.modes = tuple(self.modes)
+        if isinstance(self.blocks, str):
+            self.blocks = [self.blocks]
+        problems = []
+        if (
+            not self.modes
+            or any(m not in MODES for m in self.modes)
+            or len(set(self.modes)) != len(self.modes)
+        ):
+            problems.append(f"modes={list(self.modes)} must be distinct values of {list(MODES)}")
+        if self.channel_groups < 0:
+            problems.append(f"channel_groups={self.channel_groups} must be >= 0")
+        if self.channel_groups == 0 and not self.whole_blocks:
+            problems.append("channel_groups=0 and whole_blocks=false leave nothing to ablate")
+        if self.batch_size < 1:
+            problems.append(f"batch_size={self.batch_size} must be >= 1")
+        if problems:
+            raise ConfigError("ablation settings: " + "; ".join(problems) + ". Fix the config.")
+
+
+@dataclass(frozen=True)
+class UnitGroup:
+    """Channels ``channel_start`` .. ``channel_stop - 1`` of the output of module ``block``."""
+
+    block: str
+    group: str
+    channel_start: int
+    channel_stop: int
+
+    @property
+    def n_channels(self) -> int:
+        return self.channel_stop - self.channel_start
+
+
+def channel_ranges(n_channels: int, n_groups: int) -> list[tuple[int, int]]:
+    """(start, stop) of ``min(n_groups, n_channels)`` contiguous groups (``array_split`` sizes)."""
+    k = min(n_groups, n_channels)
+    if k <= 0:
+        return []
+    bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(n_channels), k)])
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def block_shapes(model: nn.Module, blocks: Sequence[str], sample: torch.Tensor) -> dict[str, tuple[int, ...]]:
+    """Per-sample output shape of each block, from one forward pass of ``sample`` (1, C, H, W).
+
+    The pass runs in eval mode; the model's train/eval flags are restored afterwards.
+
+    Raises:
+        LayerError: a block whose output is not a (batch, channels, ...) tensor, or that runs other
+            than once per forward pass.
+    """
+    modules = dict(model.named_modules())
+    shapes: dict[str, tuple[int, ...]] = {}
+    calls: dict[str, int] = {}
+
+    def make(name: str):
+        def hook(module: nn.Module, inputs: tuple, output: object) -> None:
+            calls[name] = calls.get(name, 0) + 1
+            if not isinstance(output, torch.Tensor) or output.ndim < 2:
+                raise LayerError(
+                    f"block {name!r} ({type(module).__name__}) does not return a (batch, channels, ...) "
+                    "tensor; ablate another module (e.g. its parent block)."
+                )
+            shapes[name] = tuple(output.shape[1:])
+
+        return hook
+
+    handles = [modules[b].register_forward_hook(make(b)) for b in blocks]
+    training = {m: m.training for m in model.modules()}
+    try:
+        with torch.no_grad():
+            model.eval()(sample)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, flag in training.items():
+            m.training = flag
+    for b in blocks:
+        if calls.get(b, 0) != 1:
+            raise LayerError(
+                f"block {b!r} ran {calls.get(b, 0)} times in one forward pass; ablating it would be "
+                "ambiguous. Ablate a module that runs exactly once (such as the enclosing block)."
+            )
+    return shapes
+
+
+def unit_groups(
+    model: nn.Module, sample: torch.Tensor, settings: AblationSettings | None = None
+) -> list[UnitGroup]:
+    """The unit groups of ``model``: per block, the whole block, then its channel groups.
+
+    ``sample`` is one normalised input (1, C, H, W) that fixes the blocks' channel counts.
+    Raises LayerError for unknown block names (listing the available ones).
+    """
+    settings = settings or AblationSettings()
+    blocks = resolve_layers(model, settings.blocks)
+    shapes = block_shapes(model, blocks, sample)
+    groups = []
+    for b in blocks:
+        c = shapes[b][0]
+        if settings.whole_blocks:
+            groups.append(UnitGroup(b, "all", 0, c))
+        for start, stop in channel_ranges(c, settings.channel_groups):
+            groups.append(UnitGroup(b, f"ch{start}-{stop - 1}", start, stop))
+    return groups
+
+
+@torch.no_grad()
+def unit_means(
+    net: nn.Module,
+    images: torch.Tensor,
+    blocks: Sequence[str],
+    batch_size: int = 256,
+    device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Mean output of each block over ``images`` (N, C, H, W): per block a (C', H', W') float32 tensor.
+
+    Accumulated in float64 (a unit constant over the images gets exactly its value back).
+    """
+    device = model_device(net, device)
+    modules = dict(net.named_modules())
+    sums: dict[str, torch.Tensor] = {}
+
+    def make(name: str):
+        def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            s = output.detach().double().sum(0)
+            sums[name] = s if name not in sums else sums[name] + s
+
+        return hook
+
+    handles = [modules[b].register_forward_hook(make(b)) for b in blocks]
+    try:
+        for lo in range(0, len(images), batch_size):
+            net(images[lo : lo + batch_size].to(device, torch.float32))
+    finally:
+        for h in handles:
+            h.remove()
+    return {b: (sums[b] / len(images)).float() for b in blocks}
+
+
+@contextmanager
+def ablated(
+    net: nn.Module, group: UnitGroup, mode: str, means: Mapping[str, torch.Tensor] | None = None
+) -> Iterator[None]:
+    """Inside the block, ``net``'s forward replaces ``group``'s channels (zero or mean)."""
+    if mode not in MODES:
+        raise ConfigError(f"ablation mode {mode!r} must be one of {list(MODES)}")
+    if mode == "mean" and (means is None or group.block not in means):
+        raise ValueError(f"mean ablation of {group.block!r} needs its unit means (see unit_means)")
+    sl = slice(group.channel_start, group.channel_stop)
+    module = dict(net.named_modules())[group.block]
+
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        out = output.clone()
+        if mode == "zero":
+            out[:, sl] = 0
+        else:
+            out[:, sl] = means[group.block][sl].to(out.device, out.dtype)
+        return out
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@torch.no_grad()
+def per_sample_outcome(
+    net: nn.Module,
+    images: torch.Tensor,
+    targets: np.ndarray,
+    active_classes: np.ndarray,
+    batch_size: int,
+    device: torch.device,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(correct (N,) bool, loss (N,) float64 nats) over the restricted logits; eval mode expected."""
+    correct, losses = [], []
+    active = torch.as_tensor(np.asarray(active_classes, dtype=np.int64), device=device)
+    t = torch.as_tensor(targets, dtype=torch.long)
+    for lo in range(0, len(images), batch_size):
+        x = images[lo : lo + batch_size].to(device, torch.float32)
+        y = t[lo : lo + batch_size].to(device)
+        logits = restrict_logits(net(x), active)
+        losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
+        correct.append((logits.argmax(1) == y).cpu())
+    return torch.cat(correct).numpy(), torch.cat(losses).numpy()
+
+
+def ablation_table(
+    model: nn.Module,
+    images: torch.Tensor | np.ndarray,
+    labels: np.ndarray,
+    active_classes: np.ndarray,
+    new_classes: np.ndarray,
+    settings: AblationSettings | None = None,
+    reference_images: torch.Tensor | np.ndarray | None = None,
+    context: Mapping[str, object] | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Change in accuracy and loss on old, new and all active classes when each unit group is ablated.
+
+    Args:
+        model: classifier (B, C, H, W) -> (B, num_classes); not modified (a copy runs in eval mode).
+        images: (N, C, H, W) normalised evaluation images (e.g. the test split or the holdout).
+        labels: (N,) class ids.
+        active_classes: classes trained at this checkpoint (restricted logits, in this order).
+        new_classes: the current task's classes (a subset of ``active_classes``).
+        settings: blocks, channel groups, modes, batch size.
+        reference_images: images whose mean activations the mean ablation uses (e.g. the
+            training images of the active classes); default: ``images``.
+        context: constant columns put first in every row (e.g. ``{"epoch": 200, "split": "test"}``).
+        device: "auto", "cpu", "cuda", ... ; None: the model's device.
+        progress: progress bar over ablations.
+
+    Returns:
+        Tidy DataFrame (columns in the module doc); cohorts without samples are left out.
+
+    Raises:
+        ConfigError: new classes outside the active ones, or no sample of an active class.
+        LayerError: unknown blocks (listing the available ones).
+    """
+    settings = settings or AblationSettings()
+    images = torch.as_tensor(images)
+    labels = np.asarray(labels, dtype=np.int64)
+    active = np.asarray(active_classes, dtype=np.int64)
+    new = np.asarray(new_classes, dtype=np.int64)
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+    stray = np.setdiff1d(new, active)
+    if len(stray):
+        raise ConfigError(f"new classes {stray.tolist()} are not among the active classes {active.tolist()}")
+    keep = np.flatnonzero(np.isin(labels, active))
+    if len(keep) == 0:
+        raise ConfigError(
+            f"no evaluation image belongs to an active class ({active.tolist()[:10]}...); check the "
+            "class order and the epoch."
+        )
+    x = images[torch.as_tensor(keep)]
+    y = labels[keep]
+    targets = positions_in(y, active)
+    cohorts = {"old": ~np.isin(y, new), "new": np.isin(y, new), "all": np.ones(len(y), dtype=bool)}
+
+    dev = model_device(model, device)
+    net = copy.deepcopy(model).to(dev).eval().requires_grad_(False)
+    check_finite_weights(net)
+    groups = unit_groups(net, x[:1].to(dev, torch.float32), settings)
+    means = None
+    if "mean" in settings.modes:
+        ref = x if reference_images is None else torch.as_tensor(reference_images)
+        blocks = list(dict.fromkeys(g.block for g in groups))
+        means = unit_means(net, ref, blocks, settings.batch_size, dev)
+
+    base_correct, base_loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
+    rows = []
+    jobs = [(g, m) for g in groups for m in settings.modes]
+    for group, mode in tqdm(jobs, desc="ablations", disable=not progress):
+        with ablated(net, group, mode, means):
+            correct, loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
+        for cohort in COHORTS:
+            sel = cohorts[cohort]
+            if not sel.any():
+                continue
+            acc_base, acc = float(base_correct[sel].mean()), float(correct[sel].mean())
+            loss_base, loss_abl = float(base_loss[sel].mean()), float(loss[sel].mean())
+            rows.append(
+                {
+                    **(context or {}),
+                    "block": group.block,
+                    "group": group.group,
+                    "channel_start": group.channel_start,
+                    "channel_stop": group.channel_stop,
+                    "n_channels": group.n_channels,
+                    "mode": mode,
+                    "cohort": cohort,
+                    "n_samples": int(sel.sum()),
+                    "accuracy_base": acc_base,
+                    "accuracy": acc,
+                    "delta_accuracy": acc - acc_base,
+                    "loss_base": loss_base,
+                    "loss": loss_abl,
+                    "delta_loss": loss_abl - loss_base,
+                }
+            )
+    return pd.DataFrame(rows)

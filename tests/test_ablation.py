@@ -1,0 +1,151 @@
+"""Unit tests of unit-group ablations on cases with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from epochlens.ablation import (
+    AblationSettings,
+    UnitGroup,
+    ablated,
+    ablation_table,
+    channel_ranges,
+    unit_groups,
+)
+from epochlens.errors import ConfigError
+from epochlens.features import LayerError
+from epochlens.models import ResNet18LoP, SmallCNN, restrict_logits
+
+ACTIVE = np.array([2, 0, 1])  # class-order positions: class 2 first
+NEW = np.array([1])  # the current task's class; 2 and 0 are old
+
+
+def stripes(n: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    """1x8x8 images of 4 classes: class c has a bright band in rows 2c..2c+1, plus noise."""
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 4
+    x = 0.3 * torch.randn(n, 1, 8, 8, generator=gen)
+    for c in range(4):
+        x[labels == c, :, 2 * c : 2 * c + 2, :] += 2.0
+    return x, labels.numpy()
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[SmallCNN, torch.Tensor, np.ndarray]:
+    """A SmallCNN trained on the active classes (a second of Adam), with known dead/constant units.
+
+    * fc ignores block3 channels 0..15 (zero weights): the output does not depend on them;
+    * block2 channels 0..7 are constant 0.7 (BatchNorm scale 0, shift 0.7, then ReLU);
+    * block1 channels 0..3 are always 0 (BatchNorm scale 0, shift -1, then ReLU).
+    """
+    torch.manual_seed(0)
+    model = SmallCNN(num_classes=4, in_channels=1)
+    x, y = stripes(240, seed=0)
+    keep = np.isin(y, ACTIVE)
+    xa = x[keep]
+    target = torch.as_tensor([int(np.flatnonzero(ACTIVE == c)[0]) for c in y[keep]])
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(25):
+        opt.zero_grad()
+        F.cross_entropy(restrict_logits(model(xa), ACTIVE), target).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        model.fc.weight[:, :16] = 0
+        model.block2[1].weight[:8] = 0
+        model.block2[1].bias[:8] = 0.7
+        model.block1[1].weight[:4] = 0
+        model.block1[1].bias[:4] = -1.0
+    x_eval, y_eval = stripes(120, seed=1)
+    return model, x_eval, y_eval
+
+
+def _row(table, block: str, group: str, mode: str, cohort: str = "all"):
+    sel = table[
+        (table["block"] == block)
+        & (table["group"] == group)
+        & (table["mode"] == mode)
+        & (table["cohort"] == cohort)
+    ]
+    assert len(sel) == 1
+    return sel.iloc[0]
+
+
+def test_channel_ranges_and_unit_groups() -> None:
+    assert channel_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert channel_ranges(3, 8) == [(0, 1), (1, 2), (2, 3)]
+    assert channel_ranges(5, 0) == []
+    groups = unit_groups(SmallCNN(4, 1), torch.zeros(1, 1, 8, 8), AblationSettings(channel_groups=2))
+    assert groups[:3] == [
+        UnitGroup("block1", "all", 0, 16),
+        UnitGroup("block1", "ch0-7", 0, 8),
+        UnitGroup("block1", "ch8-15", 8, 16),
+    ]
+    assert len(groups) == 9 and groups[-1] == UnitGroup("block3", "ch32-63", 32, 64)
+    resnet = unit_groups(ResNet18LoP(4), torch.zeros(1, 3, 8, 8), AblationSettings(channel_groups=0))
+    assert [g.block for g in resnet] == [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+    assert resnet[-1].n_channels == 512
+
+
+def test_units_the_output_ignores_change_nothing(trained) -> None:
+    model, x, y = trained
+    settings = AblationSettings(blocks=["block1", "block2", "block3"], channel_groups=4)
+    table = ablation_table(model, x, y, ACTIVE, NEW, settings, context={"epoch": 3})
+    assert table.columns[0] == "epoch" and set(table.cohort) == {"old", "new", "all"}
+    assert (table.n_samples[table.cohort == "all"] == 90).all()  # class 3 is inactive: left out
+    assert (table.n_samples[table.cohort == "new"] == 30).all()
+    base = _row(table, "block3", "all", "zero")
+    assert base.accuracy_base > 0.9  # the model learned the task
+    # fc ignores block3 channels 0..15: ablating them changes nothing, exactly.
+    for mode in ("zero", "mean"):
+        for cohort in ("old", "new", "all"):
+            r = _row(table, "block3", "ch0-15", mode, cohort)
+            assert r.delta_accuracy == 0.0 and r.delta_loss == 0.0
+    # block1 channels 0..3 are always zero: zeroing them changes nothing.
+    r = _row(table, "block1", "ch0-3", "zero")
+    assert r.delta_accuracy == 0.0 and r.delta_loss == 0.0
+    # block2 channels 0..7 are constant: replacing them by their mean changes nothing, zeroing does.
+    r = _row(table, "block2", "ch0-7", "mean")
+    assert r.delta_accuracy == 0.0 and r.delta_loss == 0.0
+    assert _row(table, "block2", "ch0-7", "zero").delta_loss != 0.0
+
+
+def test_ablating_what_matters_changes_accuracy(trained) -> None:
+    model, x, y = trained
+    table = ablation_table(model, x, y, ACTIVE, NEW, AblationSettings(channel_groups=0, modes=("zero",)))
+    assert set(table.group) == {"all"} and set(table.block) == {"block1", "block2", "block3"}
+    whole = _row(table, "block3", "all", "zero")
+    # Without block3 the logits are fc's bias: one class for every image, at most 1/3 of them right.
+    assert whole.accuracy <= 1 / 3 + 1e-9 and whole.delta_accuracy < -0.5 and whole.delta_loss > 0
+    new, old = _row(table, "block3", "all", "zero", "new"), _row(table, "block3", "all", "zero", "old")
+    assert {new.accuracy, old.accuracy} <= {0.0, 0.5, 1.0}  # a constant prediction per cohort
+
+
+def test_ablation_hook_is_removed_and_model_untouched(trained) -> None:
+    model, x, _ = trained
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        before = model(x)
+        with ablated(model, UnitGroup("block3", "all", 0, 64), "zero"):
+            during = model(x)
+        after = model(x)
+    torch.testing.assert_close(during, model.fc.bias.expand_as(during))
+    torch.testing.assert_close(before, after, rtol=0, atol=0)
+    ablation_table(model, x, np.zeros(len(x), dtype=np.int64), ACTIVE, NEW, AblationSettings(modes=("zero",)))
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, state[k], rtol=0, atol=0)
+
+
+def test_bad_inputs_are_named(trained) -> None:
+    model, x, y = trained
+    with pytest.raises(LayerError, match=r"no layer\(s\) \['block7'\]. Available layers"):
+        ablation_table(model, x, y, ACTIVE, NEW, AblationSettings(blocks=["block7"]))
+    with pytest.raises(ConfigError, match=r"new classes \[3\]"):
+        ablation_table(model, x, y, ACTIVE, np.array([3]))
+    with pytest.raises(ConfigError, match="modes"):
+        AblationSettings(modes=("shuffle",))
+    with pytest.raises(ConfigError, match="no evaluation image"):
+        ablation_table(model, x[y == 3], y[y == 3], ACTIVE, NEW)
