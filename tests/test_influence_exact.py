@@ -190,7 +190,9 @@ def data(n: int, shape: tuple[int, ...], classes: int, seed: int) -> tuple[torch
 def assert_matches(ours: np.ndarray, exact: np.ndarray, rtol: float = 1e-6) -> None:
     scale = np.abs(exact).max()
     np.testing.assert_allclose(ours, exact, rtol=rtol, atol=rtol * scale)
-    assert spearmanr(ours.ravel(), exact.ravel()).statistic >= 0.99
+    # Rank agreement; rounded so that scores tied in exact arithmetic stay tied.
+    rounded = [np.round(a.ravel() / scale, 9) for a in (ours, exact)]
+    assert spearmanr(*rounded).statistic >= 0.99
 
 
 # ---------------------------------------------------------------- tests
