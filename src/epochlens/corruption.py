@@ -1,0 +1,188 @@
+"""Corrupting a training set on purpose, to test whether influence finds the corrupted samples.
+
+* :func:`flip_labels`: a seeded fraction of the training samples gets another *active* class's
+  label (uniform among the other active classes), the images unchanged.
+* :func:`plant_trigger`: a seeded fraction of the training samples of the other active classes
+  gets a fixed checkerboard patch in a corner and the target class's label (a backdoor, as in
+  BadNets, Gu et al. 2017); :func:`apply_trigger` puts the same patch on queries.
+
+Both return a new :class:`epochlens.data.Dataset` (the original is not modified; its content hash
+differs) and the sorted int64 positions of the corrupted samples in the training split. Samples of
+the validation holdout are never corrupted (they are not trained on). Selections are pure functions
+of (seed, fraction, eligible samples), via ``numpy.random.default_rng(seed)``.
+
+Query transforms (:func:`transform_queries`) perturb normalised query images, so that the
+agreement of influence scores across them can be measured: ``hflip`` (mirror left-right),
+``noise`` (Gaussian, std in normalised units), ``crop`` (zero-pad by ``pad`` pixels, then crop
+back at a seeded random offset per image: a shift of up to ``pad`` pixels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from epochlens.data import Dataset
+from epochlens.errors import ConfigError
+
+QUERY_TRANSFORMS = ("none", "hflip", "noise", "crop")
+CORNERS = ("bottom_right", "bottom_left", "top_right", "top_left")
+
+
+def _active(dataset: Dataset, active_classes: np.ndarray | None) -> np.ndarray:
+    if active_classes is None:
+        return np.arange(dataset.num_classes)
+    active = np.asarray(active_classes, np.int64)
+    if active.ndim != 1 or len(np.unique(active)) != len(active) or len(active) == 0:
+        raise ConfigError(f"active_classes must be distinct class ids, got {active}")
+    return active
+
+
+def _pick(eligible: np.ndarray, fraction: float, rng: np.random.Generator, what: str) -> np.ndarray:
+    if not (0.0 <= fraction <= 1.0):
+        raise ConfigError(f"{what}: fraction={fraction} must be within [0, 1]")
+    k = int(round(fraction * len(eligible)))
+    if fraction > 0 and k == 0:
+        raise ConfigError(
+            f"{what}: fraction={fraction} of {len(eligible)} eligible samples rounds to none; raise it."
+        )
+    return np.sort(rng.choice(eligible, size=k, replace=False)).astype(np.int64)
+
+
+def _with_train(dataset: Dataset, images: np.ndarray, labels: np.ndarray, note: str) -> Dataset:
+    return dataclasses.replace(
+        dataset,
+        train_images=images,
+        train_labels=labels,
+        source=f"{dataset.source} + {note}",
+        holdout=dataset.holdout.copy(),
+        class_names=list(dataset.class_names),
+    )
+
+
+def flip_labels(
+    dataset: Dataset,
+    fraction: float,
+    seed: int = 0,
+    active_classes: np.ndarray | None = None,
+) -> tuple[Dataset, np.ndarray]:
+    """Give ``fraction`` of the eligible training samples the label of another active class.
+
+    Args:
+        dataset: the clean data set.
+        fraction: share of eligible samples to flip (rounded to the nearest count).
+        seed: selection and new labels are a pure function of it.
+        active_classes: classes a sample may have and may be flipped to (default: all); samples of
+            other classes and of the holdout are not eligible.
+
+    Returns:
+        (corrupted data set, sorted int64 positions of the flipped training samples).
+    """
+    active = _active(dataset, active_classes)
+    if len(active) < 2:
+        raise ConfigError(f"flip_labels needs at least two active classes, got {active.tolist()}")
+    labels = dataset.train_labels
+    eligible = np.flatnonzero(np.isin(labels, active) & ~dataset.holdout)
+    rng = np.random.default_rng(seed)
+    idx = _pick(eligible, fraction, rng, "flip_labels")
+    position = {int(c): i for i, c in enumerate(active)}
+    old = np.array([position[int(c)] for c in labels[idx]], dtype=np.int64)
+    offset = rng.integers(1, len(active), size=len(idx))  # never 0: always another class
+    new_labels = labels.copy()
+    new_labels[idx] = active[(old + offset) % len(active)]
+    note = f"label_flip(fraction={fraction}, seed={seed}, n={len(idx)})"
+    return _with_train(dataset, dataset.train_images.copy(), new_labels, note), idx
+
+
+def trigger_value(dataset: Dataset) -> float:
+    """The bright pixel value of the patch in the images' stored units: the value that scales to 1."""
+    high = 1.0 / dataset.scale
+    if np.issubdtype(dataset.train_images.dtype, np.integer):
+        high = min(round(high), np.iinfo(dataset.train_images.dtype).max)
+    return float(high)
+
+
+def apply_trigger(
+    images: np.ndarray, patch_size: int = 3, corner: str = "bottom_right", high: float = 255.0
+) -> np.ndarray:
+    """A copy of ``images`` (N, C, H, W) with a checkerboard patch (high / 0) in a corner, all channels."""
+    if corner not in CORNERS:
+        raise ConfigError(f"corner={corner!r} must be one of {list(CORNERS)}")
+    images = np.asarray(images)
+    if images.ndim != 4:
+        raise ValueError(f"images must be (N, C, H, W), got shape {images.shape}")
+    h, w = images.shape[2:]
+    if not (1 <= patch_size <= min(h, w)):
+        raise ConfigError(f"patch_size={patch_size} must be within 1..{min(h, w)} for {h}x{w} images")
+    out = images.copy()
+    rows = slice(h - patch_size, h) if corner.startswith("bottom") else slice(0, patch_size)
+    cols = slice(w - patch_size, w) if corner.endswith("right") else slice(0, patch_size)
+    checker = (np.add.outer(np.arange(patch_size), np.arange(patch_size)) % 2 == 0).astype(np.float64)
+    out[:, :, rows, cols] = (checker * high).astype(images.dtype)
+    return out
+
+
+def plant_trigger(
+    dataset: Dataset,
+    fraction: float,
+    target_class: int,
+    seed: int = 0,
+    patch_size: int = 3,
+    corner: str = "bottom_right",
+    active_classes: np.ndarray | None = None,
+) -> tuple[Dataset, np.ndarray]:
+    """Stamp the trigger on ``fraction`` of the eligible training samples and relabel them as the target.
+
+    Eligible: samples of active classes other than ``target_class``, outside the holdout. The patch
+    value is :func:`trigger_value` (255 for CIFAR's uint8, 16 for digits).
+
+    Returns:
+        (corrupted data set, sorted int64 positions of the poisoned training samples).
+    """
+    active = _active(dataset, active_classes)
+    if target_class not in active:
+        raise ConfigError(f"target_class={target_class} is not an active class ({active.tolist()})")
+    labels = dataset.train_labels
+    eligible = np.flatnonzero(np.isin(labels, active) & (labels != target_class) & ~dataset.holdout)
+    idx = _pick(eligible, fraction, np.random.default_rng(seed), "plant_trigger")
+    images = dataset.train_images.copy()
+    images[idx] = apply_trigger(images[idx], patch_size, corner, trigger_value(dataset))
+    new_labels = labels.copy()
+    new_labels[idx] = target_class
+    note = (
+        f"trigger(fraction={fraction}, target={target_class}, patch={patch_size}, corner={corner}, "
+        f"seed={seed}, n={len(idx)})"
+    )
+    return _with_train(dataset, images, new_labels, note), idx
+
+
+def transform_queries(
+    images: torch.Tensor,
+    kind: str,
+    seed: int = 0,
+    noise_std: float = 0.1,
+    pad: int = 1,
+) -> torch.Tensor:
+    """A transformed copy of normalised query images (Q, C, H, W); see the module doc for ``kind``."""
+    if kind not in QUERY_TRANSFORMS:
+        raise ConfigError(f"query transform {kind!r} must be one of {list(QUERY_TRANSFORMS)}")
+    images = torch.as_tensor(images)
+    if kind == "none":
+        return images.clone()
+    if kind == "hflip":
+        return images.flip(-1)
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "noise":
+        noise = torch.randn(images.shape, generator=gen, dtype=torch.float64)
+        return images + (noise_std * noise).to(images.dtype).to(images.device)
+    if pad < 1:
+        raise ConfigError(f"crop pad={pad} must be >= 1")
+    h, w = images.shape[-2:]
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+    offsets = torch.randint(0, 2 * pad + 1, (len(images), 2), generator=gen)
+    out = torch.empty_like(images)
+    for i, (dy, dx) in enumerate(offsets.tolist()):
+        out[i] = padded[i, :, dy : dy + h, dx : dx + w]
+    return out
