@@ -136,18 +136,19 @@ class MLP(nn.Module):
 
 
 class TinyCNN(nn.Module):
-    """Strided/padded convolutions (with and without bias), BatchNorm in eval, pooling, Linear."""
+    """Padded, strided and dilated convolutions (with and without bias), BatchNorm, pooling, Linear."""
 
     def __init__(self, c: int = 5) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(2, 3, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(3)
         self.conv2 = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.conv3 = nn.Conv2d(4, 4, (3, 2), padding=(2, 1), dilation=(2, 1))
         self.fc = nn.Linear(4, c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.bn1(self.conv1(x)))
-        x = torch.relu(self.conv2(x))
+        x = torch.relu(self.conv3(torch.relu(self.conv2(x))))
         return self.fc(x.mean((2, 3)))
 
 
