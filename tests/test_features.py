@@ -31,6 +31,7 @@ from epochlens.representations import (
     simple_stats,
     sketch_matrix,
     spectral,
+    spectral_method_for,
 )
 
 CKPT = "a" * 64  # stand-ins for checkpoint file hashes
@@ -119,14 +120,28 @@ def test_representations_match_definitions() -> None:
         1,
     )
     np.testing.assert_allclose(stats.numpy(), expected, rtol=1e-12)
-    exact = RepresentationSettings(spectral_k=7, spectral_method="exact")
-    sv = spectral(act, exact).numpy()  # 5 x 24 matrices have 5 singular values; 2 zeros follow
     ref = np.linalg.svd(act.flatten(2).numpy(), compute_uv=False)
-    np.testing.assert_allclose(sv[:, :5], ref, rtol=1e-10)
-    assert (sv[:, 5:] == 0).all()
+    for method in ("auto", "gram", "exact", "randomized"):  # randomized: the sketch spans all 5 rows
+        settings = RepresentationSettings(spectral_k=7, spectral_method=method)
+        sv = spectral(act, settings).numpy()  # 5 x 24 matrices have 5 singular values; 2 zeros follow
+        np.testing.assert_allclose(sv[:, :5], ref, rtol=1e-10)
+        assert (sv[:, 5:] == 0).all()
+    exact = RepresentationSettings(spectral_k=7, spectral_method="exact")
     # A (B, D) activation is a 1 x D matrix: its singular value is the norm.
     vec = torch.randn(4, 10, dtype=torch.float64)
     np.testing.assert_allclose(spectral(vec, exact)[:, 0].numpy(), vec.norm(dim=1).numpy())
+
+
+def test_auto_spectral_method_and_gram_accuracy() -> None:
+    auto = RepresentationSettings()
+    assert spectral_method_for((64, 32, 32), auto) == "gram"  # min side 64
+    assert spectral_method_for((512, 4, 4), auto) == "gram"
+    assert spectral_method_for((256, 56, 56), auto) == "randomized"
+    act = torch.relu(torch.randn(4, 32, 16, 16, generator=torch.Generator().manual_seed(3)))
+    gram = spectral(act, RepresentationSettings(spectral_method="gram"))
+    exact = spectral(act, RepresentationSettings(spectral_method="exact"))
+    assert gram.dtype == torch.float32
+    torch.testing.assert_close(gram, exact, rtol=0, atol=1e-6 * float(exact.max()))
 
 
 def test_randomized_svd_is_exact_for_low_rank_and_batch_invariant() -> None:
