@@ -36,7 +36,8 @@ to mean, standard deviation and a 95% t-interval half-width.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -84,6 +85,13 @@ class ProbeSettings:
     mixed_precision: bool = field(
         default=True, metadata={"help": "autocast on CUDA (bfloat16, else float16); ignored elsewhere"}
     )
+    cpu_threads: int | None = field(
+        default=1,
+        metadata={
+            "help": "torch intra-op threads while probing on the CPU (restored afterwards); the small "
+            "matrix products of a probe run fastest on one thread. None: leave torch's setting"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.seeds = tuple(int(s) for s in self.seeds)
@@ -94,6 +102,8 @@ class ProbeSettings:
             problems.append(f"stop_fraction={self.stop_fraction} must be in [0, 1)")
         if self.max_epochs < 1 or self.patience < 1 or self.batch_size < 1:
             problems.append("max_epochs, patience and batch_size must be >= 1")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            problems.append(f"cpu_threads={self.cpu_threads} must be >= 1 or None")
         if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0:
             problems.append(f"lr={self.lr} must be > 0 and weight_decay={self.weight_decay} >= 0")
         if problems:
@@ -238,25 +248,55 @@ def train_linear_probe(
     Returns:
         The :class:`ProbeFit` of the epoch with the lowest early-stopping loss.
     """
+    with cpu_threads(x_fit.device, settings.cpu_threads):
+        return _train(x_fit, y_fit, x_stop, y_stop, n_classes, settings, seed)
+
+
+@contextmanager
+def cpu_threads(device: torch.device, n: int | None) -> Iterator[None]:
+    """Inside the block, torch uses ``n`` intra-op threads if ``device`` is the CPU (then restores)."""
+    if device.type != "cpu" or n is None or n == torch.get_num_threads():
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _train(
+    x_fit: torch.Tensor,
+    y_fit: torch.Tensor,
+    x_stop: torch.Tensor | None,
+    y_stop: torch.Tensor | None,
+    n_classes: int,
+    settings: ProbeSettings,
+    seed: int,
+) -> ProbeFit:
     device = x_fit.device
     n, d = x_fit.shape
     if n < 1:
         raise ProbeError("no samples to fit the probe on")
-    mean = x_fit.float().mean(0) if settings.standardize else torch.zeros(d, device=device)
-    scale = x_fit.float().std(0, correction=0) if settings.standardize else torch.ones(d, device=device)
+    x_fit = x_fit.float()
+    mean = x_fit.mean(0) if settings.standardize else torch.zeros(d, device=device)
+    scale = x_fit.std(0, correction=0) if settings.standardize else torch.ones(d, device=device)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    if x_stop is None or y_stop is None or len(y_stop) == 0:
+        x_stop, y_stop = x_fit, y_fit
+    xs_fit = (x_fit - mean) / scale  # standardised once; batches are index slices
+    xs_stop = (x_stop.float() - mean) / scale
     weight = torch.zeros(d, n_classes, device=device, requires_grad=True)
     bias = torch.zeros(n_classes, device=device, requires_grad=True)
-    opt = torch.optim.AdamW([weight, bias], lr=settings.lr, weight_decay=0.0)
+    opt = torch.optim.Adam([weight, bias], lr=settings.lr)
     use_amp, amp_dtype = _amp(device, settings.mixed_precision)
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    if x_stop is None or y_stop is None or len(y_stop) == 0:
-        x_stop, y_stop = x_fit, y_fit
 
     def stop_loss() -> float:
         with torch.no_grad():
-            return ProbeFit(weight, bias, mean, scale, 0, 0).evaluate(x_stop, y_stop)[1]
+            return float(F.cross_entropy(xs_stop @ weight + bias, y_stop))
 
     best = (stop_loss(), weight.detach().clone(), bias.detach().clone(), 0)
     since_best, epoch = 0, 0
@@ -264,9 +304,8 @@ def train_linear_probe(
         order = torch.randperm(n, generator=gen).to(device)
         for lo in range(0, n, settings.batch_size):
             idx = order[lo : lo + settings.batch_size]
-            xb = (x_fit[idx].float() - mean) / scale
             with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=use_amp):
-                logits = xb @ weight + bias
+                logits = xs_fit[idx] @ weight + bias
             loss = F.cross_entropy(logits.float(), y_fit[idx])
             if settings.weight_decay:
                 loss = loss + 0.5 * settings.weight_decay * weight.square().sum()
@@ -349,40 +388,42 @@ def probe_seeds(
     n_classes = int(y[defined].max()) + 1
     x_dev = torch.as_tensor(x).to(device)
     y_dev = torch.as_tensor(y).to(device)
-    counts = np.bincount(y[fit_pos], minlength=n_classes)
-    majority = int(counts.argmax())
+    majority = int(np.bincount(y[fit_pos], minlength=n_classes).argmax())
+    eval_sets, chance = {}, {}
+    for name, mask in eval_masks.items():
+        ev = np.flatnonzero(np.asarray(mask, dtype=bool) & defined)
+        if len(ev):
+            eval_sets[name] = torch.as_tensor(ev, device=device)
+            chance[name] = float(np.mean(y[ev] == majority))
     rows = []
-    for seed in settings.seeds:
-        keep, held = stratified_split(y[fit_pos], settings.stop_fraction, seed)
-        fit_idx = torch.as_tensor(fit_pos[keep], device=device)
-        stop_idx = torch.as_tensor(fit_pos[held], device=device)
-        probe = train_linear_probe(
-            x_dev[fit_idx], y_dev[fit_idx], x_dev[stop_idx], y_dev[stop_idx], n_classes, settings, seed
-        )
-        fit_acc, _ = probe.evaluate(x_dev[fit_idx], y_dev[fit_idx])
-        for name, mask in eval_masks.items():
-            ev = np.flatnonzero(np.asarray(mask, dtype=bool) & defined)
-            if len(ev) == 0:
-                continue
-            ev_t = torch.as_tensor(ev, device=device)
-            acc, loss = probe.evaluate(x_dev[ev_t], y_dev[ev_t])
-            rows.append(
-                {
-                    "seed": seed,
-                    "eval_split": name,
-                    "n_features": int(x.shape[1]),
-                    "n_classes": n_classes,
-                    "n_fit": len(keep),
-                    "n_stop": len(held),
-                    "n_eval": len(ev),
-                    "accuracy": acc,
-                    "loss": loss,
-                    "chance": float(np.mean(y[ev] == majority)),
-                    "fit_accuracy": fit_acc,
-                    "best_epoch": probe.best_epoch,
-                    "epochs_run": probe.epochs_run,
-                }
+    with cpu_threads(device, settings.cpu_threads):
+        for seed in settings.seeds:
+            keep, held = stratified_split(y[fit_pos], settings.stop_fraction, seed)
+            fit_idx = torch.as_tensor(fit_pos[keep], device=device)
+            stop_idx = torch.as_tensor(fit_pos[held], device=device)
+            probe = train_linear_probe(
+                x_dev[fit_idx], y_dev[fit_idx], x_dev[stop_idx], y_dev[stop_idx], n_classes, settings, seed
             )
+            fit_acc, _ = probe.evaluate(x_dev[fit_idx], y_dev[fit_idx])
+            for name, ev in eval_sets.items():
+                acc, loss = probe.evaluate(x_dev[ev], y_dev[ev])
+                rows.append(
+                    {
+                        "seed": seed,
+                        "eval_split": name,
+                        "n_features": int(x.shape[1]),
+                        "n_classes": n_classes,
+                        "n_fit": len(keep),
+                        "n_stop": len(held),
+                        "n_eval": len(ev),
+                        "accuracy": acc,
+                        "loss": loss,
+                        "chance": chance[name],
+                        "fit_accuracy": fit_acc,
+                        "best_epoch": probe.best_epoch,
+                        "epochs_run": probe.epochs_run,
+                    }
+                )
     return rows
 
 
