@@ -184,7 +184,8 @@ def unit_means(
 ) -> dict[str, torch.Tensor]:
     """Mean output of each block over ``images`` (N, C, H, W): per block a (C', H', W') float32 tensor.
 
-    Accumulated in float64 (a unit constant over the images gets exactly its value back).
+    Accumulated in float64 (a unit constant over the images gets exactly its value back; float32 on
+    MPS, which lacks float64).
     """
     device = model_device(net, device)
     modules = dict(net.named_modules())
@@ -192,7 +193,8 @@ def unit_means(
 
     def make(name: str):
         def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-            s = output.detach().double().sum(0)
+            acc = torch.float32 if output.device.type == "mps" else torch.float64  # MPS lacks float64
+            s = output.detach().to(acc).sum(0)
             sums[name] = s if name not in sums else sums[name] + s
 
         return hook
