@@ -30,6 +30,7 @@ from epochlens.influence import (
     tracin_pairwise,
     tracin_self,
 )
+from epochlens.influence.layers import rotated_gradient
 from epochlens.models import positions_in
 
 
@@ -349,3 +350,15 @@ def test_tracin_sums_weighted_dot_products_over_checkpoints() -> None:
     )
     np.testing.assert_allclose(pair.scores, exact[:3], rtol=1e-10)
     np.testing.assert_allclose(selfs.scores, np.diag(exact), rtol=1e-10)
+
+
+@pytest.mark.parametrize("positions", [1, 3, 40])
+def test_rotated_gradient_equals_rotating_the_gradient_matrix(positions) -> None:
+    """Both evaluation orders of Q_Sᵀ (Σ_t ds_t a_tᵀ) Q_A (few positions: factored; many: direct)."""
+    g = torch.Generator().manual_seed(positions)
+    a = torch.randn(2, positions, 6, generator=g, dtype=torch.float64)
+    ds = torch.randn(2, positions, 4, generator=g, dtype=torch.float64)
+    qs = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))[0]
+    qa = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=torch.float64))[0]
+    direct = qs.T @ torch.einsum("bto,bti->boi", ds, a) @ qa
+    torch.testing.assert_close(rotated_gradient(a, ds, qs, qa), direct, rtol=1e-12, atol=1e-12)

@@ -329,7 +329,12 @@ def test_factor_cache_roundtrip_and_key_checks(tmp_path) -> None:
     path.write_bytes(b"truncated")
     with pytest.raises(FactorCacheError, match="not a readable epochlens factors file"):
         load_factors(path)
-    save_factors(path, factors)  # and a refit on mismatch overwrites it
+    assert again.layers["fc1"].activation_cov is None  # by default only the eigenpairs are kept
+    save_factors(path, factors, include_covariances=True)
+    torch.testing.assert_close(
+        load_factors(path).layers["fc1"].activation_cov, factors.layers["fc1"].activation_cov
+    )
+    # A refit on a key mismatch overwrites the file.
     _, reused = load_or_fit_factors(path, m, x[:-1], y[:-1], ACTIVE4, settings)
     assert not reused and load_factors(path).n_samples == 11
 

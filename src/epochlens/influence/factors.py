@@ -41,7 +41,13 @@ from epochlens.influence.gradients import (
     prepare_model,
     resolve_compute_dtype,
 )
-from epochlens.influence.layers import ActivationCapture, LayerInfo, select_layers
+from epochlens.influence.layers import (
+    ActivationCapture,
+    LayerInfo,
+    per_sample_gradient,
+    rotated_gradient,
+    select_layers,
+)
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.models import positions_in
 
@@ -281,10 +287,8 @@ def fit_factors(
                 skipped += sample_indices[sel][~ok.cpu().numpy()].tolist()
             n_corr += int(ok.sum())
             for n in layers:
-                for g in bp.gradients(n, f64, rows=ok):
-                    if rot:
-                        qs, qa = rot[n]
-                        g = qs.T @ g @ qa
+                for a, ds in bp.factored(n, f64, rows=ok):
+                    g = rotated_gradient(a, ds, *rot[n]) if rot else per_sample_gradient(a, ds)
                     sums[n] += (g * g).sum(0)
         _require_samples(n_corr, len(rows))
         for n, lf in factors.items():

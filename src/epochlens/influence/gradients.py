@@ -103,6 +103,14 @@ class BatchBackprop:
     losses: torch.Tensor
     valid: torch.Tensor
 
+    def factored(
+        self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(a (B', T, in_dim), ds (B', T, out)) of layer ``name`` in ``dtype``, per backprop vector."""
+        a = self.inputs[name] if rows is None else self.inputs[name][rows]
+        a = a.to(dtype)
+        return [(a, (ds[name] if rows is None else ds[name][rows]).to(dtype)) for ds in self.output_grads]
+
     def gradients(
         self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
     ) -> list[torch.Tensor]:

@@ -8,9 +8,10 @@ of plain containers, loadable with ``weights_only=True``::
     method, fisher, n_samples, timings (JSON)
     skipped  int64 (K,) global indices left out for NaN/Inf gradients
     layers   {name: {"meta": JSON (kind, out_dim, in_dim, has_bias, n_samples, solver, min_raw),
-                     "activation_cov", "gradient_cov", "activation_values", "activation_vectors",
-                     "gradient_values", "gradient_vectors", "corrected", "diagonal": float64 tensors
-                     (absent where the method has none)}}
+                     "activation_values" (in_dim,), "activation_vectors" (in_dim, in_dim),
+                     "gradient_values" (out,), "gradient_vectors" (out, out), "corrected" (out, in_dim),
+                     "diagonal" (out, in_dim), optionally "activation_cov", "gradient_cov":
+                     float64 tensors, absent where the method has none}}
 
 The cache key holds everything the factors depend on: the model's weights (SHA-256 of the state
 dict, or of the checkpoint file), the training data used (SHA-256 of images, labels and indices),
@@ -116,8 +117,13 @@ def _brief(value: object, n: int = 80) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def save_factors(path: str | Path, factors: InfluenceFactors) -> None:
-    """Write ``factors`` to ``path`` atomically (format in the module doc)."""
+def save_factors(path: str | Path, factors: InfluenceFactors, include_covariances: bool = False) -> None:
+    """Write ``factors`` to ``path`` atomically (format in the module doc).
+
+    The covariances A and S are left out unless ``include_covariances``: scores need only their
+    eigenpairs, and on ResNet-18 they would add ~0.7 GB per checkpoint. Keep them to debug a factor.
+    """
+    skip = () if include_covariances else ("activation_cov", "gradient_cov")
     layers = {}
     for name, lf in factors.layers.items():
         entry: dict[str, object] = {
@@ -135,7 +141,7 @@ def save_factors(path: str | Path, factors: InfluenceFactors) -> None:
         }
         for t in _TENSORS:
             value = getattr(lf, t)
-            if value is not None:
+            if value is not None and t not in skip:
                 entry[t] = value.detach().cpu().to(torch.float64).contiguous()
         layers[name] = entry
     obj = {

@@ -160,6 +160,19 @@ def per_sample_gradient(a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bto,bti->boi", ds, a)
 
 
+def rotated_gradient(a: torch.Tensor, ds: torch.Tensor, qs: torch.Tensor, qa: torch.Tensor) -> torch.Tensor:
+    """Q_Sᵀ G_n Q_A (B, out, in_dim) for G_n = Σ_t ds_t a_tᵀ, without forming G_n where cheaper.
+
+    Σ_t (Q_Sᵀ ds_t)(Q_Aᵀ a_t)ᵀ costs T(in² + out² + out·in) per sample against T·out·in + out²·in +
+    out·in² for rotating G_n: 30x less for ResNet-18's layer4 (T = 16, in = 4609, out = 512).
+    a: (B, T, in_dim), ds: (B, T, out), qs: (out, out), qa: (in_dim, in_dim), all one dtype.
+    """
+    t, n_out, n_in = a.shape[1], qs.shape[0], qa.shape[0]
+    if t * (n_in * n_in + n_out * n_out + n_out * n_in) < t * n_out * n_in + n_out * n_in * (n_out + n_in):
+        return per_sample_gradient(a @ qa, ds @ qs)
+    return qs.T @ per_sample_gradient(a, ds) @ qa
+
+
 def gradient_to_parameters(info: LayerInfo, g: torch.Tensor) -> dict[str, torch.Tensor]:
     """Split gradient matrices (..., out, in_dim) into the module's ``weight`` and ``bias`` shapes."""
     lead = g.shape[:-2]

@@ -20,6 +20,7 @@ import torch
 from epochlens.influence.damping import condition_number, damping_ladder, initial_damping
 from epochlens.influence.errors import InfluenceError
 from epochlens.influence.factors import InfluenceFactors
+from epochlens.influence.layers import per_sample_gradient, rotated_gradient
 from epochlens.influence.settings import InfluenceSettings
 
 DIAGNOSTIC_COLUMNS = (
@@ -102,28 +103,26 @@ class Preconditioner:
             rows.append(row)
         self.diagnostics = pd.DataFrame(rows, columns=list(DIAGNOSTIC_COLUMNS))
 
-    def apply(self, name: str, g: torch.Tensor) -> torch.Tensor:
-        """P G for gradient matrices ``g`` (B, out, in_dim) of layer ``name``."""
-        g = g.to(self.dtype)
+    def apply(self, name: str, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+        """P G (B, out, in_dim) for G = Σ_t ds_t a_tᵀ, a (B, T, in_dim), ds (B, T, out)."""
+        a, ds = a.to(self.dtype), ds.to(self.dtype)
         if self.method == "identity":
-            return g
+            return per_sample_gradient(a, ds)
         inv = self._inverse[name]
         if self.method == "diagonal":
-            return g * inv
+            return per_sample_gradient(a, ds) * inv
         qs, qa = self._rot[name]
-        return qs @ ((qs.T @ g @ qa) * inv) @ qa.T
+        return qs @ (rotated_gradient(a, ds, qs, qa) * inv) @ qa.T
 
-    def quadratic(self, name: str, g: torch.Tensor) -> torch.Tensor:
-        """Gᵀ P G per sample, (B,), for gradient matrices ``g`` (B, out, in_dim)."""
-        g = g.to(self.dtype)
-        if self.method == "identity":
-            return (g * g).sum((1, 2))
-        inv = self._inverse[name]
-        if self.method == "diagonal":
-            return (g * g * inv).sum((1, 2))
-        qs, qa = self._rot[name]
-        r = qs.T @ g @ qa
-        return (r * r * inv).sum((1, 2))
+    def quadratic(self, name: str, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+        """Gᵀ P G per sample, (B,), for G = Σ_t ds_t a_tᵀ (shapes as in :meth:`apply`)."""
+        a, ds = a.to(self.dtype), ds.to(self.dtype)
+        if self.method in ("identity", "diagonal"):
+            g = per_sample_gradient(a, ds)
+            g2 = g * g
+            return (g2 if self.method == "identity" else g2 * self._inverse[name]).sum((1, 2))
+        r = rotated_gradient(a, ds, *self._rot[name])
+        return (r * r * self._inverse[name]).sum((1, 2))
 
 
 def factor_diagnostics(factors: InfluenceFactors, settings: InfluenceSettings | None = None) -> pd.DataFrame:

@@ -213,7 +213,7 @@ def pairwise_influence(
         query_images, query_labels, query_indices, settings.query_batch_size, "queries", progress
     ):
         ok_q = qbp.valid.clone()
-        pq = {n: eng.pre.apply(n, eng.gradients(qbp, n, ok_q)) for n in eng.layers}
+        pq = {n: eng.pre.apply(n, *qbp.factored(n, eng.pre.dtype, rows=ok_q)[0]) for n in eng.layers}
         solved = torch.ones(int(ok_q.sum()), dtype=torch.bool, device=eng.device)
         for v in pq.values():
             solved &= torch.isfinite(v).flatten(1).all(1)
@@ -271,7 +271,7 @@ def self_influence(
         ok = bp.valid
         total = torch.zeros(int(ok.sum()), dtype=eng.pre.dtype, device=eng.device)
         for n in eng.layers:
-            total += eng.pre.quadratic(n, eng.gradients(bp, n, ok))
+            total += eng.pre.quadratic(n, *bp.factored(n, eng.pre.dtype, rows=ok)[0])
         ok_np = ok.cpu().numpy()
         value = np.full(len(sel), np.nan)
         value[ok_np] = total.cpu().to(torch.float64).numpy()
