@@ -1,0 +1,171 @@
+"""Several processes on one node computing per-sample curvature together (torch.distributed).
+
+A curvature shard job may use P processes: rank r takes the r-th contiguous block of the shard's
+samples (:func:`epochlens.curvature_io.shard_range`), computes it with
+:func:`epochlens.curvature.per_sample_curvature` and the blocks are gathered on rank 0. Directions
+are keyed by global sample index, so the result is the same for any P (tested for P = 1, 2).
+
+Backends: NCCL on CUDA (rank r uses cuda:r), gloo on the CPU (each rank gets an equal share of the
+CPU threads). Processes are started with ``torch.multiprocessing.spawn`` and talk over a free
+local TCP port; nothing needs to be launched with torchrun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from epochlens.curvature import CurvatureSettings, per_sample_curvature
+from epochlens.curvature_io import shard_range
+from epochlens.errors import ConfigError, EpochlensError
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """The device of ``rank``: cuda:rank on CUDA, the given device otherwise."""
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def check_processes(processes: int, device: torch.device) -> None:
+    if processes < 1:
+        raise ConfigError(f"curvature.processes={processes} must be >= 1. Fix the config.")
+    if device.type == "cuda" and processes > torch.cuda.device_count():
+        raise ConfigError(
+            f"curvature.processes={processes} but only {torch.cuda.device_count()} CUDA devices are "
+            "visible: one process per GPU. Lower curvature.processes or request more GPUs."
+        )
+    if device.type not in ("cpu", "cuda") and processes > 1:
+        raise ConfigError(
+            f"curvature.processes={processes} on device {device}: several processes need CUDA or "
+            "the CPU. Set curvature.processes: 1."
+        )
+
+
+def parallel_curvature(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: np.ndarray,
+    sample_indices: np.ndarray,
+    active_classes: np.ndarray,
+    settings: CurvatureSettings,
+    device: torch.device,
+    processes: int = 1,
+    progress: bool = False,
+) -> dict[str, np.ndarray]:
+    """:func:`per_sample_curvature` of N samples split over ``processes`` ranks on this node.
+
+    Same arguments and result as :func:`per_sample_curvature` (the result does not depend on
+    ``processes``). With ``processes == 1`` no process is started.
+    """
+    device = torch.device(device)
+    check_processes(processes, device)
+    labels, sample_indices = np.asarray(labels), np.asarray(sample_indices)
+    if processes == 1 or len(labels) < processes:
+        return per_sample_curvature(
+            model, images, labels, sample_indices, active_classes, settings, device, progress
+        )
+    payload = (
+        copy.deepcopy(model).cpu(),
+        torch.as_tensor(images),
+        labels,
+        sample_indices,
+        active_classes,
+        settings,
+    )
+    threads = max(1, torch.get_num_threads() // processes)
+    # Rank 0 leaves the merged result (or the ranks' errors) in a file: a pipe back to this
+    # process would block once its buffer is full, before anyone reads it.
+    with tempfile.TemporaryDirectory(prefix="epochlens-ranks-") as tmp, _main_not_reimported():
+        mp.spawn(
+            _worker,
+            args=(processes, free_port(), str(device), threads, payload, tmp, progress),
+            nprocs=processes,
+            join=True,
+        )
+        errors = os.path.join(tmp, "errors.json")
+        if os.path.exists(errors):
+            with open(errors) as f:
+                raise EpochlensError(f"curvature with {processes} processes: " + "; ".join(json.load(f)))
+        with np.load(os.path.join(tmp, "result.npz")) as z:
+            return {key: z[key] for key in z.files}
+
+
+@contextlib.contextmanager
+def _main_not_reimported() -> Iterator[None]:
+    """Keep spawned workers from re-running the caller's main script.
+
+    A spawned process imports the parent's ``__main__`` from its file. For a Snakemake ``script:``
+    that file is the user's script without the ``snakemake`` object Snakemake injects, so the import
+    fails; the workers need nothing from it (their function and payload live in this library).
+    multiprocessing skips the import when ``__main__`` has no ``__file__``.
+    """
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
+def _worker(rank, world, port, device, threads, payload, out_dir, progress) -> None:
+    """One rank: compute its block, gather on rank 0, which writes the merged result to out_dir."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = rank_device(torch.device(device), rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(threads)
+    dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timedelta(minutes=30))
+    model, images, labels, indices, active, settings = payload
+    lo, hi = shard_range(len(labels), rank, world)
+    try:
+        part = per_sample_curvature(
+            model,
+            images[lo:hi],
+            labels[lo:hi],
+            indices[lo:hi],
+            active,
+            settings,
+            device,
+            progress=progress and rank == 0,
+        )
+        message = ("ok", part)
+    except Exception as exc:  # every rank must reach the gather, or rank 0 waits forever
+        message = ("error", f"rank {rank}: {exc}")
+    gathered = [None] * world
+    dist.all_gather_object(gathered, message)
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    errors = [text for status, text in gathered if status != "ok"]
+    if errors:
+        with open(os.path.join(out_dir, "errors.json"), "w") as f:
+            json.dump(errors, f)
+        return
+    parts = [part for _, part in gathered]
+    merged = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    np.savez(os.path.join(out_dir, "result.npz"), **merged)
