@@ -155,3 +155,19 @@ def merge_shards(shard_paths: Sequence[str | Path], outputs: Mapping[str, str | 
     }
     write_json(outputs["metadata"], metadata)
     return metadata
+
+
+def read_epoch(folder: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(metadata, {key: array}) of one merged epoch folder written by :func:`merge_shards`."""
+    folder = Path(folder)
+    try:
+        metadata = json.loads((folder / "metadata.json").read_text())
+        arrays = {key: np.load(folder / name, allow_pickle=False) for key, name in merged_names().items()}
+    except (OSError, ValueError) as exc:
+        raise EpochlensError(
+            f"{folder}: incomplete curvature results ({exc}). Rerun the workflow to rebuild it."
+        ) from None
+    lengths = {key: a.shape for key, a in arrays.items()}
+    if len(set(lengths.values())) != 1:
+        raise EpochlensError(f"{folder}: per-image arrays differ in shape {lengths}; rerun this epoch.")
+    return metadata, arrays
