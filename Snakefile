@@ -38,9 +38,16 @@ include: "rules/curvature.smk"
 include: "rules/figures.smk"
 
 
+# Seconds of work on small tables: on a cluster they run on the submit host instead of queueing.
 localrules:
     all,
     figures,
+    accuracy_tables,
+    plot_accuracy,
+    plot_training,
+    curvature,
+    curvature_tables,
+    plot_curvature,
 
 
 rule all:

@@ -18,6 +18,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from epochlens import config as run_config
+from epochlens import curvature_io
 from epochlens.data import cifar100_files
 from epochlens.errors import EpochlensError
 from epochlens.provenance import module_sources
@@ -168,7 +169,8 @@ def get_train_logs(wildcards):
 
 
 def get_all_figures():
-    """Every figure of every run; training curves only where the pipeline trains."""
+    """Every figure of every run; training curves only where the pipeline trains, curvature
+    figures where curvature is computed."""
     trained = set(get_trained_runs())
     return [
         f"results/{run}/figures/{name}.{ext}"
@@ -176,7 +178,7 @@ def get_all_figures():
         for name in ("accuracy_by_cohort", "training_curves")
         if name != "training_curves" or run in trained
         for ext in ("png", "pdf")
-    ]
+    ] + get_curvature_figures()
 
 
 @cache
@@ -198,8 +200,9 @@ def get_curvature_shards(wildcards):
 def get_curvature_params(wildcards):
     """What curvature results depend on: estimator settings, model and class schedule.
 
-    Only these (not the whole run config), so that changing e.g. curvature.shards or
-    curvature.epochs does not rerun the epochs already computed.
+    Only these (not the whole run config), so that changing e.g. curvature.epochs does not rerun
+    the epochs already computed. Settings that do not change results (batch_size, processes) are
+    not params either: the shard script reads them from the config, so changing them reruns nothing.
     """
     run = get_run(wildcards)
     settings = {
@@ -211,7 +214,6 @@ def get_curvature_params(wildcards):
             "norm",
             "mode",
             "seed",
-            "batch_size",
         )
     }
     return {
@@ -229,15 +231,73 @@ def get_curvature_model(wildcards):
     return get_curvature_params(wildcards)["model"]
 
 
+def get_curvature_threads(wildcards):
+    """CPU threads of a shard job: at least one per process."""
+    return max(1, get_run(wildcards)["curvature"]["processes"])
+
+
 def get_schedule(wildcards):
     return get_run(wildcards)["schedule"]
 
 
-def get_all_curvature():
-    """metadata.json of every (run, index, epoch) whose curvature is computed."""
+def get_curvature_runs():
+    """Runs whose curvature is computed at one epoch or more."""
+    return [run for run in config["runs"] if get_curvature_epochs(run)]
+
+
+def get_curvature_epoch_files(run, index, names=("metadata.json",)):
     return [
-        f"results/{run}/index-{index}/curvature/epoch_{epoch:04d}/metadata.json"
-        for run, spec in config["runs"].items()
-        for index in spec["indices"]
+        f"results/{run}/index-{index}/curvature/epoch_{epoch:04d}/{name}"
         for epoch in get_curvature_epochs(run)
+        for name in names
+    ]
+
+
+def get_run_curvature_metadata(wildcards):
+    """metadata.json of each (index, epoch) of a run, index-major (curvature_tables reads them so)."""
+    return [
+        path
+        for index in get_indices(wildcards)
+        for path in get_curvature_epoch_files(wildcards.run, index)
+    ]
+
+
+def get_run_curvature_arrays(wildcards):
+    """Every per_image_*.npy file of the run, so that a rebuilt epoch reruns the tables."""
+    names = [f"per_image_{key}.npy" for key in curvature_io.ARRAY_DTYPES]
+    return [
+        path
+        for index in get_indices(wildcards)
+        for path in get_curvature_epoch_files(wildcards.run, index, names)
+    ]
+
+
+def get_class_orders(wildcards):
+    return [
+        f"results/{wildcards.run}/index-{index}/class_order.npy"
+        for index in get_indices(wildcards)
+    ]
+
+
+def get_run_curvature_epochs(wildcards):
+    return get_curvature_epochs(wildcards.run)
+
+
+def get_all_curvature():
+    """Every curvature result: per-epoch files, tables and figures of every run."""
+    per_epoch = [
+        path
+        for run in get_curvature_runs()
+        for index in config["runs"][run]["indices"]
+        for path in get_curvature_epoch_files(run, index)
+    ]
+    return per_epoch + get_curvature_figures()
+
+
+def get_curvature_figures():
+    return [
+        f"results/{run}/figures/curvature_{name}.{ext}"
+        for run in get_curvature_runs()
+        for name in ("by_cohort", "distribution", "vs_loss")
+        for ext in ("png", "pdf")
     ]

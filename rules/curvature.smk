@@ -17,6 +17,7 @@ rule curvature_shard:
         "results/{run}/benchmarks/curvature/index-{index}/epoch_{epoch}/shard_{shard}-of-{nshards}.tsv"
     conda:
         "../envs/epochlens.yaml"
+    threads: get_curvature_threads
     params:
         settings=get_curvature_settings,
         model=get_curvature_model,
@@ -49,3 +50,56 @@ rule curvature_epoch:
         config=get_curvature_params,
     script:
         "../scripts/curvature_epoch.py"
+
+
+rule curvature_tables:
+    input:
+        metadata=get_run_curvature_metadata,
+        arrays=get_run_curvature_arrays,
+        class_orders=get_class_orders,
+        code=get_code("curvature_tables.py"),
+    output:
+        samples="results/{run}/tables/sample_dynamics.csv",
+        cohorts="results/{run}/tables/curvature_per_cohort.csv",
+        distribution="results/{run}/tables/curvature_distribution.csv",
+    log:
+        "results/{run}/logs/curvature_tables.log",
+    benchmark:
+        "results/{run}/benchmarks/curvature_tables.tsv"
+    conda:
+        "../envs/epochlens.yaml"
+    params:
+        indices=get_indices,
+        epochs=get_run_curvature_epochs,
+        schedule=get_schedule,
+        epochs_per_task=get_epochs_per_task,
+    script:
+        "../scripts/curvature_tables.py"
+
+
+rule plot_curvature:
+    input:
+        samples="results/{run}/tables/sample_dynamics.csv",
+        cohorts="results/{run}/tables/curvature_per_cohort.csv",
+        distribution="results/{run}/tables/curvature_distribution.csv",
+        code=get_code("plot_curvature.py"),
+    output:
+        by_cohort_png="results/{run}/figures/curvature_by_cohort.png",
+        by_cohort_pdf="results/{run}/figures/curvature_by_cohort.pdf",
+        distribution_png="results/{run}/figures/curvature_distribution.png",
+        distribution_pdf="results/{run}/figures/curvature_distribution.pdf",
+        vs_loss_png="results/{run}/figures/curvature_vs_loss.png",
+        vs_loss_pdf="results/{run}/figures/curvature_vs_loss.pdf",
+    log:
+        "results/{run}/logs/plot_curvature.log",
+    conda:
+        "../envs/epochlens.yaml"
+    params:
+        epochs_per_task=get_epochs_per_task,
+    script:
+        "../scripts/plot_curvature.py"
+
+
+rule curvature:
+    input:
+        get_all_curvature(),

@@ -5,10 +5,11 @@ import time
 import numpy as np
 
 from epochlens.checkpoints import file_sha256, load_into
-from epochlens.curvature import CurvatureSettings, per_sample_curvature
+from epochlens.curvature import CurvatureSettings
 from epochlens.curvature_io import shard_range, write_shard
 from epochlens.data import read_dataset
 from epochlens.device import resolve_device
+from epochlens.distributed import parallel_curvature
 from epochlens.models import build_model
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config
@@ -24,24 +25,38 @@ def main() -> None:
     active = schedule_from_config(p.schedule, snakemake.input.class_order).active_classes(epoch)
     model = build_model(p.model, data.num_classes, data.train_images.shape[1])
     load_into(model, snakemake.input.checkpoint)
-    settings = CurvatureSettings(**p.settings)
+    # How the work is split does not change results: read from the config, not params, so that
+    # changing batch_size or processes reruns nothing.
+    execution = snakemake.config["runs"][snakemake.wildcards.run]["curvature"]
+    settings = CurvatureSettings(**p.settings, batch_size=execution["batch_size"])
+    processes = execution["processes"]
     device = resolve_device(p.device)
 
     n = len(data.train_labels)
     lo, hi = shard_range(n, shard, nshards)
     idx = np.arange(lo, hi)
     log.info(
-        "epoch %d shard %d of %d: samples %d..%d, %d active classes",
+        "epoch %d shard %d of %d: samples %d..%d, %d active classes, %d process(es) on %s",
         epoch,
         shard,
         nshards,
         lo,
         hi,
         len(active),
+        processes,
+        device,
     )
     start = time.perf_counter()
-    results = per_sample_curvature(
-        model, data.normalized("train", idx), data.train_labels[idx], idx, active, settings, device
+    results = parallel_curvature(
+        model,
+        data.normalized("train", idx),
+        data.train_labels[idx],
+        idx,
+        active,
+        settings,
+        device,
+        processes,
+        progress=True,
     )
     elapsed = time.perf_counter() - start
     results.update(labels=data.train_labels[idx], holdout=data.holdout[idx])

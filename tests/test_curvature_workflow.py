@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from test_workflow import EPOCHS, tiny_config
 from wfutil import copy_workflow, planned_jobs, save_random_checkpoint, snakemake, write_config
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.workflow
 CURV_EPOCHS = (2, 6)
 
 
-def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS) -> dict:
-    return tiny_config(ckpts, curvature={"shards": shards, "epochs": list(epochs) if epochs else None})
+def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS, **curvature) -> dict:
+    epochs = list(epochs) if epochs else None
+    return tiny_config(ckpts, curvature={"shards": shards, "epochs": epochs, **curvature})
 
 
 def epoch_rel(epoch: int) -> str:
@@ -40,7 +42,8 @@ def merged_arrays(work, epoch: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The tiny run with curvature computed in 2 shards (whole workflow) and in 1 (curvature only)."""
+    """The tiny run with curvature computed in 2 shards (whole workflow) and in 1 shard by 2
+    processes (torch.distributed, gloo; curvature files only)."""
     root = tmp_path_factory.mktemp("curvature")
     wf = copy_workflow(root / "wf")
     ckpts = root / "model_parameters"
@@ -50,7 +53,7 @@ def runs(tmp_path_factory):
     for shards in (1, 2):
         work[shards] = root / f"work{shards}"
         work[shards].mkdir()
-        cfg = write_config(root / f"shards{shards}.yaml", curv_config(ckpts, shards))
+        cfg = write_config(root / f"shards{shards}.yaml", curv_config(ckpts, shards, processes=3 - shards))
         targets = [] if shards == 2 else [f"{epoch_rel(e)}/metadata.json" for e in CURV_EPOCHS]
         snakemake(wf, work[shards], *targets, configfile=cfg)
     return wf, work, root / "shards2.yaml"
@@ -91,7 +94,7 @@ def test_epoch_not_analysed_is_a_config_error(tmp_path):
     assert "runs.tiny.curvature.epochs: [3] are not analysed epochs" in proc.stdout
 
 
-def test_shard_invariance(runs):
+def test_shard_and_process_invariance(runs):
     _, work, _ = runs
     for epoch in CURV_EPOCHS:
         one, two = merged_arrays(work[1], epoch), merged_arrays(work[2], epoch)
@@ -152,7 +155,13 @@ def test_resume_recomputes_only_the_missing_shard(runs):
     assert planned_jobs(wf, work, configfile=cfg) == {}
     for name in [*merged_names().values(), "metadata.json"]:
         (folder / name).unlink()
-    assert planned_jobs(wf, work, configfile=cfg) == {"curvature_shard": 1, "curvature_epoch": 1, "all": 1}
+    assert planned_jobs(wf, work, configfile=cfg) == {
+        "curvature_shard": 1,
+        "curvature_epoch": 1,
+        "curvature_tables": 1,
+        "plot_curvature": 1,
+        "all": 1,
+    }
     snakemake(wf, work, configfile=cfg)
     assert shard.exists() and kept.stat().st_mtime_ns == kept_mtime
     assert planned_jobs(wf, work, configfile=cfg) == {}
@@ -160,3 +169,39 @@ def test_resume_recomputes_only_the_missing_shard(runs):
         e: {n: (epoch_dir(work, e) / n).read_bytes() for n in merged_names().values()} for e in CURV_EPOCHS
     }
     assert after == before
+
+
+def test_tables_figures_and_target(runs):
+    wf, work, cfg = runs
+    work = work[2]
+    data = read_dataset(work / "results/tiny/data/dataset.h5")
+    n = len(data.train_labels)
+    samples = pd.read_csv(work / "results/tiny/tables/sample_dynamics.csv")
+    assert len(samples) == n and samples["sample"].tolist() == list(range(n))
+    np.testing.assert_array_equal(samples["label"], data.train_labels)
+    loss = {e: merged_arrays(work, e)["loss"].astype(np.float64) for e in CURV_EPOCHS}
+    np.testing.assert_allclose(samples["csl"], np.nansum([loss[2], loss[6]], 0), rtol=1e-6)
+    order = np.load(work / "results/tiny/index-0/class_order.npy")
+    first_task = np.isin(data.train_labels, order[:4])
+    assert (samples.loc[first_task, "n_epochs"] == 2).all() and (
+        samples.loc[~first_task, "n_epochs"] == 1
+    ).all()
+    cohorts = pd.read_csv(work / "results/tiny/tables/curvature_per_cohort.csv")
+    assert set(cohorts["epoch"]) == set(CURV_EPOCHS) and (cohorts["run"] == "tiny").all()
+    for name in ("by_cohort", "distribution", "vs_loss"):
+        for ext in ("png", "pdf"):
+            assert (work / f"results/tiny/figures/curvature_{name}.{ext}").stat().st_size > 1000
+    assert planned_jobs(wf, work, "curvature", configfile=cfg) == {}
+
+
+def test_execution_settings_rerun_nothing(runs, tmp_path):
+    """batch_size and processes change how the work is split, not the results."""
+    wf, work, _ = runs
+    ckpts = work[2].parent / "model_parameters"
+    changed = curv_config(ckpts, 2, batch_size=7, processes=2)
+    cfg = write_config(tmp_path / "changed.yaml", changed)
+    assert planned_jobs(wf, work[2], configfile=cfg) == {}
+    # while the estimator settings do rerun every curvature job
+    other_h = write_config(tmp_path / "h.yaml", curv_config(ckpts, 2, h=2e-3))
+    jobs = planned_jobs(wf, work[2], configfile=other_h)
+    assert jobs["curvature_shard"] == 2 * len(CURV_EPOCHS) and jobs["plot_curvature"] == 1

@@ -62,6 +62,8 @@ def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
         "evaluate_checkpoint": 63,
         "curvature_shard": 63,
         "curvature_epoch": 63,
+        "curvature_tables": 1,
+        "plot_curvature": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "all": 1,

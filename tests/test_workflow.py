@@ -31,6 +31,8 @@ ONE_EPOCH_AND_AGGREGATES = {
     "evaluate_checkpoint": 1,
     "curvature_shard": 1,
     "curvature_epoch": 1,
+    "curvature_tables": 1,
+    "plot_curvature": 1,
     "accuracy_tables": 1,
     "plot_accuracy": 1,
     "all": 1,
@@ -70,8 +72,10 @@ def test_default_config_job_list(tmp_path):
         "class_order": 2,
         "train_digits": 2,
         "evaluate_checkpoint": 52,
-        "curvature_shard": 24,  # 6 task-boundary epochs x 2 seeds x 2 shards
-        "curvature_epoch": 12,
+        "curvature_shard": 52,  # every checkpoint x 2 seeds x 1 shard
+        "curvature_epoch": 52,
+        "curvature_tables": 1,
+        "plot_curvature": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "plot_training": 1,
@@ -112,6 +116,13 @@ def test_partial_rebuilds(tiny):
     with open(wf / "scripts/plot_accuracy.py", "a") as f:
         f.write("\n# edited\n")
     assert planned_jobs(wf, work, "figures", configfile=cfg) == {"plot_accuracy": 1, "figures": 1}
+    with open(wf / "scripts/plot_curvature.py", "a") as f:
+        f.write("\n# edited\n")
+    assert planned_jobs(wf, work, "figures", configfile=cfg) == {
+        "plot_accuracy": 1,
+        "plot_curvature": 1,
+        "figures": 1,
+    }
     snakemake(wf, work, configfile=cfg)
 
     # Editing a library module a rule imports reruns that rule (and what depends on it).
