@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.device import resolve_device
+from epochlens.device import device_for_dtype, resolve_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models import positions_in, restrict_logits
 
@@ -298,18 +298,18 @@ def per_sample_curvature(
     out["correct"] = np.zeros(n_samples, dtype=bool)
 
     tensors = [*model.parameters(), *model.buffers()]
+    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    if dtype is None:  # a model without weights computes in the images' dtype
+        dtype = images.dtype if images.is_floating_point() else torch.get_default_dtype()
     if device is None:
         device = tensors[0].device if tensors else torch.device("cpu")
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    device = device_for_dtype(device, dtype)  # float64 models on MPS run on the CPU
     net = copy.deepcopy(model).to(device).eval().requires_grad_(False)
     check_finite_weights(net)
     _check_finite_images(images, active, sample_indices)
     if len(active) == 0:
         return out
-
-    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
-    if dtype is None:  # a model without weights computes in the images' dtype
-        dtype = images.dtype if images.is_floating_point() else torch.get_default_dtype()
     shape = tuple(images.shape[1:])
     chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(shape)))
     active_idx = torch.as_tensor(active_classes, device=device)

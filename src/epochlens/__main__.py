@@ -1,0 +1,5 @@
+import sys
+
+from epochlens.cli import main
+
+sys.exit(main())
