@@ -330,6 +330,7 @@ def test_factor_cache_roundtrip_and_key_checks(tmp_path) -> None:
     with pytest.raises(FactorCacheError, match="not a readable epochlens factors file"):
         load_factors(path)
     assert again.layers["fc1"].activation_cov is None  # by default only the eigenpairs are kept
+    assert again.fit_settings == factors.fit_settings == settings.factor_key()
     save_factors(path, factors, include_covariances=True)
     torch.testing.assert_close(
         load_factors(path).layers["fc1"].activation_cov, factors.layers["fc1"].activation_cov
@@ -355,6 +356,11 @@ def test_layer_selection_errors_and_inactive_labels() -> None:
     only = InfluenceSettings(method="kfac", layers=("fc2",))
     factors = fit_factors(m, x, y, ACTIVE4, only)
     assert list(factors.layers) == ["fc2"]
+    # Without settings, scores use the factors' own (layers included), with default damping.
+    selfs = self_influence(m, factors, x, y, ACTIVE4)
+    same = self_influence(m, factors, x, y, ACTIVE4, factors.settings(damping=0.1))
+    np.testing.assert_array_equal(selfs.scores, same.scores)
+    assert list(selfs.diagnostics["layer"]) == ["fc2"]
     with pytest.raises(
         LayerSelectionError, match=r"'conv\*' matches no Linear/Conv2d module.*\['fc1', 'fc2'\]"
     ):

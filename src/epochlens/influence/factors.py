@@ -108,6 +108,7 @@ class InfluenceFactors:
         n_samples: valid samples in the sums.
         key: the cache key (see :func:`epochlens.influence.io.factor_cache_key`); {} if not given.
         timings: seconds per stage ("covariances", "eigendecomposition", "corrections").
+        fit_settings: the settings they were fitted with (:meth:`InfluenceSettings.factor_key`).
     """
 
     method: str
@@ -117,6 +118,13 @@ class InfluenceFactors:
     n_samples: int
     key: dict = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    fit_settings: dict = field(default_factory=dict)
+
+    def settings(self, **overrides) -> InfluenceSettings:
+        """Settings that match these factors (method, Fisher, layers, ...), with ``overrides``."""
+        fit = {k: v for k, v in self.fit_settings.items() if k in InfluenceSettings.__dataclass_fields__}
+        fit = {k: v for k, v in fit.items() if v is not None}
+        return InfluenceSettings(**{**fit, "method": self.method, "fisher": self.fisher, **overrides})
 
 
 def _check_inputs(images: torch.Tensor, labels: np.ndarray, sample_indices: np.ndarray, what: str) -> None:
@@ -200,7 +208,15 @@ def fit_factors(
     active = check_active_classes(active_classes)
     layers = resolve_layers(model, settings)
     factors = {n: LayerFactors(n, i.kind, i.out_dim, i.in_dim, i.has_bias) for n, i in layers.items()}
-    result = InfluenceFactors(settings.method, settings.fisher, factors, np.zeros(0, np.int64), 0, key or {})
+    result = InfluenceFactors(
+        settings.method,
+        settings.fisher,
+        factors,
+        np.zeros(0, np.int64),
+        0,
+        key or {},
+        fit_settings=settings.factor_key(),
+    )
     if settings.method == "identity":
         return result
 

@@ -5,7 +5,7 @@ of plain containers, loadable with ``weights_only=True``::
 
     format   "epochlens-influence-factors-v1"
     key      JSON string: the cache key (see factor_cache_key)
-    method, fisher, n_samples, timings (JSON)
+    method, fisher, n_samples, timings (JSON), fit_settings (JSON: InfluenceSettings.factor_key())
     skipped  int64 (K,) global indices left out for NaN/Inf gradients
     layers   {name: {"meta": JSON (kind, out_dim, in_dim, has_bias, n_samples, solver, min_raw),
                      "activation_values" (in_dim,), "activation_vectors" (in_dim, in_dim),
@@ -151,6 +151,7 @@ def save_factors(path: str | Path, factors: InfluenceFactors, include_covariance
         "fisher": factors.fisher,
         "n_samples": int(factors.n_samples),
         "timings": json.dumps(factors.timings),
+        "fit_settings": json.dumps(factors.fit_settings),
         "skipped": torch.as_tensor(np.asarray(factors.skipped, dtype=np.int64)),
         "layers": layers,
     }
@@ -192,6 +193,7 @@ def load_factors(path: str | Path, expected_key: dict | None = None) -> Influenc
             int(obj["n_samples"]),
             key,
             json.loads(obj["timings"]),
+            json.loads(obj["fit_settings"]),
         )
     except Exception as exc:
         raise FactorCacheError(

@@ -134,5 +134,5 @@ def factor_diagnostics(factors: InfluenceFactors, settings: InfluenceSettings | 
     activation_min_raw / gradient_min_raw (smallest eigenvalue of A / S before clamping), solver
     (eigensolver per factor, with any fallbacks), note (why λ differs from the configured one).
     """
-    settings = settings or InfluenceSettings(method=factors.method, fisher=factors.fisher)
+    settings = settings or factors.settings()
     return Preconditioner(factors, settings, torch.device("cpu")).diagnostics

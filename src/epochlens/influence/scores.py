@@ -34,6 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from epochlens.curvature import check_finite_weights
+from epochlens.influence.errors import FactorCacheError
 from epochlens.influence.factors import (
     InfluenceFactors,
     LayerFactors,
@@ -150,12 +151,14 @@ class _Engine:
 
 
 def _mismatch(fitted: list[str], now: list[str]) -> Exception:
-    from epochlens.influence.errors import FactorCacheError
-
     return FactorCacheError(
-        f"the factors were fitted on layers {fitted[:8]}... but the settings select {now[:8]}...; "
-        "fit the factors again for this layer selection."
+        f"the factors were fitted on layers {_short(fitted)} but the settings select {_short(now)}; use "
+        "the factors' own settings (factors.settings(...)) or fit factors for this layer selection."
     )
+
+
+def _short(names: list[str], n: int = 6) -> str:
+    return str(names) if len(names) <= n else f"{names[:n]} and {len(names) - n} more"
 
 
 def _settings(factors: InfluenceFactors | None, settings: InfluenceSettings | None) -> InfluenceSettings:
@@ -163,7 +166,7 @@ def _settings(factors: InfluenceFactors | None, settings: InfluenceSettings | No
         return settings
     if factors is None:
         return InfluenceSettings(method="identity")
-    return InfluenceSettings(method=factors.method, fisher=factors.fisher)
+    return factors.settings()
 
 
 def pairwise_influence(
