@@ -21,7 +21,7 @@ def main() -> None:
     schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
     settings = TrainSettings(**{**run["train"], "seed": run["train"]["seed"] + index})
     in_channels = data.train_images.shape[1]
-    model = build_model(run["model"]["name"], data.num_classes, in_channels)
+    model = build_model(run["model"]["name"], data.num_classes, in_channels, seed=settings.seed)
     folder = Path(snakemake.output.checkpoints[0]).parent
     device = resolve_device(snakemake.params.device)
     log.info(

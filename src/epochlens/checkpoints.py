@@ -33,7 +33,10 @@ def save_state_dict(model: nn.Module, path: str | Path) -> None:
     """Save ``model.state_dict()`` (on the CPU) atomically, as the original experiment does."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        # Through a file object: given a path, torch.save names the archive's top folder after
+        # the (random) temporary file name, and identical weights would give different bytes.
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
         torch.load(tmp, map_location="cpu", weights_only=True)  # verify before publishing
 
 

@@ -101,13 +101,21 @@ class ResNet18LoP(nn.Module):
 MODELS = {"small_cnn": SmallCNN, "resnet18_lop": ResNet18LoP}
 
 
-def build_model(name: str, num_classes: int, in_channels: int) -> nn.Module:
-    """Instantiate a model by its config name (``small_cnn`` or ``resnet18_lop``)."""
+def build_model(name: str, num_classes: int, in_channels: int, seed: int | None = None) -> nn.Module:
+    """Instantiate a model by its config name (``small_cnn`` or ``resnet18_lop``).
+
+    With ``seed`` the initial weights are a function of it (torch's global generator is left as
+    it was); without, they come from the global generator.
+    """
     try:
         cls = MODELS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}") from None
-    return cls(num_classes=num_classes, in_channels=in_channels)
+    if seed is None:
+        return cls(num_classes=num_classes, in_channels=in_channels)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls(num_classes=num_classes, in_channels=in_channels)
 
 
 def restrict_logits(logits: torch.Tensor, active_classes: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,10 @@ def save_figure(fig: plt.Figure, paths: list[str | Path]) -> None:
     for path in paths:
         path = Path(path)
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=150, bbox_inches="tight")
+            fmt = path.suffix.lstrip(".")
+            # No creation date in PDFs: the same results give byte-identical figures.
+            metadata = {"CreationDate": None} if fmt == "pdf" else None
+            fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
     plt.close(fig)
 
 
@@ -250,3 +253,161 @@ def plot_curvature_vs_loss(samples: pd.DataFrame, title: str) -> plt.Figure:
     )
     fig.tight_layout()
     return fig
+
+
+def _heatmap_panel(
+    ax: plt.Axes,
+    matrix: np.ndarray,
+    rows: list[str],
+    epochs: list[int],
+    cmap,
+    norm,
+    fmt: str,
+    annotate: bool,
+    row_labels: bool = True,
+) -> plt.cm.ScalarMappable:
+    """``matrix`` (rows x epochs) as coloured cells, NaN in light grey, values written if asked."""
+    cmap = plt.get_cmap(cmap).copy()
+    cmap.set_bad("0.9")
+    image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
+    ax.set_xticks(range(len(epochs)), [str(e) for e in epochs], rotation=90 if len(epochs) > 12 else 0)
+    ax.set_yticks(range(len(rows)), rows if row_labels else [])
+    ax.tick_params(labelsize=7, length=0)
+    if annotate:
+        for (i, j), value in np.ndenumerate(matrix):
+            if np.isfinite(value):
+                r, g, b, _ = cmap(norm(value))
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+                ax.text(
+                    j, i, fmt.format(value), ha="center", va="center", fontsize=6, color="w" if dark else "k"
+                )
+    return image
+
+
+def _target_label(target: str) -> str:
+    if target == "class":
+        return "class (among the active classes)"
+    if target == "cohort":
+        return "old vs new classes"
+    if target.startswith("curvature_q"):
+        return f"curvature quantile bin ({target.removeprefix('curvature_q')} bins)"
+    return target
+
+
+def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout") -> plt.Figure:
+    """Heatmaps of linear-probe accuracy, layer x epoch: one column of panels per target, one row
+    per representation, with the accuracy of always guessing the commonest class as a top row.
+
+    ``summary`` is :func:`epochlens.summaries.probe_summary`; cells are ``accuracy_mean`` on the
+    ``split`` evaluation images (the test split if there is no holdout). Grey cells: the target
+    was skipped at that epoch (no old classes yet, no curvature computed) or not evaluated there.
+    """
+    ok = summary[summary["status"] == "ok"]
+    if split not in set(ok["eval_split"]):
+        split = "test"
+    ok = ok[ok["eval_split"] == split]
+    targets = list(pd.unique(summary["target"]))
+    reps = list(pd.unique(summary["representation"]))
+    layers = list(pd.unique(summary["layer"]))
+    epochs = sorted(int(e) for e in summary["epoch"].unique())
+    rows = ["chance", *layers]
+    annotate = len(epochs) <= 12 and len(rows) <= 14
+    width = min(max(0.5 * len(epochs) + 1.6, 3.4), 9.0)
+    height = 0.32 * len(rows) + 1.0
+    fig, axes = plt.subplots(
+        len(reps),
+        len(targets),
+        figsize=(width * len(targets) + 1.0, height * len(reps) + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
+    norm = matplotlib.colors.Normalize(0.0, 1.0)
+    image = None
+    for i, rep in enumerate(reps):
+        for j, target in enumerate(targets):
+            sub = ok[(ok["representation"] == rep) & (ok["target"] == target)]
+            acc = sub.pivot_table(index="layer", columns="epoch", values="accuracy_mean", aggfunc="mean")
+            acc = acc.reindex(index=layers, columns=epochs)
+            chance = sub.groupby("epoch")["chance"].mean().reindex(epochs)
+            matrix = np.vstack([chance.to_numpy(float)[None, :], acc.to_numpy(float)])
+            ax = axes[i, j]
+            image = _heatmap_panel(ax, matrix, rows, epochs, "viridis", norm, "{:.2f}", annotate, j == 0)
+            ax.axhline(0.5, color="w", lw=2)
+            if i == 0:
+                ax.set_title(_target_label(target), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(rep, fontsize=9)
+            if i == len(reps) - 1:
+                ax.set_xlabel("checkpoint epoch", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.8, label=f"{split} accuracy")
+    n_idx = int(ok["n_indices"].max()) if len(ok) else 0
+    n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
+    fig.suptitle(
+        f"{title}: linear-probe accuracy per layer ({split} images; mean of {n_idx} index(es) x "
+        f"{n_seeds} probe seed(s); grey: target skipped)",
+        fontsize=10,
+    )
+    return fig
+
+
+def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta_accuracy") -> plt.Figure:
+    """Heatmaps of the effect of ablating each unit group, unit group x epoch, on the old and the
+    new classes (columns of panels) for each ablation mode (rows of panels).
+
+    ``summary`` is :func:`epochlens.summaries.ablation_summary`; cells are ``{metric}_mean``
+    (ablated minus intact; red: the ablation hurts accuracy). The colour scale is symmetric and
+    saturates at the 95th percentile of the absolute effects, so that small channel-group effects
+    stay visible next to whole-block ablations; written values are in percentage points.
+    """
+    cohorts = [c for c in ("old", "new") if c in set(summary["cohort"])]
+    modes = list(pd.unique(summary["mode"]))
+    groups = list(dict.fromkeys(zip(summary["block"], summary["group"], strict=True)))
+    rows = [f"{block} {group}" for block, group in groups]
+    epochs = sorted(int(e) for e in summary["epoch"].unique())
+    column = f"{metric}_mean"
+    values = summary.loc[summary["cohort"].isin(cohorts), column].abs().dropna()
+    vlim = max(float(np.percentile(values, 95)) if len(values) else 0.0, 0.02)
+    norm = matplotlib.colors.Normalize(-vlim, vlim)
+    cmap = "RdBu" if "accuracy" in metric else "RdBu_r"  # red: worse
+    annotate = len(epochs) <= 12 and len(rows) <= 24
+    width = min(max(0.45 * len(epochs) + 2.0, 3.6), 9.0)
+    height = 0.26 * len(rows) + 1.0
+    fig, axes = plt.subplots(
+        len(modes),
+        len(cohorts),
+        figsize=(width * len(cohorts) + 1.2, height * len(modes) + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
+    image = None
+    block_ends = [k for k in range(1, len(groups)) if groups[k][0] != groups[k - 1][0]]
+    for i, mode in enumerate(modes):
+        for j, cohort in enumerate(cohorts):
+            sub = summary[(summary["mode"] == mode) & (summary["cohort"] == cohort)]
+            table = sub.pivot_table(index=["block", "group"], columns="epoch", values=column, aggfunc="mean")
+            table = table.reindex(index=pd.MultiIndex.from_tuples(groups), columns=epochs)
+            matrix = table.to_numpy(float)
+            ax = axes[i, j]
+            scale = 100.0 if "accuracy" in metric else 1.0
+            image = _heatmap_panel(
+                ax, matrix * scale, rows, epochs, cmap, _scaled(norm, scale), "{:+.0f}", annotate, j == 0
+            )
+            for k in block_ends:
+                ax.axhline(k - 0.5, color="k", lw=0.6)
+            ax.set_title(f"{mode} ablation, {cohort} classes", fontsize=9)
+            if i == len(modes) - 1:
+                ax.set_xlabel("checkpoint epoch", fontsize=8)
+    unit = "percentage points" if "accuracy" in metric else "nats"
+    fig.colorbar(image, ax=axes, shrink=0.8, extend="both", label=f"{metric} ({unit}; ablated - intact)")
+    split = summary["split"].iloc[0] if "split" in summary and len(summary) else "test"
+    n_idx = int(summary["n_indices"].max()) if len(summary) else 0
+    fig.suptitle(
+        f"{title}: effect of ablating each unit group on {split} {metric.removeprefix('delta_')} "
+        f"(mean of {n_idx} index(es); grey: no such classes yet)",
+        fontsize=10,
+    )
+    return fig
+
+
+def _scaled(norm: matplotlib.colors.Normalize, scale: float) -> matplotlib.colors.Normalize:
+    return matplotlib.colors.Normalize(norm.vmin * scale, norm.vmax * scale)
