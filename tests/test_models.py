@@ -247,3 +247,25 @@ def test_restricted_cross_entropy_matches_the_lop_training_loss():
     torch.testing.assert_close(
         F.cross_entropy(restricted, target), F.cross_entropy(logits[:, active], one_hot)
     )
+
+
+def test_build_model_with_a_seed_is_reproducible_and_leaves_the_global_generator_alone():
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    a = build_model("small_cnn", 10, 1, seed=7)
+    assert torch.equal(torch.rand(1), expected_next)
+    b = build_model("small_cnn", 10, 1, seed=7)
+    c = build_model("small_cnn", 10, 1, seed=8)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.state_dict()["fc.weight"], c.state_dict()["fc.weight"])
+
+
+def test_checkpoint_bytes_depend_only_on_the_weights(tmp_path):
+    from epochlens.checkpoints import save_state_dict
+
+    model = build_model("small_cnn", 10, 1, seed=0)
+    save_state_dict(model, tmp_path / "a.pt")
+    save_state_dict(model, tmp_path / "b.pt")
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
