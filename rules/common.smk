@@ -301,3 +301,20 @@ def get_curvature_figures():
         for name in ("by_cohort", "distribution", "vs_loss")
         for ext in ("png", "pdf")
     ]
+
+
+# ------------------------------------------------------------------------------------------------
+# Cluster resources (profiles/slurm)
+# ------------------------------------------------------------------------------------------------
+# The SLURM profile sizes jobs by rule name (set-resources). The training rules are named after the
+# config's runs (train_<run>), so a profile cannot name them: they declare their resources here.
+
+
+def get_train_resources():
+    """Resources of a training job on a cluster: one GPU (the standard `gpu` resource, which the
+    SLURM executor requests with --gpus), host memory in MB and wall time in minutes; the same as
+    the GPU rules in profiles/slurm/config.yaml. A profile overrides them per run with
+    set-resources: train_<run>: {...}. Local runs ignore them unless --resources limits one (e.g.
+    --resources gpu=1: one GPU job at a time on a one-GPU machine).
+    """
+    return {"gpu": 1, "mem_mb": 16000, "runtime": 240}

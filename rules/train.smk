@@ -1,6 +1,7 @@
 # One training rule per run that the pipeline trains: its outputs are that run's checkpoint files,
 # whose number depends on the run's schedule (a rule's outputs cannot depend on a wildcard).
 # Users who bring their own checkpoints (checkpoints.source: folder) skip training entirely.
+# Their cluster resources: get_train_resources (rules/common.smk).
 
 
 for _run in get_trained_runs():
@@ -22,6 +23,8 @@ for _run in get_trained_runs():
             f"results/{_run}/benchmarks/train/index-{{index}}.tsv"
         conda:
             "../envs/epochlens.yaml"
+        resources:
+            **get_train_resources(),
         params:
             run=get_run_params(_run),
             device=config["device"],
