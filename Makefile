@@ -10,7 +10,7 @@ CORES ?= 2
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv lint format clean
+.PHONY: demo test venv lint format clean slurm-profile
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,26 @@ lint: venv
 format: venv
 	$(BIN)/ruff format src scripts tests benchmarks
 	$(BIN)/snakefmt Snakefile rules
+
+# The SLURM profile where the bare `snakemake --profile slurm` finds it (~/.config/snakemake/slurm),
+# with your partition and account when given (both optional: without them the plugin uses the
+# cluster's default partition and guesses the account):
+#   make slurm-profile SLURM_PARTITION=gpu SLURM_ACCOUNT=mylab
+# An existing profile that differs is kept as config.yaml.bak.
+SLURM_PROFILE_DIR ?= $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake/slurm
+SLURM_PARTITION ?=
+SLURM_ACCOUNT ?=
+
+slurm-profile:
+	mkdir -p "$(SLURM_PROFILE_DIR)"
+	sed $(if $(SLURM_PARTITION),-e "s|^  # slurm_partition: .*|  slurm_partition: \"'$(SLURM_PARTITION)'\"|") \
+	    $(if $(SLURM_ACCOUNT),-e "s|^  # slurm_account: .*|  slurm_account: \"'$(SLURM_ACCOUNT)'\"|") \
+	    profiles/slurm/config.yaml > "$(SLURM_PROFILE_DIR)/config.yaml.new"
+	@if [ -f "$(SLURM_PROFILE_DIR)/config.yaml" ] && ! cmp -s "$(SLURM_PROFILE_DIR)/config.yaml" "$(SLURM_PROFILE_DIR)/config.yaml.new"; then \
+	    mv "$(SLURM_PROFILE_DIR)/config.yaml" "$(SLURM_PROFILE_DIR)/config.yaml.bak"; \
+	    echo "kept your previous profile as $(SLURM_PROFILE_DIR)/config.yaml.bak"; fi
+	mv "$(SLURM_PROFILE_DIR)/config.yaml.new" "$(SLURM_PROFILE_DIR)/config.yaml"
+	@echo "installed: snakemake --profile slurm (partition: $(or $(SLURM_PARTITION),cluster default), account: $(or $(SLURM_ACCOUNT),guessed))"
 
 clean:
 	rm -rf results .snakemake
