@@ -27,22 +27,34 @@ def module_sources(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[
     found: set[Path] = set()
     todo = [Path(script)]
     while todo:
-        tree = ast.parse(todo.pop().read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            for name in names:
-                parts = name.split(".")
-                if parts[0] != "epochlens" or len(parts) < 2:
-                    continue
-                path = package_dir.joinpath(*parts[1:]).with_suffix(".py")
-                if path.is_file() and path not in found:
-                    found.add(path)
-                    todo.append(path)
+        for path in _direct_imports(todo.pop(), package_dir):
+            if path not in found:
+                found.add(path)
+                todo.append(path)
     return sorted(found)
+
+
+@cache
+def _direct_imports(source: Path, package_dir: Path) -> tuple[Path, ...]:
+    """The ``epochlens`` modules that the file ``source`` imports itself. Cached: the workflow asks
+    for the modules of every rule's script, which share most of their imports (parsing each file
+    once keeps a dry run of a large study fast)."""
+    tree = ast.parse(source.read_text())
+    paths = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "epochlens" or len(parts) < 2:
+                continue
+            path = package_dir.joinpath(*parts[1:]).with_suffix(".py")
+            if path.is_file():
+                paths.append(path)
+    return tuple(dict.fromkeys(paths))
 
 
 @cache
