@@ -100,3 +100,22 @@ def curvature_epochs(run_name: str, run_cfg: dict) -> list[int]:
             f"({analysed}); pick from those or change runs.{run_name}.epochs."
         )
     return sorted(chosen)
+
+
+def section_epochs(run_name: str, run_cfg: dict, section: str) -> list[int]:
+    """Epochs of a per-checkpoint analysis ``section`` (e.g. ``features``, ``ablation``): its
+    ``epochs``, or every analysed epoch; none when the section is disabled."""
+    analysed = analysis_epochs(run_name, run_cfg)
+    spec = run_cfg.get(section) or {}
+    if not spec.get("enabled", True):
+        return []
+    chosen = spec.get("epochs")
+    if not chosen:
+        return analysed
+    unknown = sorted(set(chosen) - set(analysed))
+    if unknown:
+        raise ConfigError(
+            f"runs.{run_name}.{section}.epochs: {unknown} are not analysed epochs of this run "
+            f"({analysed}); pick from those or change runs.{run_name}.epochs."
+        )
+    return sorted(chosen)

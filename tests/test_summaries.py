@@ -1,0 +1,110 @@
+"""Run-level probe and ablation tables: means and spreads over seeds and indices, by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from epochlens.summaries import ablation_summary, over_replicates, probe_summary
+
+
+def probe_rows(
+    index: int, accuracies: list[float], target: str = "class", chance: float = 0.25
+) -> list[dict]:
+    return [
+        {
+            "run": "r",
+            "index": index,
+            "epoch": 10,
+            "layer": "block1",
+            "representation": "pooled",
+            "target": target,
+            "seed": seed,
+            "eval_split": "holdout",
+            "n_features": 16,
+            "n_classes": 4,
+            "n_fit": 90 + index,  # per-seed counts differ and must not split groups
+            "n_stop": 10,
+            "n_eval": 20 + index,
+            "accuracy": acc,
+            "loss": 1.0 - acc,
+            "chance": chance + 0.01 * index,
+            "fit_accuracy": 1.0,
+            "best_epoch": 5 + seed,
+            "epochs_run": 15 + seed,
+            "status": "ok",
+        }
+        for seed, acc in enumerate(accuracies)
+    ]
+
+
+def test_probe_summary_separates_seed_and_index_spread():
+    per_seed = pd.DataFrame(probe_rows(0, [0.5, 0.7]) + probe_rows(1, [0.8, 0.8]) + probe_rows(2, [0.6, 0.9]))
+    skipped = {"run": "r", "index": 0, "epoch": 10, "layer": "block1", "representation": "pooled"}
+    per_seed = pd.concat(
+        [per_seed, pd.DataFrame([{**skipped, "target": "cohort", "status": "skipped: first task"}])],
+        ignore_index=True,
+    )
+    out = probe_summary(per_seed)
+    assert list(out["target"]) == ["class", "cohort"]
+    row = out.iloc[0]
+    index_means = np.array([0.6, 0.8, 0.75])
+    assert row["n_indices"] == 3 and row["n_seeds"] == 2
+    assert row["accuracy_mean"] == pytest.approx(index_means.mean())
+    assert row["accuracy_index_std"] == pytest.approx(index_means.std(ddof=1))
+    assert row["accuracy_ci95"] == pytest.approx(stats.t.ppf(0.975, 2) * index_means.std(ddof=1) / np.sqrt(3))
+    seed_stds = [np.std([0.5, 0.7], ddof=1), 0.0, np.std([0.6, 0.9], ddof=1)]
+    assert row["accuracy_seed_std"] == pytest.approx(np.mean(seed_stds))
+    assert row["chance"] == pytest.approx(0.26) and row["n_eval"] == pytest.approx(21)
+    assert row["loss_mean"] == pytest.approx(1 - index_means.mean())
+    skipped_row = out.iloc[1]
+    assert skipped_row["status"] == "skipped: first task" and skipped_row["n_indices"] == 1
+    assert np.isnan(skipped_row["accuracy_mean"]) and pd.isna(skipped_row["n_seeds"])
+
+
+def test_one_index_has_no_interval():
+    out = probe_summary(pd.DataFrame(probe_rows(0, [0.5, 0.7, 0.9])))
+    assert out["n_indices"].tolist() == [1]
+    assert np.isnan(out["accuracy_index_std"].iloc[0]) and np.isnan(out["accuracy_ci95"].iloc[0])
+    assert out["accuracy_seed_std"].iloc[0] == pytest.approx(0.2)
+
+
+def test_ablation_summary_over_indices():
+    base = {
+        "run": "r",
+        "epoch": 4,
+        "split": "test",
+        "block": "block2",
+        "group": "ch0-7",
+        "channel_start": 0,
+        "channel_stop": 8,
+        "n_channels": 8,
+        "mode": "zero",
+        "accuracy_base": 0.9,
+        "loss_base": 0.3,
+    }
+    rows = pd.DataFrame(
+        [
+            {**base, "index": i, "cohort": cohort, "n_samples": n, "accuracy": acc, "loss": 0.5}
+            for i, (n, acc) in enumerate([(100, 0.7), (110, 0.8)])
+            for cohort in ("old", "new")
+        ]
+    )
+    rows["delta_accuracy"] = rows["accuracy"] - rows["accuracy_base"]
+    rows["delta_loss"] = rows["loss"] - rows["loss_base"]
+    out = ablation_summary(rows)
+    assert list(out["cohort"]) == ["old", "new"]
+    row = out.iloc[0]
+    assert row["n_indices"] == 2 and row["n_samples"] == 105
+    assert row["delta_accuracy_mean"] == pytest.approx(-0.15)
+    assert row["delta_accuracy_std"] == pytest.approx(np.std([-0.2, -0.1], ddof=1))
+    assert row["delta_loss_mean"] == pytest.approx(0.2) and row["delta_loss_std"] == pytest.approx(0.0)
+
+
+def test_over_replicates_keeps_nan_keys_as_groups():
+    table = pd.DataFrame({"k": ["a", "a", None], "x": [1.0, 3.0, 5.0]})
+    out = over_replicates(table, ["k", "missing"], ["x"])
+    assert out["n_indices"].tolist() == [2, 1]
+    assert out["x_mean"].tolist() == [2.0, 5.0]
