@@ -4,6 +4,7 @@ rule prepare_data:
         code=get_code("prepare_data.py"),
     output:
         dataset="results/{run}/data/dataset.h5",
+        corrupted="results/{run}/data/corrupted_indices.npy",
     log:
         "results/{run}/logs/prepare_data.log",
     benchmark:
