@@ -7,6 +7,8 @@
 # The DAG per run:  prepare_data -> class_order -> train_<run> (or the user's checkpoint folder)
 #                   -> evaluate_checkpoint (one job per index x epoch) -> accuracy_tables -> plots
 #                   -> curvature_shard (index x epoch x shard) -> curvature_epoch (merge)
+#                   -> features_epoch (index x epoch) -> probes_epoch -> probe_tables -> plot_probes
+#                   -> ablation_epoch (index x epoch) -> ablation_tables -> plot_ablation
 
 
 from snakemake.utils import min_version
@@ -35,6 +37,9 @@ include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/curvature.smk"
+include: "rules/features.smk"
+include: "rules/probes.smk"
+include: "rules/ablation.smk"
 include: "rules/figures.smk"
 
 
@@ -48,6 +53,13 @@ localrules:
     curvature,
     curvature_tables,
     plot_curvature,
+    features,
+    probes,
+    probe_tables,
+    plot_probes,
+    ablation,
+    ablation_tables,
+    plot_ablation,
 
 
 rule all:
@@ -55,3 +67,4 @@ rule all:
     input:
         get_all_figures(),
         get_all_curvature(),
+        get_all_feature_analyses(),

@@ -37,6 +37,7 @@ def validate_config(cfg):
         try:
             run_config.analysis_epochs(name, run)
             run_config.curvature_epochs(name, run)
+            check_feature_config(name, run)
         except EpochlensError as exc:
             raise WorkflowError(str(exc)) from None
 
@@ -46,10 +47,13 @@ def get_run(wildcards):
 
 
 def get_run_params(run):
-    """A run's config as the training and evaluation rules see it: without the curvature section,
-    so that changing curvature settings reruns neither training nor evaluation."""
+    """A run's config as the training and evaluation rules see it: without the analysis sections
+    (curvature, features, probes, ablation), so that changing them reruns neither training nor
+    evaluation."""
     return {
-        key: value for key, value in config["runs"][run].items() if key != "curvature"
+        key: value
+        for key, value in config["runs"][run].items()
+        if key not in ("curvature", "features", "probes", "ablation")
     }
 
 
@@ -172,13 +176,17 @@ def get_all_figures():
     """Every figure of every run; training curves only where the pipeline trains, curvature
     figures where curvature is computed."""
     trained = set(get_trained_runs())
-    return [
-        f"results/{run}/figures/{name}.{ext}"
-        for run in config["runs"]
-        for name in ("accuracy_by_cohort", "training_curves")
-        if name != "training_curves" or run in trained
-        for ext in ("png", "pdf")
-    ] + get_curvature_figures()
+    return (
+        [
+            f"results/{run}/figures/{name}.{ext}"
+            for run in config["runs"]
+            for name in ("accuracy_by_cohort", "training_curves")
+            if name != "training_curves" or run in trained
+            for ext in ("png", "pdf")
+        ]
+        + get_curvature_figures()
+        + get_feature_figures()
+    )
 
 
 @cache
@@ -318,3 +326,204 @@ def get_train_resources():
     --resources gpu=1: one GPU job at a time on a one-GPU machine).
     """
     return {"gpu": 1, "mem_mb": 16000, "runtime": 240}
+
+
+# ------------------------------------------------------------------------------------------------
+# Features, probes, ablation
+# ------------------------------------------------------------------------------------------------
+# features_epoch -> features/epoch_{E}.h5 -> probes_epoch -> probes/epoch_{E}.csv -> probe_tables
+# -> plot_probes; ablation_epoch -> ablation/epoch_{E}.csv -> ablation_tables -> plot_ablation.
+# Params hold what changes results; batch_size and device are read from the config by the scripts.
+
+from epochlens.features import FeatureSettings, available_layers, default_layers
+from epochlens.models import build_model
+
+# Settings of each section that change results (the rest are execution settings).
+PROBE_SETTINGS = (
+    "seeds",
+    "stop_fraction",
+    "max_epochs",
+    "patience",
+    "lr",
+    "weight_decay",
+    "batch_size",
+)
+ABLATION_SETTINGS = ("blocks", "channel_groups", "whole_blocks", "modes")
+
+
+def check_feature_config(name, run):
+    """Checks of the features, probes and ablation sections that the schema cannot express;
+    errors name the key to fix."""
+    run_config.section_epochs(name, run, "features")
+    run_config.section_epochs(name, run, "ablation")
+    if run["probes"]["enabled"] and not run["features"]["enabled"]:
+        raise EpochlensError(
+            f"runs.{name}.probes.enabled: probes need the features; set runs.{name}.features."
+            f"enabled: true, or runs.{name}.probes.enabled: false."
+        )
+    ablation = run["ablation"]
+    if ablation["channel_groups"] == 0 and not ablation["whole_blocks"]:
+        raise EpochlensError(
+            f"runs.{name}.ablation: channel_groups: 0 with whole_blocks: false leaves nothing to "
+            "ablate; set one of them."
+        )
+    for section, key in (("features", "layers"), ("ablation", "blocks")):
+        names = run[section][key]
+        if run[section]["enabled"] and names:
+            layers = get_model_layers(run["model"]["name"])
+            unknown = [n for n in names if n not in layers]
+            if unknown:
+                default = get_model_layers(run["model"]["name"], default=True)
+                raise EpochlensError(
+                    f"runs.{name}.{section}.{key}: {run['model']['name']} has no module(s) "
+                    f"{unknown}. Default (block outputs, also what null gives): {default}; "
+                    f"all: {layers[:60]}."
+                )
+
+
+@cache
+def get_model_layers(model_name, default=False):
+    """Module names of a model (``default``: its block outputs), from a weightless copy."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(model_name, num_classes=10, in_channels=3)
+    return default_layers(model) if default else available_layers(model)
+
+
+@cache
+def get_feature_epochs(run):
+    """Epochs of ``run`` whose features are extracted (and probed)."""
+    return run_config.section_epochs(run, config["runs"][run], "features")
+
+
+@cache
+def get_probe_epochs(run):
+    return get_feature_epochs(run) if config["runs"][run]["probes"]["enabled"] else []
+
+
+@cache
+def get_ablation_epochs(run):
+    return run_config.section_epochs(run, config["runs"][run], "ablation")
+
+
+def get_model_name(wildcards):
+    return get_run(wildcards)["model"]["name"]
+
+
+def get_feature_settings(wildcards):
+    """What the features depend on besides checkpoint and data: the cache key's spec.
+
+    Spectral settings only when spectral features are asked for (as in the cache key), so that
+    Snakemake reruns a job exactly when its file's key would change.
+    """
+    spec = get_run(wildcards)["features"]
+    names = list(spec["representations"])
+    reps = {"names": names}
+    if "spectral" in names:
+        reps.update(
+            spectral_k=spec["spectral_k"], spectral_method=spec["spectral_method"]
+        )
+    return {"layers": spec["layers"], "representations": reps, "dtype": spec["dtype"]}
+
+
+def get_probe_params(wildcards):
+    spec = get_run(wildcards)["probes"]
+    return {
+        "settings": {key: spec[key] for key in PROBE_SETTINGS},
+        "targets": spec["targets"],
+        "curvature_bins": spec["curvature_bins"],
+    }
+
+
+def get_probe_curvature(wildcards):
+    """per_image_curvature.npy of (run, index, epoch) where the curvature target is asked for and
+    curvature is computed at that epoch; none otherwise (the probes skip the target and say so).
+    """
+    spec = get_run(wildcards)["probes"]
+    if "curvature" not in spec["targets"]:
+        return []
+    if int(wildcards.epoch) not in get_curvature_epochs(wildcards.run):
+        return []
+    return [
+        f"results/{wildcards.run}/index-{wildcards.index}/curvature/"
+        f"epoch_{wildcards.epoch}/per_image_curvature.npy"
+    ]
+
+
+def get_ablation_params(wildcards):
+    spec = get_run(wildcards)["ablation"]
+    return {
+        "settings": {key: spec[key] for key in ABLATION_SETTINGS},
+        "split": spec["split"],
+        "mean_samples": spec["mean_samples"] if "mean" in spec["modes"] else None,
+    }
+
+
+def get_epoch_files(run, folder, epochs, ext):
+    return [
+        f"results/{run}/index-{index}/{folder}/epoch_{epoch:04d}.{ext}"
+        for index in config["runs"][run]["indices"]
+        for epoch in epochs
+    ]
+
+
+def get_run_probe_tables(wildcards):
+    return get_epoch_files(
+        wildcards.run, "probes", get_probe_epochs(wildcards.run), "csv"
+    )
+
+
+def get_run_ablation_tables(wildcards):
+    return get_epoch_files(
+        wildcards.run, "ablation", get_ablation_epochs(wildcards.run), "csv"
+    )
+
+
+def get_all_features():
+    """Every features file of every run."""
+    return [
+        path
+        for run in config["runs"]
+        for path in get_epoch_files(run, "features", get_feature_epochs(run), "h5")
+    ]
+
+
+def get_figure_files(run, name):
+    return [f"results/{run}/figures/{name}.{ext}" for ext in ("png", "pdf")]
+
+
+def get_all_probes():
+    """Every probe result: per-epoch tables, the run's table and its figure."""
+    return [
+        path
+        for run in config["runs"]
+        if get_probe_epochs(run)
+        for path in get_epoch_files(run, "probes", get_probe_epochs(run), "csv")
+        + [f"results/{run}/tables/probes.csv"]
+        + get_figure_files(run, "probe_accuracy")
+    ]
+
+
+def get_all_ablation():
+    """Every ablation result: per-epoch tables, the run's table and its figure."""
+    return [
+        path
+        for run in config["runs"]
+        if get_ablation_epochs(run)
+        for path in get_epoch_files(run, "ablation", get_ablation_epochs(run), "csv")
+        + [f"results/{run}/tables/ablation.csv"]
+        + get_figure_files(run, "ablation_effect")
+    ]
+
+
+def get_feature_figures():
+    """Probe and ablation figures of every run that has them."""
+    return [
+        path for path in get_all_probes() + get_all_ablation() if "/figures/" in path
+    ]
+
+
+def get_all_feature_analyses():
+    """Features, probes and ablations: what `rule all` asks for."""
+    return get_all_features() + get_all_probes() + get_all_ablation()

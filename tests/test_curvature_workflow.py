@@ -160,6 +160,9 @@ def test_resume_recomputes_only_the_missing_shard(runs):
         "curvature_epoch": 1,
         "curvature_tables": 1,
         "plot_curvature": 1,
+        "probes_epoch": 1,  # the curvature-quantile target
+        "probe_tables": 1,
+        "plot_probes": 1,
         "all": 1,
     }
     snakemake(wf, work, configfile=cfg)

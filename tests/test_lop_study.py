@@ -64,6 +64,13 @@ def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
         "curvature_epoch": 63,
         "curvature_tables": 1,
         "plot_curvature": 1,
+        "features_epoch": 63,
+        "probes_epoch": 63,
+        "probe_tables": 1,
+        "plot_probes": 1,
+        "ablation_epoch": 63,
+        "ablation_tables": 1,
+        "plot_ablation": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "all": 1,
@@ -83,7 +90,10 @@ def test_study_runs_on_real_formats(tmp_path):
             seed=epoch,
             num_classes=100,
         )
-    cfg = lop_config(tmp_path, indices=[0], epochs=epochs)
+    # One probe seed and whole-block ablations keep the ResNet-18 analyses short on a CPU.
+    cfg = lop_config(
+        tmp_path, indices=[0], epochs=epochs, probes={"seeds": [0]}, ablation={"channel_groups": 0}
+    )
     cfg["runs"]["cifar100_lop"]["data"]["holdout_per_class"] = 1
     cfg["device"] = "cpu"
     path = write_config(tmp_path / "lop.yaml", cfg)
@@ -104,3 +114,10 @@ def test_study_runs_on_real_formats(tmp_path):
     holdout = per_class[per_class["split"] == "holdout"]
     assert (holdout["n"] == 1).all()
     assert (results / "figures/accuracy_by_cohort.png").exists()
+    blocks = [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+    probes = pd.read_csv(results / "tables/probes.csv")
+    assert list(pd.unique(probes["layer"])) == blocks
+    ablation = pd.read_csv(results / "tables/ablation.csv")
+    assert list(pd.unique(ablation["block"])) == blocks and set(ablation["group"]) == {"all"}
+    for name in ("probe_accuracy", "ablation_effect"):
+        assert (results / f"figures/{name}.png").exists()

@@ -26,15 +26,23 @@ from epochlens.models import ResNet18LoP, SmallCNN
 pytestmark = pytest.mark.workflow
 
 EPOCHS = (0, 2, 4, 6)
-# What one changed checkpoint reruns: its epoch's evaluation and curvature, then the aggregates.
+# What one changed checkpoint reruns: its epoch's evaluation, curvature, features, probes and
+# ablations, then the aggregates.
 ONE_EPOCH_AND_AGGREGATES = {
     "evaluate_checkpoint": 1,
     "curvature_shard": 1,
     "curvature_epoch": 1,
+    "features_epoch": 1,
+    "probes_epoch": 1,
+    "ablation_epoch": 1,
     "curvature_tables": 1,
     "plot_curvature": 1,
     "accuracy_tables": 1,
     "plot_accuracy": 1,
+    "probe_tables": 1,
+    "plot_probes": 1,
+    "ablation_tables": 1,
+    "plot_ablation": 1,
     "all": 1,
 }
 
@@ -76,6 +84,13 @@ def test_default_config_job_list(tmp_path):
         "curvature_epoch": 52,
         "curvature_tables": 1,
         "plot_curvature": 1,
+        "features_epoch": 10,  # task boundaries 15..75 x 2 seeds
+        "probes_epoch": 10,
+        "probe_tables": 1,
+        "plot_probes": 1,
+        "ablation_epoch": 10,
+        "ablation_tables": 1,
+        "plot_ablation": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
         "plot_training": 1,
@@ -101,7 +116,8 @@ def test_partial_rebuilds(tiny):
     # A second run does nothing.
     assert planned_jobs(wf, work, configfile=cfg) == {}
 
-    # Replacing one checkpoint reruns that epoch (evaluation, curvature) and the aggregates only.
+    # Replacing one checkpoint reruns that epoch (evaluation, curvature, features, probes,
+    # ablations) and the aggregates only.
     save_random_checkpoint(SmallCNN, ckpts / "index-0_epoch-4.pt", seed=99, num_classes=10)
     assert planned_jobs(wf, work, configfile=cfg) == ONE_EPOCH_AND_AGGREGATES
     assert planned_wildcards(wf, work, "evaluate_checkpoint", configfile=cfg) == [
