@@ -62,6 +62,8 @@ rule curvature_tables:
         samples="results/{run}/tables/sample_dynamics.csv",
         cohorts="results/{run}/tables/curvature_per_cohort.csv",
         distribution="results/{run}/tables/curvature_distribution.csv",
+        summary="results/{run}/tables/curvature_summary.csv",
+        provenance="results/{run}/tables/curvature_tables.provenance.json",
     log:
         "results/{run}/logs/curvature_tables.log",
     benchmark:
@@ -84,11 +86,26 @@ rule plot_curvature:
         distribution="results/{run}/tables/curvature_distribution.csv",
         code=get_code("plot_curvature.py"),
     output:
-        by_cohort_png="results/{run}/figures/curvature_by_cohort.png",
+        by_cohort_png=report(
+            "results/{run}/figures/curvature_by_cohort.png",
+            caption="../report/curvature_by_cohort.rst",
+            category="Curvature",
+            subcategory="{run}",
+        ),
         by_cohort_pdf="results/{run}/figures/curvature_by_cohort.pdf",
-        distribution_png="results/{run}/figures/curvature_distribution.png",
+        distribution_png=report(
+            "results/{run}/figures/curvature_distribution.png",
+            caption="../report/curvature_distribution.rst",
+            category="Curvature",
+            subcategory="{run}",
+        ),
         distribution_pdf="results/{run}/figures/curvature_distribution.pdf",
-        vs_loss_png="results/{run}/figures/curvature_vs_loss.png",
+        vs_loss_png=report(
+            "results/{run}/figures/curvature_vs_loss.png",
+            caption="../report/curvature_vs_loss.rst",
+            category="Curvature",
+            subcategory="{run}",
+        ),
         vs_loss_pdf="results/{run}/figures/curvature_vs_loss.pdf",
     log:
         "results/{run}/logs/plot_curvature.log",

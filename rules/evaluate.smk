@@ -26,6 +26,8 @@ rule accuracy_tables:
     output:
         per_class="results/{run}/tables/accuracy_per_class.csv",
         cohorts="results/{run}/tables/accuracy_per_cohort.csv",
+        summary="results/{run}/tables/accuracy_summary.csv",
+        provenance="results/{run}/tables/accuracy_tables.provenance.json",
     log:
         "results/{run}/logs/accuracy_tables.log",
     conda:

@@ -3,7 +3,12 @@ rule plot_accuracy:
         cohorts="results/{run}/tables/accuracy_per_cohort.csv",
         code=get_code("plot_accuracy.py"),
     output:
-        png="results/{run}/figures/accuracy_by_cohort.png",
+        png=report(
+            "results/{run}/figures/accuracy_by_cohort.png",
+            caption="../report/accuracy_by_cohort.rst",
+            category="Accuracy",
+            subcategory="{run}",
+        ),
         pdf="results/{run}/figures/accuracy_by_cohort.pdf",
     log:
         "results/{run}/logs/plot_accuracy.log",
@@ -25,7 +30,12 @@ rule plot_training:
         logs=get_train_logs,
         code=get_code("plot_training.py"),
     output:
-        png="results/{run}/figures/training_curves.png",
+        png=report(
+            "results/{run}/figures/training_curves.png",
+            caption="../report/training_curves.rst",
+            category="Training",
+            subcategory="{run}",
+        ),
         pdf="results/{run}/figures/training_curves.pdf",
     log:
         "results/{run}/logs/plot_training.log",

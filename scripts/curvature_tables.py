@@ -5,11 +5,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from epochlens.atomic import write_atomic
+from epochlens.atomic import write_atomic, write_json
 from epochlens.curvature_io import read_epoch
+from epochlens.provenance import table_provenance
 from epochlens.runner import log, run_step
 from epochlens.sample_dynamics import cohort_curvature, sample_dynamics
 from epochlens.schedule import schedule_from_config
+from epochlens.summaries import over_replicates
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -48,8 +50,19 @@ def main() -> None:
         "cohorts": first(pd.concat(cohorts, ignore_index=True), "index", "epoch"),
         "distribution": first(pooled, "epoch"),
     }
+    # mean and Student-t 95% interval over replicate indices
+    metrics = ["n", "curvature_mean", "curvature_q50", "loss_mean", "accuracy"]
+    tables["summary"] = over_replicates(tables["cohorts"], ["run", "epoch", "group", "cohort"], metrics)
     for key, df in tables.items():
         write_atomic(snakemake.output[key], lambda path, df=df: df.to_csv(path, index=False))
+    write_json(
+        snakemake.output.provenance,
+        table_provenance(
+            snakemake.config["runs"][run],
+            [*snakemake.input.arrays, *snakemake.input.class_orders],  # not metadata.json: it holds timings
+            [snakemake.output[key] for key in tables],
+        ),
+    )
 
 
 run_step(main, snakemake.log[0])

@@ -208,3 +208,14 @@ def test_execution_settings_rerun_nothing(runs, tmp_path):
     other_h = write_config(tmp_path / "h.yaml", curv_config(ckpts, 2, h=2e-3))
     jobs = planned_jobs(wf, work[2], configfile=other_h)
     assert jobs["curvature_shard"] == 2 * len(CURV_EPOCHS) and jobs["plot_curvature"] == 1
+
+
+def test_html_report_has_the_figures_and_captions(runs, tmp_path):
+    wf, work, cfg = runs
+    report = tmp_path / "report.html"
+    snakemake(wf, work[2], "--report", str(report), configfile=cfg)
+    html = report.read_text()
+    assert "Runs: tiny." in html  # report/workflow.rst, rendered with the config
+    for name in ("accuracy_by_cohort", "curvature_by_cohort", "curvature_distribution", "curvature_vs_loss"):
+        assert f"{name}.png" in html, name
+    assert "cumulative\\nsample loss" in html or "cumulative sample loss" in html

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "src", "profiles", "envs")
+WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "src", "profiles", "envs", "report")
 
 
 def copy_workflow(dest: Path) -> Path:

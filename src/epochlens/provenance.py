@@ -7,6 +7,7 @@ import hashlib
 import json
 import platform
 import subprocess
+from collections.abc import Sequence
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -95,11 +96,35 @@ def config_hash(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def provenance(cfg: dict, inputs: dict[str, str] | None = None) -> dict:
-    """Provenance record for a metadata.json: code, config hash, input hashes, packages."""
-    return {
+def provenance(
+    cfg: dict, inputs: dict[str, str] | None = None, device: str | None = None, dtype: str | None = None
+) -> dict:
+    """Provenance record for a metadata.json: code, config hash, input hashes, packages, device."""
+    record = {
         "code": code_version(),
         "config_hash": config_hash(cfg),
         "inputs": inputs or {},
         "packages": package_versions(),
     }
+    if device is not None:
+        record["device"] = device
+    if dtype is not None:
+        record["dtype"] = dtype
+    return record
+
+
+def file_digests(paths: Sequence[str | Path]) -> dict[str, str]:
+    """{path: "sha256:<hex>"} of input files (read in 1 MiB blocks)."""
+    digests = {}
+    for path in paths:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                h.update(block)
+        digests[str(path)] = "sha256:" + h.hexdigest()
+    return digests
+
+
+def table_provenance(cfg: dict, inputs: Sequence[str | Path], tables: Sequence[str | Path]) -> dict:
+    """Provenance of tables made from ``inputs``: written next to them as ``*.provenance.json``."""
+    return {"tables": [str(t) for t in tables], **provenance(cfg, file_digests(inputs))}
