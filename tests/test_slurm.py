@@ -66,6 +66,7 @@ def slurm(tmp_path_factory):
         started = time.monotonic()
         proc = subprocess.run(
             [str(CLUSTER_SCRIPTS / "slurm-up.sh"), str(root)],
+            env={**os.environ, "PYTHON": sys.executable},
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,

@@ -12,7 +12,7 @@
 # SLURM_TEST_BIN, a folder of client commands (sbatch, srun, sacct, ...) bound to this cluster.
 #
 # Exit status: 0 up and the node idle; 77 cannot run here (not root, no apt-get): the caller skips;
-# anything else: bring-up failed (DIR/log/ says why).
+# anything else: bring-up failed (DIR/log/ says why). PYTHON (default python3) picks the free ports.
 set -euo pipefail
 
 DIR=${1:?usage: slurm-up.sh DIR}
@@ -67,7 +67,7 @@ install -d -m 700 "$DIR/munge"
 trap 'rc=$?; [ $rc = 0 ] || "$(dirname "$0")/slurm-down.sh" "$DIR"; exit $rc' EXIT
 
 # Four free TCP ports on the loopback interface: slurmctld, slurmd, slurmdbd, MariaDB.
-read -r CTLD_PORT SLURMD_PORT DBD_PORT DB_PORT < <(python3 - <<'EOF'
+read -r CTLD_PORT SLURMD_PORT DBD_PORT DB_PORT < <("${PYTHON:-python3}" - <<'EOF'
 import socket
 socks = [socket.socket() for _ in range(4)]
 for s in socks:
