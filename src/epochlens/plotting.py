@@ -356,8 +356,9 @@ def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta
 
     ``summary`` is :func:`epochlens.summaries.ablation_summary`; cells are ``{metric}_mean``
     (ablated minus intact; red: the ablation hurts accuracy). The colour scale is symmetric and
-    saturates at the 95th percentile of the absolute effects, so that small channel-group effects
-    stay visible next to whole-block ablations; written values are in percentage points.
+    saturates at the 98th percentile of the absolute effects of the channel groups (of the whole
+    blocks where there are no groups), so that the small channel-group effects stay visible next to
+    whole-block ablations, which mostly saturate; written values are in percentage points.
     """
     cohorts = [c for c in ("old", "new") if c in set(summary["cohort"])]
     modes = list(pd.unique(summary["mode"]))
@@ -365,8 +366,11 @@ def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta
     rows = [f"{block} {group}" for block, group in groups]
     epochs = sorted(int(e) for e in summary["epoch"].unique())
     column = f"{metric}_mean"
-    values = summary.loc[summary["cohort"].isin(cohorts), column].abs().dropna()
-    vlim = max(float(np.percentile(values, 95)) if len(values) else 0.0, 0.02)
+    shown = summary[summary["cohort"].isin(cohorts)]
+    if (shown["group"] != "all").any():
+        shown = shown[shown["group"] != "all"]
+    values = shown[column].abs().dropna()
+    vlim = max(float(np.percentile(values, 98)) if len(values) else 0.0, 0.02)
     norm = matplotlib.colors.Normalize(-vlim, vlim)
     cmap = "RdBu" if "accuracy" in metric else "RdBu_r"  # red: worse
     annotate = len(epochs) <= 12 and len(rows) <= 24
