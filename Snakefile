@@ -9,6 +9,8 @@
 #                   -> curvature_shard (index x epoch x shard) -> curvature_epoch (merge)
 #                   -> features_epoch (index x epoch) -> probes_epoch -> probe_tables -> plot_probes
 #                   -> ablation_epoch (index x epoch) -> ablation_tables -> plot_ablation
+#                   -> influence_factors, influence_scores (index x epoch x method)
+#                      -> poison_detection -> plot_influence
 
 
 from snakemake.utils import min_version
@@ -17,6 +19,9 @@ min_version("9.0")
 
 
 configfile: "config/config.yaml"
+
+
+report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
@@ -40,6 +45,7 @@ include: "rules/curvature.smk"
 include: "rules/features.smk"
 include: "rules/probes.smk"
 include: "rules/ablation.smk"
+include: "rules/influence.smk"
 include: "rules/figures.smk"
 
 
@@ -60,6 +66,9 @@ localrules:
     ablation,
     ablation_tables,
     plot_ablation,
+    influence,
+    poison_detection,
+    plot_influence,
 
 
 rule all:
@@ -68,3 +77,4 @@ rule all:
         get_all_figures(),
         get_all_curvature(),
         get_all_feature_analyses(),
+        get_all_influence(),

@@ -38,6 +38,7 @@ def validate_config(cfg):
             run_config.analysis_epochs(name, run)
             run_config.curvature_epochs(name, run)
             check_feature_config(name, run)
+            check_influence_config(name, run)
         except EpochlensError as exc:
             raise WorkflowError(str(exc)) from None
 
@@ -48,12 +49,12 @@ def get_run(wildcards):
 
 def get_run_params(run):
     """A run's config as the training and evaluation rules see it: without the analysis sections
-    (curvature, features, probes, ablation), so that changing them reruns neither training nor
-    evaluation."""
+    (curvature, features, probes, ablation, influence), so that changing them reruns neither
+    training nor evaluation."""
     return {
         key: value
         for key, value in config["runs"][run].items()
-        if key not in ("curvature", "features", "probes", "ablation")
+        if key not in ("curvature", "features", "probes", "ablation", "influence")
     }
 
 
@@ -186,6 +187,7 @@ def get_all_figures():
         ]
         + get_curvature_figures()
         + get_feature_figures()
+        + get_influence_figures()
     )
 
 
@@ -527,3 +529,251 @@ def get_feature_figures():
 def get_all_feature_analyses():
     """Features, probes and ablations: what `rule all` asks for."""
     return get_all_features() + get_all_probes() + get_all_ablation()
+
+
+# ------------------------------------------------------------------------------------------------
+# Influence and data quality
+# ------------------------------------------------------------------------------------------------
+# prepare_data applies data.corruption and records the corrupted positions (rules/data.smk). Per
+# (run, index, epoch, method), in results/{run}/index-{index}/influence/epoch_{E}/{method}/:
+# influence_factors (ekfac, kfac, diagonal) -> factors.pt, factor_diagnostics.csv; influence_scores
+# (every method) -> scores.npz, metadata.json, diagnostics.csv. Per run: poison_detection -> tables,
+# plot_influence -> figures. Params hold what changes results; the batch sizes are read from the
+# config by the scripts, so changing them reruns nothing.
+
+from types import SimpleNamespace
+
+INFLUENCE_FACTOR_METHODS = ("ekfac", "kfac", "diagonal")
+# Settings that change the fitted factors; damping and the rest change only the scores.
+INFLUENCE_FACTOR_SETTINGS = ("fisher", "layers", "exclude_layers", "seed")
+INFLUENCE_SCORE_SETTINGS = (
+    "damping",
+    "damping_mode",
+    "precondition_dtype",
+    "queries",
+    "transforms",
+    "noise_std",
+    "crop_pad",
+    "transform_seed",
+)
+INFLUENCE_FIGURES = ("poison_roc", "top_influential_images", "influence_conditioning")
+
+
+def influence_epochs(name, run):
+    """Epochs of run ``name`` whose influence is computed: influence.epochs, or the last analysed
+    epoch; none when influence is disabled."""
+    spec = run.get("influence") or {}
+    if not spec.get("enabled", False):
+        return []
+    analysed = run_config.analysis_epochs(name, run)
+    chosen = spec.get("epochs") or [analysed[-1]]
+    unknown = sorted(set(chosen) - set(analysed))
+    if unknown:
+        raise EpochlensError(
+            f"runs.{name}.influence.epochs: {unknown} are not analysed epochs of this run "
+            f"({analysed}); pick from those or change runs.{name}.epochs."
+        )
+    return sorted(chosen)
+
+
+def influence_tracin_epochs(name, run, epoch):
+    """Checkpoints whose gradient dot products TracIn sums for influence at ``epoch``: those of
+    influence.tracin_epochs up to it, or every analysed epoch after the first up to it.
+    """
+    analysed = run_config.analysis_epochs(name, run)
+    chosen = run["influence"].get("tracin_epochs")
+    if chosen is None:
+        return [e for e in analysed if analysed[0] < e <= epoch] or [epoch]
+    unknown = sorted(set(chosen) - set(analysed))
+    if unknown:
+        raise EpochlensError(
+            f"runs.{name}.influence.tracin_epochs: {unknown} are not analysed epochs of this run "
+            f"({analysed}); pick from those."
+        )
+    upto = sorted(e for e in chosen if e <= epoch)
+    if not upto:
+        raise EpochlensError(
+            f"runs.{name}.influence.tracin_epochs: none is at or before influence epoch {epoch}; "
+            "add one, or leave tracin_epochs: null."
+        )
+    return upto
+
+
+def check_influence_config(name, run):
+    """Checks of the influence and data.corruption sections that the schema cannot express;
+    errors name the key to fix."""
+    epochs = influence_epochs(name, run)
+    spec = run["influence"]
+    if "tracin" in spec["methods"]:
+        for epoch in epochs:
+            influence_tracin_epochs(name, run, epoch)
+    corruption = run["data"].get("corruption") or {"kind": "none"}
+    if spec["queries"]["trigger"] and corruption["kind"] != "trigger":
+        raise EpochlensError(
+            f"runs.{name}.influence.queries.trigger: true needs a trigger to stamp; set "
+            f"runs.{name}.data.corruption.kind: trigger, or queries.trigger: null."
+        )
+    if corruption["kind"] == "trigger":
+        classes = run_config.num_classes(run["data"])
+        if corruption["target_class"] >= classes:
+            raise EpochlensError(
+                f"runs.{name}.data.corruption.target_class: {corruption['target_class']} is not a "
+                f"class of this data set (0..{classes - 1})."
+            )
+
+
+@cache
+def get_influence_epochs(run):
+    return influence_epochs(run, config["runs"][run])
+
+
+def get_influence_runs():
+    """Runs whose influence is computed at one epoch or more."""
+    return [run for run in config["runs"] if get_influence_epochs(run)]
+
+
+def get_influence_dir(run, index, epoch, method):
+    return f"results/{run}/index-{index}/influence/epoch_{int(epoch):04d}/{method}"
+
+
+def get_corruption(wildcards):
+    """data.corruption of the run (kind none when absent)."""
+    return get_run(wildcards)["data"].get("corruption") or {"kind": "none"}
+
+
+def get_corrupted_indices(wildcards):
+    return f"results/{wildcards.run}/data/corrupted_indices.npy"
+
+
+def get_influence_settings(wildcards):
+    """The influence settings that change the scores of (run, method): factor settings (none for
+    identity and tracin, which fit nothing) and score settings."""
+    spec = get_run(wildcards)["influence"]
+    method = wildcards.method
+    settings = {"method": method}
+    if method in INFLUENCE_FACTOR_METHODS:
+        settings.update({key: spec[key] for key in INFLUENCE_FACTOR_SETTINGS})
+        settings["fisher"] = "true" if spec["fisher"] is True else spec["fisher"]
+    else:
+        settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
+    return settings
+
+
+def get_influence_factor_params(wildcards):
+    """What fitted factors depend on: method, Fisher type, layers, seed, model and schedule."""
+    settings = get_influence_settings(wildcards)
+    return {
+        "settings": settings,
+        "model": get_run(wildcards)["model"]["name"],
+        "schedule": get_schedule(wildcards),
+    }
+
+
+def get_influence_score_params(wildcards):
+    """What scores depend on: the factors' params, damping, queries, transforms, TracIn epochs and
+    the corruption (trigger queries)."""
+    spec = get_run(wildcards)["influence"]
+    params = get_influence_factor_params(wildcards)
+    params["settings"].update(
+        {
+            key: spec[key]
+            for key in INFLUENCE_SCORE_SETTINGS
+            # identity and tracin invert no curvature: damping does not change their scores
+            if wildcards.method in INFLUENCE_FACTOR_METHODS
+            or not key.startswith("damping")
+        }
+    )
+    # How the scores are reduced over the queries changes the tables only.
+    params["settings"]["queries"] = {
+        key: value for key, value in spec["queries"].items() if key != "reduce"
+    }
+    params["tracin_epochs"] = get_influence_tracin_epochs(wildcards)
+    params["corruption"] = get_corruption(wildcards)
+    return params
+
+
+def get_influence_tracin_epochs(wildcards):
+    if wildcards.method != "tracin":
+        return []
+    return influence_tracin_epochs(
+        wildcards.run, get_run(wildcards), int(wildcards.epoch)
+    )
+
+
+def get_influence_tracin_checkpoints(wildcards):
+    """Checkpoints of the TracIn sum (none for the other methods)."""
+    return [
+        get_checkpoint(
+            SimpleNamespace(run=wildcards.run, index=wildcards.index, epoch=f"{e:04d}")
+        )
+        for e in get_influence_tracin_epochs(wildcards)
+    ]
+
+
+def get_influence_factors(wildcards):
+    """factors.pt of (run, index, epoch, method); none for identity and tracin."""
+    if wildcards.method not in INFLUENCE_FACTOR_METHODS:
+        return []
+    folder = get_influence_dir(
+        wildcards.run, wildcards.index, wildcards.epoch, wildcards.method
+    )
+    return [f"{folder}/factors.pt"]
+
+
+def get_influence_jobs(run):
+    """(index, epoch, method) of every influence_scores job of ``run``, index-major."""
+    spec = config["runs"][run]["influence"]
+    return [
+        {"index": index, "epoch": epoch, "method": method}
+        for index in config["runs"][run]["indices"]
+        for epoch in get_influence_epochs(run)
+        for method in spec["methods"]
+    ]
+
+
+def get_run_influence_jobs(wildcards):
+    return get_influence_jobs(wildcards.run)
+
+
+def get_influence_files(run, name):
+    return [
+        f"{get_influence_dir(run, j['index'], j['epoch'], j['method'])}/{name}"
+        for j in get_influence_jobs(run)
+    ]
+
+
+def get_run_influence_scores(wildcards):
+    return get_influence_files(wildcards.run, "scores.npz")
+
+
+def get_run_influence_diagnostics(wildcards):
+    return get_influence_files(wildcards.run, "diagnostics.csv")
+
+
+def get_poison_detection_params(wildcards):
+    spec = get_run(wildcards)["influence"]
+    return {
+        "seed": spec["seed"],
+        "top_k": spec["top_k"],
+        "reduce": spec["queries"]["reduce"],
+    }
+
+
+def get_influence_figures():
+    return [
+        path
+        for run in get_influence_runs()
+        for name in INFLUENCE_FIGURES
+        for ext in ("png", "pdf")
+        for path in [f"results/{run}/figures/{name}.{ext}"]
+    ]
+
+
+def get_all_influence():
+    """Every influence result: per-epoch scores, the study's tables and figures of every run."""
+    return [
+        path
+        for run in get_influence_runs()
+        for path in get_influence_files(run, "metadata.json")
+        + [f"results/{run}/tables/poison_detection.csv"]
+    ] + get_influence_figures()

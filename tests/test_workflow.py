@@ -74,12 +74,14 @@ def tiny(tmp_path):
 
 def test_default_config_job_list(tmp_path):
     jobs = planned_jobs(REPO, tmp_path, configfile=REPO / "config/config.yaml")
-    # digits, 2 seeds, 5 tasks x 15 epochs, checkpoints every 3 epochs -> 26 per seed
+    # digits, 2 seeds, 5 tasks x 15 epochs, checkpoints every 3 epochs -> 26 per seed; digits_noisy
+    # (10% flipped labels), 1 seed, checkpoints at the 6 task boundaries, influence at epoch 75
     assert jobs == {
-        "prepare_data": 1,
-        "class_order": 2,
+        "prepare_data": 2,
+        "class_order": 3,
         "train_digits": 2,
-        "evaluate_checkpoint": 52,
+        "train_digits_noisy": 1,
+        "evaluate_checkpoint": 52 + 6,
         "curvature_shard": 52,  # every checkpoint x 2 seeds x 1 shard
         "curvature_epoch": 52,
         "curvature_tables": 1,
@@ -91,9 +93,13 @@ def test_default_config_job_list(tmp_path):
         "ablation_epoch": 10,
         "ablation_tables": 1,
         "plot_ablation": 1,
-        "accuracy_tables": 1,
-        "plot_accuracy": 1,
-        "plot_training": 1,
+        "influence_factors": 3,  # ekfac, kfac, diagonal
+        "influence_scores": 5,  # and identity, tracin
+        "poison_detection": 1,
+        "plot_influence": 1,
+        "accuracy_tables": 2,
+        "plot_accuracy": 2,
+        "plot_training": 2,
         "all": 1,
     }
 

@@ -1,0 +1,231 @@
+"""Influence and the data-quality study in the workflow: job lists, the detection table and figures
+of a tiny trained run with flipped labels, and what a config change reruns.
+
+The tiny run of test_workflow.py (digits, 4 initial classes +3 every 2 epochs), trained by the
+pipeline (6 epochs, seconds) on data with 10% of the training labels flipped, influence at the last
+checkpoint (epoch 6) by EK-FAC, identity and TracIn (epochs 2, 4, 6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_workflow import tiny_config
+from wfutil import copy_workflow, planned_jobs, snakemake, write_config
+
+from epochlens.data import holdout_mask, load_digits, read_dataset
+from epochlens.detection import DETECTION_COLUMNS
+
+pytestmark = pytest.mark.workflow
+
+OFF = {"enabled": False}
+RESULTS = "results/tiny"
+SCORES = f"{RESULTS}/index-0/influence/epoch_0006"
+
+
+def influence_config(tmp_path, influence=None, corruption=None, **run) -> dict:
+    """The tiny run trained by the pipeline, other analyses off, influence on."""
+    cfg = tiny_config(tmp_path / "unused", **run)
+    spec = cfg["runs"]["tiny"]
+    spec["checkpoints"] = {"source": "train"}
+    spec["train"] = {"lr": 0.02, "early_stopping": False}
+    spec["data"]["corruption"] = corruption or {"kind": "label_flip", "fraction": 0.1, "seed": 0}
+    spec.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
+    spec["influence"] = {
+        "enabled": True,
+        "methods": ["ekfac", "identity", "tracin"],
+        "queries": {"max_count": 8},
+        "transforms": ["none", "hflip"],
+        "top_k": 6,
+        **(influence or {}),
+    }
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """(workflow copy, workdir, config dict, configfile) after the tiny study's `influence` target
+    (no evaluation, accuracy tables or their figures: not needed here)."""
+    root = tmp_path_factory.mktemp("influence")
+    wf = copy_workflow(root / "wf")
+    work = root / "work"
+    work.mkdir()
+    cfg = influence_config(root)
+    path = write_config(root / "influence.yaml", cfg)
+    snakemake(wf, work, "influence", configfile=path)
+    return wf, work, cfg, path
+
+
+def test_dry_run_job_counts(tmp_path):
+    wf = copy_workflow(tmp_path / "wf")
+    cfg = influence_config(
+        tmp_path,
+        influence={"epochs": [4, 6], "methods": ["ekfac", "kfac", "diagonal", "identity", "tracin"]},
+        indices=[0, 1],
+    )
+    jobs = planned_jobs(wf, tmp_path, configfile=write_config(tmp_path / "all.yaml", cfg))
+    assert jobs["influence_factors"] == 2 * 2 * 3  # indices x epochs x methods with factors
+    assert jobs["influence_scores"] == 2 * 2 * 5
+    assert jobs["poison_detection"] == 1 and jobs["plot_influence"] == 1
+    assert jobs["train_tiny"] == 2
+
+    # One method's scores need that checkpoint's factors only (and TracIn its checkpoints).
+    one = "results/tiny/index-1/influence/epoch_0004/kfac/metadata.json"
+    assert planned_jobs(wf, tmp_path, one, configfile=tmp_path / "all.yaml") == {
+        "prepare_data": 1,
+        "class_order": 1,
+        "train_tiny": 1,
+        "influence_factors": 1,
+        "influence_scores": 1,
+    }
+
+    # influence.enabled: false (the default) plans no influence job.
+    cfg["runs"]["tiny"]["influence"] = OFF
+    jobs = planned_jobs(wf, tmp_path, configfile=write_config(tmp_path / "off.yaml", cfg))
+    assert not {"influence_factors", "influence_scores", "poison_detection"} & set(jobs)
+
+
+@pytest.mark.parametrize(
+    ("influence", "corruption", "message"),
+    [
+        ({"epochs": [3]}, None, "runs.tiny.influence.epochs: [3] are not analysed epochs"),
+        ({"queries": {"trigger": True}}, None, "influence.queries.trigger: true needs a trigger"),
+        ({}, {"kind": "trigger", "target_class": 12}, "corruption.target_class: 12 is not a class"),
+        ({"methods": ["tracin"], "tracin_epochs": [7]}, None, "tracin_epochs: [7] are not analysed"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, influence, corruption, message):
+    wf = copy_workflow(tmp_path / "wf")
+    cfg = influence_config(tmp_path, influence=influence, corruption=corruption)
+    proc = snakemake(
+        wf, tmp_path, "--dry-run", configfile=write_config(tmp_path / "c.yaml", cfg), check=False
+    )
+    assert proc.returncode != 0
+    assert message in proc.stdout
+
+
+def test_labels_flipped_outside_the_holdout(tiny_run):
+    _, work, _, _ = tiny_run
+    data = read_dataset(work / RESULTS / "data/dataset.h5")
+    corrupted = np.load(work / RESULTS / "data/corrupted_indices.npy")
+    clean = load_digits()
+    clean_holdout = holdout_mask(clean.train_labels, 5)
+    changed = np.flatnonzero(data.train_labels != clean.train_labels)
+    np.testing.assert_array_equal(changed, corrupted)
+    assert corrupted.dtype == np.int64
+    assert len(corrupted) == round(0.1 * (~clean_holdout).sum())
+    assert not data.holdout[corrupted].any()
+    np.testing.assert_array_equal(data.train_images, clean.train_images)
+
+
+def test_detection_table_and_figures(tiny_run):
+    _, work, _, _ = tiny_run
+    table = pd.read_csv(work / RESULTS / "tables/poison_detection.csv")
+    assert tuple(table.columns) == DETECTION_COLUMNS
+    rows = set(zip(table["method"], table["signal"], strict=True))
+    signals = {"self_influence", "query_influence", "query_influence_hflip"}
+    assert rows == {(m, s) for m in ("ekfac", "identity", "tracin") for s in signals} | {
+        ("loss", "loss"),
+        ("random", "random"),
+    }
+    assert (table["epoch"] == 6).all() and (table["index"] == 0).all()
+    assert table["auroc"].between(0, 1).all() and table["precision_at_k"].between(0, 1).all()
+    # Flipped labels are what a trained model finds hard: every self-influence beats chance.
+    self_rows = table[table["signal"] == "self_influence"]
+    assert (self_rows["auroc"] > 0.7).all(), table
+
+    agreement = pd.read_csv(work / RESULTS / "tables/influence_transform_agreement.csv")
+    assert set(agreement["method"]) == {"ekfac", "identity", "tracin"}
+    assert set(zip(agreement["transform_a"], agreement["transform_b"], strict=True)) == {("none", "hflip")}
+    assert agreement["spearman"].between(-1, 1).all()
+    top = pd.read_csv(work / RESULTS / "tables/influence_top_ranked.csv")
+    assert top.groupby(["method", "signal"])["rank"].max().eq(6).all()
+    conditioning = pd.read_csv(work / RESULTS / "tables/influence_conditioning.csv")
+    ekfac = conditioning[conditioning["method"] == "ekfac"]
+    assert list(ekfac["layer"]) == ["block1.0", "block2.0", "block3.0", "fc"]
+    assert (ekfac["cond"] >= 1).all() and (ekfac["damping"] > 0).all()
+    for name in ("poison_roc", "top_influential_images", "influence_conditioning"):
+        assert (work / RESULTS / f"figures/{name}.png").stat().st_size > 10_000, name
+        assert (work / RESULTS / f"figures/{name}.pdf").exists()
+
+
+def test_scores_files(tiny_run):
+    _, work, _, _ = tiny_run
+    data = read_dataset(work / RESULTS / "data/dataset.h5")
+    for method in ("ekfac", "identity", "tracin"):
+        folder = work / SCORES / method
+        with np.load(folder / "scores.npz") as npz:
+            self_scores, pairwise = npz["self_influence"], npz["pairwise_none"]
+            queries, true, labels = npz["query_test_indices"], npz["query_true_labels"], npz["query_labels"]
+        n = len(data.train_labels)
+        assert self_scores.shape == (n,) and pairwise.shape == (len(queries), n)
+        assert np.isnan(self_scores[data.holdout]).all() and np.isfinite(self_scores[~data.holdout]).all()
+        assert 0 < len(queries) <= 8
+        np.testing.assert_array_equal(true, data.test_labels[queries])
+        np.testing.assert_array_equal(labels, true)  # queries.labels: correct (the default)
+        meta = json.loads((folder / "metadata.json").read_text())
+        assert (
+            meta["method"] == method and meta["epoch"] == 6 and meta["queries"]["select"] == "misclassified"
+        )
+        assert set(meta["provenance"]["inputs"]) >= {"dataset", "class_order", "checkpoint"}
+    meta = json.loads((work / SCORES / "tracin/metadata.json").read_text())
+    assert meta["tracin_epochs"] == [2, 4, 6]
+    assert (
+        "factors" in json.loads((work / SCORES / "ekfac/metadata.json").read_text())["provenance"]["inputs"]
+    )
+    assert (work / SCORES / "ekfac/factors.pt").exists()
+    assert not (work / SCORES / "identity/factors.pt").exists()
+
+
+def test_what_config_changes_rerun(tiny_run):
+    wf, work, cfg, path = tiny_run
+    assert planned_jobs(wf, work, "influence", configfile=path) == {}
+    spec = cfg["runs"]["tiny"]
+
+    def planned(**changes):
+        changed = json.loads(json.dumps(cfg))
+        changed["runs"]["tiny"]["influence"].update(changes)
+        return planned_jobs(
+            wf, work, "influence", configfile=write_config(path.parent / "changed.yaml", changed)
+        )
+
+    # Batch sizes do not change results: nothing reruns.
+    assert planned(factor_batch_size=7, train_batch_size=5, query_batch_size=3) == {}
+    # Damping changes the scores of the methods that invert a curvature, not their factors.
+    assert planned(damping=0.01) == {
+        "influence_scores": 1,
+        "poison_detection": 1,
+        "plot_influence": 1,
+        "influence": 1,
+    }
+    # How query influence is reduced over the queries changes the tables only.
+    assert planned(queries={**spec["influence"]["queries"], "reduce": "mean"}) == {
+        "poison_detection": 1,
+        "plot_influence": 1,
+        "influence": 1,
+    }
+    # Other corrupted data: new data set, so training and everything after it.
+    changed = json.loads(json.dumps(cfg))
+    changed["runs"]["tiny"]["data"]["corruption"]["fraction"] = 0.2
+    jobs = planned_jobs(wf, work, "influence", configfile=write_config(path.parent / "corrupt.yaml", changed))
+    assert jobs["prepare_data"] == 1 and jobs["train_tiny"] == 1
+    assert jobs["influence_factors"] == 1 and jobs["influence_scores"] == 3
+
+    # Editing the scoring module reruns the scores and what reads them, not the factors.
+    module = wf / "src/epochlens/influence/scores.py"
+    original, stat = module.read_text(), module.stat()
+    module.write_text(original + "\n# edited\n")
+    try:
+        assert planned_jobs(wf, work, "influence", configfile=path) == {
+            "influence_scores": 3,
+            "poison_detection": 1,
+            "plot_influence": 1,
+            "influence": 1,
+        }
+    finally:
+        module.write_text(original)
+        os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
