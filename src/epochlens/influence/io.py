@@ -155,8 +155,10 @@ def save_factors(path: str | Path, factors: InfluenceFactors, include_covariance
         "skipped": torch.as_tensor(np.asarray(factors.skipped, dtype=np.int64)),
         "layers": layers,
     }
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    # Through a file object: given a path, torch.save names the archive after the random temporary
+    # file, so the same factors would give different bytes.
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
 
 
 def load_factors(path: str | Path, expected_key: dict | None = None) -> InfluenceFactors:
