@@ -183,7 +183,6 @@ def main() -> None:
             "device": str(device),
             "compute_time_seconds": elapsed,
             "timings": timings,
-            "factor_timings": factors.timings if factors is not None else None,
             "stats": {
                 "self_influence_median": float(np.nanmedian(arrays["self_influence"]))
                 if finite.any()
