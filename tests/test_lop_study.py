@@ -90,9 +90,14 @@ def test_study_runs_on_real_formats(tmp_path):
             seed=epoch,
             num_classes=100,
         )
-    # One probe seed and whole-block ablations keep the ResNet-18 analyses short on a CPU.
+    # Features and ablations at the last epoch, one probe seed, whole blocks only: ResNet-18 on a CPU.
     cfg = lop_config(
-        tmp_path, indices=[0], epochs=epochs, probes={"seeds": [0]}, ablation={"channel_groups": 0}
+        tmp_path,
+        indices=[0],
+        epochs=epochs,
+        features={"epochs": [400], "representations": ["pooled", "stats"]},
+        probes={"seeds": [0]},
+        ablation={"epochs": [400], "channel_groups": 0},
     )
     cfg["runs"]["cifar100_lop"]["data"]["holdout_per_class"] = 1
     cfg["device"] = "cpu"
