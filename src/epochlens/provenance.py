@@ -22,8 +22,9 @@ def module_sources(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[
     """The ``epochlens`` modules that ``script`` imports, directly or through other modules.
 
     Snakemake does not notice edits to modules a script imports; listing these files as a rule's
-    inputs makes a change to any of them rebuild what the rule produced. ``__init__.py`` is left out
-    (it only holds the version).
+    inputs makes a change to any of them rebuild what the rule produced. A subpackage counts as its
+    ``__init__.py`` and what that imports; the top-level ``__init__.py`` is left out (it only holds
+    the version).
     """
     found: set[Path] = set()
     todo = [Path(script)]
@@ -52,9 +53,10 @@ def _direct_imports(source: Path, package_dir: Path) -> tuple[Path, ...]:
             parts = name.split(".")
             if parts[0] != "epochlens" or len(parts) < 2:
                 continue
-            path = package_dir.joinpath(*parts[1:]).with_suffix(".py")
-            if path.is_file():
-                paths.append(path)
+            module = package_dir.joinpath(*parts[1:])
+            for path in (module.with_suffix(".py"), module / "__init__.py"):  # module or subpackage
+                if path.is_file():
+                    paths.append(path)
     return tuple(dict.fromkeys(paths))
 
 
