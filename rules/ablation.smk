@@ -46,7 +46,12 @@ rule plot_ablation:
         summary="results/{run}/tables/ablation.csv",
         code=get_code("plot_ablation.py"),
     output:
-        png="results/{run}/figures/ablation_effect.png",
+        png=report(
+            "results/{run}/figures/ablation_effect.png",
+            caption="../report/ablation_effect.rst",
+            category="Ablations",
+            subcategory="{run}",
+        ),
         pdf="results/{run}/figures/ablation_effect.pdf",
     log:
         "results/{run}/logs/plot_ablation.log",

@@ -95,11 +95,26 @@ rule plot_influence:
         dataset=get_dataset,
         code=get_code("plot_influence.py"),
     output:
-        roc_png="results/{run}/figures/poison_roc.png",
+        roc_png=report(
+            "results/{run}/figures/poison_roc.png",
+            caption="../report/poison_roc.rst",
+            category="Influence",
+            subcategory="{run}",
+        ),
         roc_pdf="results/{run}/figures/poison_roc.pdf",
-        top_png="results/{run}/figures/top_influential_images.png",
+        top_png=report(
+            "results/{run}/figures/top_influential_images.png",
+            caption="../report/top_influential_images.rst",
+            category="Influence",
+            subcategory="{run}",
+        ),
         top_pdf="results/{run}/figures/top_influential_images.pdf",
-        conditioning_png="results/{run}/figures/influence_conditioning.png",
+        conditioning_png=report(
+            "results/{run}/figures/influence_conditioning.png",
+            caption="../report/influence_conditioning.rst",
+            category="Influence",
+            subcategory="{run}",
+        ),
         conditioning_pdf="results/{run}/figures/influence_conditioning.pdf",
     log:
         "results/{run}/logs/plot_influence.log",

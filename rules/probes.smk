@@ -47,7 +47,12 @@ rule plot_probes:
         summary="results/{run}/tables/probes.csv",
         code=get_code("plot_probes.py"),
     output:
-        png="results/{run}/figures/probe_accuracy.png",
+        png=report(
+            "results/{run}/figures/probe_accuracy.png",
+            caption="../report/probe_accuracy.rst",
+            category="Probes",
+            subcategory="{run}",
+        ),
         pdf="results/{run}/figures/probe_accuracy.pdf",
     log:
         "results/{run}/logs/plot_probes.log",
