@@ -86,20 +86,7 @@ def analysis_epochs(run_name: str, run_cfg: dict) -> list[int]:
 
 def curvature_epochs(run_name: str, run_cfg: dict) -> list[int]:
     """Epochs whose curvature is computed: ``curvature.epochs``, or every analysed epoch."""
-    analysed = analysis_epochs(run_name, run_cfg)
-    curv = run_cfg.get("curvature") or {}
-    if not curv.get("enabled", True):
-        return []
-    chosen = curv.get("epochs")
-    if not chosen:
-        return analysed
-    unknown = sorted(set(chosen) - set(analysed))
-    if unknown:
-        raise ConfigError(
-            f"runs.{run_name}.curvature.epochs: {unknown} are not analysed epochs of this run "
-            f"({analysed}); pick from those or change runs.{run_name}.epochs."
-        )
-    return sorted(chosen)
+    return section_epochs(run_name, run_cfg, "curvature")
 
 
 def section_epochs(run_name: str, run_cfg: dict, section: str) -> list[int]:
