@@ -41,8 +41,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from epochlens.curvature import check_finite_weights
+from epochlens.device import model_device
 from epochlens.errors import ConfigError
-from epochlens.features import LayerError, model_device, resolve_layers
+from epochlens.features import LayerError, resolve_layers
 from epochlens.models import positions_in, restrict_logits
 
 MODES = ("zero", "mean")

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.device import device_for_dtype, resolve_device
+from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models import positions_in, restrict_logits
 
@@ -301,10 +301,7 @@ def per_sample_curvature(
     dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
     if dtype is None:  # a model without weights computes in the images' dtype
         dtype = images.dtype if images.is_floating_point() else torch.get_default_dtype()
-    if device is None:
-        device = tensors[0].device if tensors else torch.device("cpu")
-    device = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    device = device_for_dtype(device, dtype)  # float64 models on MPS run on the CPU
+    device = device_for_dtype(model_device(model, device), dtype)  # float64 models on MPS run on the CPU
     net = copy.deepcopy(model).to(device).eval().requires_grad_(False)
     check_finite_weights(net)
     _check_finite_images(images, active, sample_indices)

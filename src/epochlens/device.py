@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from epochlens.errors import ConfigError
 
@@ -39,6 +40,14 @@ def resolve_device(name: str = "auto") -> torch.device:
     if device.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"device: {name!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
     return device
+
+
+def model_device(model: nn.Module, device: torch.device | str | None) -> torch.device:
+    """``device`` resolved ("auto", "cuda", ...); None: the device of the model's weights."""
+    if device is None:
+        tensors = [*model.parameters(), *model.buffers()]
+        return tensors[0].device if tensors else torch.device("cpu")
+    return resolve_device(device) if isinstance(device, str) else torch.device(device)
 
 
 def supports_float64(device: torch.device) -> bool:

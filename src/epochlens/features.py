@@ -51,7 +51,7 @@ from epochlens import representations as reps
 from epochlens.atomic import atomic_path
 from epochlens.curvature import check_finite_weights
 from epochlens.data import Dataset
-from epochlens.device import resolve_device
+from epochlens.device import model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.representations import RepresentationSettings
 
@@ -237,14 +237,6 @@ class _Capture:
     def close(self) -> None:
         for h in self.handles:
             h.remove()
-
-
-def model_device(model: nn.Module, device: torch.device | str | None) -> torch.device:
-    """``device`` resolved ("auto", "cuda", ...); None: the device of the model's weights."""
-    if device is None:
-        tensors = [*model.parameters(), *model.buffers()]
-        return tensors[0].device if tensors else torch.device("cpu")
-    return resolve_device(device) if isinstance(device, str) else torch.device(device)
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from epochlens.curvature import check_finite_weights
-from epochlens.device import resolve_device
+from epochlens.device import model_device
 from epochlens.errors import ConfigError
 from epochlens.influence.eigen import symmetric_eigh
 from epochlens.influence.errors import NoFiniteSamplesError
@@ -149,13 +149,6 @@ def resolve_layers(model: nn.Module, settings: InfluenceSettings) -> dict[str, L
     return select_layers(model, settings.layers, settings.exclude_layers)
 
 
-def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
-    if device is None:
-        p = next(iter([*model.parameters(), *model.buffers()]), None)
-        return p.device if p is not None else torch.device("cpu")
-    return resolve_device(device) if isinstance(device, str) else torch.device(device)
-
-
 def _report_skipped(skipped: list[int], what: str) -> np.ndarray:
     arr = np.asarray(sorted(set(skipped)), dtype=np.int64)
     if len(arr):
@@ -220,7 +213,7 @@ def fit_factors(
     if settings.method == "identity":
         return result
 
-    device = _device_of(model, device)
+    device = model_device(model, device)
     dtype = resolve_compute_dtype(model, settings.compute_dtype)
     net, layers = prepare_model(model, layers, device, dtype)
     check_finite_weights(net)

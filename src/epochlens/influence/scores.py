@@ -34,12 +34,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from epochlens.curvature import check_finite_weights
+from epochlens.device import model_device
 from epochlens.influence.errors import FactorCacheError
 from epochlens.influence.factors import (
     InfluenceFactors,
     LayerFactors,
     _check_inputs,
-    _device_of,
     _report_skipped,
     check_active_classes,
     resolve_layers,
@@ -115,7 +115,7 @@ class _Engine:
                 np.zeros(0, np.int64),
                 0,
             )
-        self.device = _device_of(model, device)
+        self.device = model_device(model, device)
         dtype = resolve_compute_dtype(model, settings.compute_dtype)
         self.dtype = dtype
         self.net, self.layers = prepare_model(model, layers, self.device, dtype)
