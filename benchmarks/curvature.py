@@ -10,7 +10,7 @@ Both sides use the same randomly initialised model (eval mode), inputs and direc
 same float32 finite difference, so their curvatures agree to rounding (~1e-7). That comparison is
 meaningful only next to the floor of the float32 finite difference itself: on a ReLU network it
 is good to 1e-4..1e-3 relative (pre-activations within rounding distance of a kink switch sides;
-see epochlens.curvature), and ``float32_vs_float64`` reports that floor for both sides, on a few
+see epochlens.curvature.estimator), and ``float32_vs_float64`` reports that floor for both sides, on a few
 samples, against the engine run in float64. An engine that changed the forward arithmetic would
 land at that floor without being less accurate: a fused-BatchNorm, channels-last variant measured
 4e-3 from the reference (and 1.1-1.4x faster per row); it was not adopted, so max_rel_diff
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from epochlens.curvature import (  # noqa: E402
+from epochlens.curvature.estimator import (  # noqa: E402
     CurvatureSettings,
     default_max_batch,
     full_fp32_precision,
@@ -46,7 +46,7 @@ from epochlens.curvature import (  # noqa: E402
     rademacher_directions,
 )
 from epochlens.device import resolve_device  # noqa: E402
-from epochlens.models import build_model, positions_in, restrict_logits  # noqa: E402
+from epochlens.models.networks import build_model, positions_in, restrict_logits  # noqa: E402
 
 # (in_channels, side, num_classes, active classes) of the benchmark input per model.
 SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}

@@ -2,11 +2,11 @@
 
 For each model (randomly initialised, eval mode) on random images of its data set's shape:
 
-* ``extract_images_per_s``: images per second of :func:`epochlens.features.extract_features` over
+* ``extract_images_per_s``: images per second of :func:`epochlens.features.extract.extract_features` over
   the default layers (block outputs) with every representation (pooled, stats, spectral with its
   default k = 8, auto method), in memory; ``extract_pooled_only_images_per_s`` the same with the
   pooled representation alone (the cost of the forward pass and the hooks).
-* ``cold_seconds``: :func:`epochlens.features.load_or_extract` without a file: extraction of the
+* ``cold_seconds``: :func:`epochlens.features.extract.load_or_extract` without a file: extraction of the
   train and test splits, HDF5 write (chunked, gzip) and rename.
 * ``cached_seconds``: the same call on the existing file (a cache hit: key check and open), plus
   reading every array into memory (``FeatureSet.load_all``); ``cached_read_seconds`` is that read
@@ -33,16 +33,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from epochlens.data import Dataset  # noqa: E402
+from epochlens.data.dataset import Dataset  # noqa: E402
 from epochlens.device import resolve_device  # noqa: E402
-from epochlens.features import (  # noqa: E402
+from epochlens.features.extract import (  # noqa: E402
     FeatureSettings,
     extract_features,
     load_or_extract,
     resolve_layers,
 )
-from epochlens.models import build_model  # noqa: E402
-from epochlens.representations import RepresentationSettings, spectral_method_for  # noqa: E402
+from epochlens.features.representations import RepresentationSettings, spectral_method_for  # noqa: E402
+from epochlens.models.networks import build_model  # noqa: E402
 
 # (in_channels, side, num_classes, default train images) per model; test split = train / 4.
 SHAPES = {"small_cnn": (1, 8, 10, 4096), "resnet18_lop": (3, 32, 100, 512)}

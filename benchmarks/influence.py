@@ -37,7 +37,7 @@ from epochlens.influence import (  # noqa: E402
     pairwise_influence,
     self_influence,
 )
-from epochlens.models import build_model  # noqa: E402
+from epochlens.models.networks import build_model  # noqa: E402
 
 # (in_channels, side, num_classes, active classes) of the benchmark input per model.
 SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}

@@ -17,9 +17,9 @@ os.environ.update(
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from epochlens import config as run_config
-from epochlens import curvature_io
-from epochlens.data import cifar100_files
+from epochlens.config import epochs as run_config
+from epochlens.curvature import io as curvature_io
+from epochlens.data.dataset import cifar100_files
 from epochlens.errors import EpochlensError
 from epochlens.provenance import module_sources
 
@@ -337,8 +337,8 @@ def get_train_resources():
 # -> plot_probes; ablation_epoch -> ablation/epoch_{E}.csv -> ablation_tables -> plot_ablation.
 # Params hold what changes results; batch_size and device are read from the config by the scripts.
 
-from epochlens.features import FeatureSettings, available_layers, default_layers
-from epochlens.models import build_model
+from epochlens.features.extract import FeatureSettings, available_layers, default_layers
+from epochlens.models.networks import build_model
 
 # Settings of each section that change results (the rest are execution settings).
 PROBE_SETTINGS = (

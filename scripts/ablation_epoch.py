@@ -3,13 +3,13 @@ of one checkpoint is zero- or mean-ablated."""
 
 import numpy as np
 
-from epochlens.ablation import AblationSettings, ablation_table
+from epochlens.ablation.ablate import AblationSettings, ablation_table
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_into
-from epochlens.data import read_dataset
+from epochlens.data.dataset import read_dataset
 from epochlens.device import resolve_device
 from epochlens.errors import ConfigError
-from epochlens.models import build_model
+from epochlens.models.networks import build_model
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config, task_at_epoch
 

@@ -4,7 +4,7 @@ import pandas as pd
 
 from epochlens.atomic import write_atomic
 from epochlens.runner import log, run_step
-from epochlens.summaries import ablation_summary
+from epochlens.stats import ablation_summary
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

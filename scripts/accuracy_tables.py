@@ -6,7 +6,7 @@ from epochlens.atomic import write_atomic, write_json
 from epochlens.evaluation import cohort_table
 from epochlens.provenance import table_provenance
 from epochlens.runner import run_step
-from epochlens.summaries import over_replicates
+from epochlens.stats import over_replicates
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

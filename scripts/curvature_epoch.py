@@ -1,6 +1,6 @@
 """Rule curvature_epoch: merge one epoch's curvature shards into the per-image files."""
 
-from epochlens.curvature_io import merge_shards
+from epochlens.curvature.io import merge_shards
 from epochlens.runner import log, run_step
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake

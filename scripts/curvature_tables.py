@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.curvature_io import read_epoch
+from epochlens.curvature.dynamics import cohort_curvature, sample_dynamics
+from epochlens.curvature.io import read_epoch
 from epochlens.provenance import table_provenance
 from epochlens.runner import log, run_step
-from epochlens.sample_dynamics import cohort_curvature, sample_dynamics
 from epochlens.schedule import schedule_from_config
-from epochlens.summaries import over_replicates
+from epochlens.stats import over_replicates
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -2,10 +2,10 @@
 
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_into
-from epochlens.data import read_dataset
+from epochlens.data.dataset import read_dataset
 from epochlens.device import resolve_device
 from epochlens.evaluation import evaluate_checkpoint
-from epochlens.models import build_model
+from epochlens.models.networks import build_model
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config
 

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from epochlens.plotting import (
+from epochlens.plotting.common import (
     plot_curvature_by_cohort,
     plot_curvature_distribution,
     plot_curvature_vs_loss,

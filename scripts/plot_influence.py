@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from epochlens.data import read_dataset
-from epochlens.plotting import (
+from epochlens.data.dataset import read_dataset
+from epochlens.plotting.common import (
     plot_influence_conditioning,
     plot_poison_roc,
     plot_top_influential_images,

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from epochlens.plotting import plot_probe_accuracy, save_figure
+from epochlens.plotting.common import plot_probe_accuracy, save_figure
 from epochlens.runner import run_step
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake

@@ -5,11 +5,11 @@ across query transforms, ROC curves, the top-ranked images and per-layer conditi
 import numpy as np
 import pandas as pd
 
-from epochlens.data import read_dataset
-from epochlens.detection import baseline_signals, detection_table, transform_agreement
+from epochlens.data.dataset import read_dataset
 from epochlens.influence.io import save_table
-from epochlens.poison_study import query_signal_name, roc_table, study_signals, top_ranked
 from epochlens.runner import log, run_step
+from epochlens.study.detection import baseline_signals, detection_table, transform_agreement
+from epochlens.study.poison import query_signal_name, roc_table, study_signals, top_ranked
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -60,7 +60,7 @@ def main() -> None:
 
     agreement_cols = ["index", "epoch", "method", "scores", "transform_a", "transform_b", "spearman", "n"]
     tables = {
-        "detection": table,  # columns exactly epochlens.detection.DETECTION_COLUMNS
+        "detection": table,  # columns exactly epochlens.study.detection.DETECTION_COLUMNS
         "agreement": first(pd.concat(agreement, ignore_index=True), *agreement_cols[:4])
         if agreement
         else pd.DataFrame(columns=["run", *agreement_cols]),

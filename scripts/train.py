@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.data import read_dataset
+from epochlens.data.dataset import read_dataset
 from epochlens.device import resolve_device
-from epochlens.models import build_model
+from epochlens.models.networks import build_model
 from epochlens.provenance import provenance
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config

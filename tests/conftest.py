@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from epochlens.data import Dataset
+from epochlens.data.dataset import Dataset
 
 
 @pytest.fixture

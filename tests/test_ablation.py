@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from epochlens.ablation import (
+from epochlens.ablation.ablate import (
     AblationSettings,
     UnitGroup,
     ablated,
@@ -16,8 +16,8 @@ from epochlens.ablation import (
     unit_groups,
 )
 from epochlens.errors import ConfigError
-from epochlens.features import LayerError
-from epochlens.models import ResNet18LoP, SmallCNN, restrict_logits
+from epochlens.features.extract import LayerError
+from epochlens.models.networks import ResNet18LoP, SmallCNN, restrict_logits
 
 ACTIVE = np.array([2, 0, 1])  # class-order positions: class 2 first
 NEW = np.array([1])  # the current task's class; 2 and 0 are old

@@ -23,7 +23,7 @@ from epochlens.errors import (
     DataError,
     EpochlensError,
 )
-from epochlens.models import ResNet18LoP, SmallCNN
+from epochlens.models.networks import ResNet18LoP, SmallCNN
 
 
 def _perturbed_small_cnn(num_classes: int = 3, seed: int = 0) -> SmallCNN:

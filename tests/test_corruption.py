@@ -8,15 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from epochlens.corruption import (
+from epochlens.data.dataset import Dataset, load_digits
+from epochlens.errors import ConfigError
+from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
+from epochlens.study.corruption import (
     apply_trigger,
     flip_labels,
     plant_trigger,
     transform_queries,
     trigger_value,
 )
-from epochlens.data import Dataset, load_digits
-from epochlens.detection import (
+from epochlens.study.detection import (
     DETECTION_COLUMNS,
     baseline_signals,
     detection_metrics,
@@ -24,8 +26,6 @@ from epochlens.detection import (
     query_signal,
     transform_agreement,
 )
-from epochlens.errors import ConfigError
-from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from epochlens.curvature import (
+from epochlens.curvature.estimator import (
     DIRECTION_SCHEME,
     CurvatureSettings,
     full_fp32_precision,
@@ -16,7 +16,7 @@ from epochlens.curvature import (
     rademacher_directions,
 )
 from epochlens.errors import ConfigError, EpochlensError
-from epochlens.models import ResNet18LoP, SmallCNN
+from epochlens.models.networks import ResNet18LoP, SmallCNN
 
 SHAPE = (1, 2, 3)  # one tiny "image": 6 input dimensions
 ACTIVE = np.array([3, 0, 1])  # trained classes, in class-order position

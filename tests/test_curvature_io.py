@@ -1,4 +1,4 @@
-"""Shard ranges and merging of curvature shards (epochlens.curvature_io)."""
+"""Shard ranges and merging of curvature shards (epochlens.curvature.io)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from epochlens.curvature_io import ARRAY_DTYPES, merge_shards, merged_names, shard_range, write_shard
+from epochlens.curvature.io import ARRAY_DTYPES, merge_shards, merged_names, shard_range, write_shard
 from epochlens.errors import EpochlensError
 
 

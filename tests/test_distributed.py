@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from epochlens.curvature import CurvatureSettings
-from epochlens.distributed import check_processes, parallel_curvature
+from epochlens.curvature.distributed import check_processes, parallel_curvature
+from epochlens.curvature.estimator import CurvatureSettings
 from epochlens.errors import ConfigError, EpochlensError
-from epochlens.models import SmallCNN
+from epochlens.models.networks import SmallCNN
 
 pytestmark = pytest.mark.slow  # starts processes
 

@@ -9,7 +9,7 @@ import pytest
 from wfutil import REPO, copy_workflow, planned_jobs, snakemake
 
 from epochlens.checkpoints import load_into
-from epochlens.models import SmallCNN
+from epochlens.models.networks import SmallCNN
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from epochlens.data import Dataset
+from epochlens.data.dataset import Dataset
 from epochlens.errors import ConfigError, EpochlensError
-from epochlens.features import (
+from epochlens.features.extract import (
     FeatureError,
     FeatureSet,
     FeatureSettings,
@@ -22,8 +22,7 @@ from epochlens.features import (
     load_or_extract,
     resolve_layers,
 )
-from epochlens.models import ResNet18LoP, SmallCNN
-from epochlens.representations import (
+from epochlens.features.representations import (
     STATS_COLUMNS,
     RepresentationSettings,
     pooled,
@@ -33,6 +32,7 @@ from epochlens.representations import (
     spectral,
     spectral_method_for,
 )
+from epochlens.models.networks import ResNet18LoP, SmallCNN
 
 CKPT = "a" * 64  # stand-ins for checkpoint file hashes
 OTHER_CKPT = "b" * 64

@@ -24,10 +24,10 @@ from wfutil import (
 )
 
 from epochlens.checkpoints import file_sha256
-from epochlens.data import read_dataset
-from epochlens.features import FeatureSet, FeatureSettings, load_or_extract
-from epochlens.models import SmallCNN
-from epochlens.representations import RepresentationSettings
+from epochlens.data.dataset import read_dataset
+from epochlens.features.extract import FeatureSet, FeatureSettings, load_or_extract
+from epochlens.features.representations import RepresentationSettings
+from epochlens.models.networks import SmallCNN
 
 pytestmark = pytest.mark.workflow
 

@@ -31,7 +31,7 @@ from epochlens.influence import (
     tracin_self,
 )
 from epochlens.influence.layers import rotated_gradient
-from epochlens.models import positions_in
+from epochlens.models.networks import positions_in
 
 
 # ---------------------------------------------------------------- explicit ground truth helpers

@@ -38,7 +38,7 @@ from epochlens.influence import (
     symmetric_eigh,
 )
 from epochlens.influence import eigen as eigen_module
-from epochlens.models import SmallCNN
+from epochlens.models.networks import SmallCNN
 
 ACTIVE4 = np.arange(4)
 

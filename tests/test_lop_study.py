@@ -20,7 +20,7 @@ from wfutil import (
     write_config,
 )
 
-from epochlens.models import ResNet18LoP
+from epochlens.models.networks import ResNet18LoP
 
 pytestmark = pytest.mark.workflow
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from epochlens.models import ResNet18LoP, SmallCNN, build_model, positions_in, restrict_logits
+from epochlens.models.networks import ResNet18LoP, SmallCNN, build_model, positions_in, restrict_logits
 
 BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 

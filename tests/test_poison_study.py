@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from epochlens.data import Dataset
+from epochlens.data.dataset import Dataset
 from epochlens.errors import ConfigError
-from epochlens.poison_study import (
+from epochlens.study.poison import (
     accumulate_tracin,
     influence_settings,
     reduce_query_influence,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from epochlens.errors import ConfigError
-from epochlens.probes import (
+from epochlens.probes.linear import (
     ProbeError,
     ProbeSettings,
     aggregate_seeds,

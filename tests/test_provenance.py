@@ -14,10 +14,10 @@ def _found(tmp_path, source: str) -> set[str]:
 
 
 def test_module_sources_are_transitive(tmp_path):
-    found = _found(tmp_path, "from epochlens.curvature_io import merge_shards\n")
-    # curvature_io imports atomic, errors and provenance
-    assert {"curvature_io.py", "atomic.py", "errors.py", "provenance.py"} <= found
-    assert "curvature.py" not in found and "__init__.py" not in found
+    found = _found(tmp_path, "from epochlens.curvature.io import merge_shards\n")
+    # curvature/io.py imports atomic, errors and provenance
+    assert {"curvature/io.py", "atomic.py", "errors.py", "provenance.py"} <= found
+    assert "curvature/estimator.py" not in found and "__init__.py" not in found
 
 
 def test_module_sources_follow_imports_through_a_subpackage(tmp_path):

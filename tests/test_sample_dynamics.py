@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from epochlens.curvature.dynamics import cohort_curvature, sample_dynamics
 from epochlens.errors import EpochlensError
-from epochlens.sample_dynamics import cohort_curvature, sample_dynamics
 
 NAN = np.nan
 EPOCHS = [0, 3, 6, 9]

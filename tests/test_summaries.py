@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from epochlens.summaries import ablation_summary, over_replicates, probe_summary
+from epochlens.stats import ablation_summary, over_replicates, probe_summary
 
 
 def probe_rows(

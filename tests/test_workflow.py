@@ -21,7 +21,7 @@ from wfutil import (
     write_config,
 )
 
-from epochlens.models import ResNet18LoP, SmallCNN
+from epochlens.models.networks import ResNet18LoP, SmallCNN
 
 pytestmark = pytest.mark.workflow
 

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from epochlens.curvature import CurvatureSettings, per_sample_curvature
+from epochlens.curvature.estimator import CurvatureSettings, per_sample_curvature
 from epochlens.device import device_for_dtype, resolve_device, supports_float64
 from epochlens.errors import EpochlensError
-from epochlens.models import SmallCNN
+from epochlens.models.networks import SmallCNN
 
 #: Packages the workflow imports (distribution names).
 REQUIRED = ("torch", "numpy", "h5py", "pandas", "matplotlib", "scikit-learn", "scipy", "snakemake", "tqdm")

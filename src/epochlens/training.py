@@ -22,8 +22,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from epochlens.checkpoints import save_state_dict
-from epochlens.data import Dataset
-from epochlens.models import positions_in, restrict_logits
+from epochlens.data.dataset import Dataset
+from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.schedule import ClassSchedule
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.curvature import check_finite_weights
+from epochlens.curvature.estimator import check_finite_weights
 from epochlens.device import model_device
 from epochlens.errors import ConfigError
 from epochlens.influence.eigen import symmetric_eigh
@@ -49,7 +49,7 @@ from epochlens.influence.layers import (
     select_layers,
 )
 from epochlens.influence.settings import InfluenceSettings
-from epochlens.models import positions_in
+from epochlens.models.networks import positions_in
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Per-sample layer inputs and output gradients of a batch, for the curvature and for the scores.
 
 Loss: the per-sample cross-entropy ℓ(z, y) over the logits z of the active classes only
-(:func:`epochlens.models.restrict_logits`), the target being y's position among them, model in
+(:func:`epochlens.models.networks.restrict_logits`), the target being y's position among them, model in
 eval mode (samples do not interact, so each row of a batched backward is that sample's own).
 Its gradient with respect to z is p − e_y, p = softmax(z); back-propagating a vector v (B, A)
 from z gives every tracked layer's output gradient ds for "label distribution" v:
@@ -32,7 +32,7 @@ from epochlens.influence.layers import (
     layer_output_grads,
     per_sample_gradient,
 )
-from epochlens.models import restrict_logits
+from epochlens.models.networks import restrict_logits
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.curvature import check_finite_weights
+from epochlens.curvature.estimator import check_finite_weights
 from epochlens.device import model_device
 from epochlens.influence.errors import FactorCacheError
 from epochlens.influence.factors import (
@@ -53,7 +53,7 @@ from epochlens.influence.gradients import (
 from epochlens.influence.layers import ActivationCapture
 from epochlens.influence.precondition import Preconditioner
 from epochlens.influence.settings import InfluenceSettings
-from epochlens.models import positions_in
+from epochlens.models.networks import positions_in
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Which layers: a *layer spec* is ``None`` (the default: every block output of the architecture, see
 :func:`default_layers`) or a list of module names as in ``model.named_modules()`` (``"block2"``,
 ``"layer3.1"``, ``"layer3.1.conv2"``, ``"fc"``). A forward hook on each module turns its output
-(B, C, H, W) or (B, D) into the representations of :mod:`epochlens.representations` as soon as the
+(B, C, H, W) or (B, D) into the representations of :mod:`epochlens.features.representations` as soon as the
 module has run, so only one batch of activations is ever held and later in-place operations (ReLU)
 cannot alter what is recorded. The model runs in eval mode without gradients, on a copy.
 
@@ -47,13 +47,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import epochlens
-from epochlens import representations as reps
 from epochlens.atomic import atomic_path
-from epochlens.curvature import check_finite_weights
-from epochlens.data import Dataset
+from epochlens.curvature.estimator import check_finite_weights
+from epochlens.data.dataset import Dataset
 from epochlens.device import model_device
 from epochlens.errors import ConfigError, EpochlensError
-from epochlens.representations import RepresentationSettings
+from epochlens.features import representations as reps
+from epochlens.features.representations import RepresentationSettings
 
 FORMAT = "epochlens-features"
 #: Bump when the meaning of stored values changes (e.g. the default layers): old caches rebuild.

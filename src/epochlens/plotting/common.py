@@ -141,7 +141,7 @@ def _cohort_colors(cohorts) -> dict[int, tuple]:
 def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title: str) -> plt.Figure:
     """Mean curvature of each task cohort over checkpoints, and of old vs new classes.
 
-    ``cohorts`` is :func:`epochlens.sample_dynamics.cohort_curvature` per index with an ``index``
+    ``cohorts`` is :func:`epochlens.curvature.dynamics.cohort_curvature` per index with an ``index``
     column; lines are means over indices with a Student-t 95% band.
     """
     fig, (ax_cohort, ax_age) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -171,7 +171,7 @@ def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title:
 def plot_curvature_distribution(pooled: pd.DataFrame, title: str, max_panels: int = 6) -> plt.Figure:
     """Box plots of per-image curvature by task cohort at up to ``max_panels`` checkpoints.
 
-    ``pooled`` is :func:`epochlens.sample_dynamics.cohort_curvature` over the samples of every
+    ``pooled`` is :func:`epochlens.curvature.dynamics.cohort_curvature` over the samples of every
     index together: boxes span the quartiles, whiskers the 5% and 95% quantiles, a line the median.
     The epochs shown are spread evenly over the analysed ones, always with the first and last.
     """
@@ -220,7 +220,7 @@ def plot_curvature_distribution(pooled: pd.DataFrame, title: str, max_panels: in
 def plot_curvature_vs_loss(samples: pd.DataFrame, title: str) -> plt.Figure:
     """Per-image curvature against loss (last analysed epoch), CSL and learning time.
 
-    ``samples`` is :func:`epochlens.sample_dynamics.sample_dynamics` of every index, concatenated.
+    ``samples`` is :func:`epochlens.curvature.dynamics.sample_dynamics` of every index, concatenated.
     Log-log scatter coloured by task cohort, Spearman's rho over all points in each title.
     """
     seen = samples[samples["n_epochs"] > 0]
@@ -298,7 +298,7 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
     """Heatmaps of linear-probe accuracy, layer x epoch: one column of panels per target, one row
     per representation, with the accuracy of always guessing the commonest class as a top row.
 
-    ``summary`` is :func:`epochlens.summaries.probe_summary`; cells are ``accuracy_mean`` on the
+    ``summary`` is :func:`epochlens.stats.probe_summary`; cells are ``accuracy_mean`` on the
     ``split`` evaluation images (the test split if there is no holdout). Grey cells: the target
     was skipped at that epoch (no old classes yet, no curvature computed) or not evaluated there.
     """
@@ -354,7 +354,7 @@ def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta
     """Heatmaps of the effect of ablating each unit group, unit group x epoch, on the old and the
     new classes (columns of panels) for each ablation mode (rows of panels).
 
-    ``summary`` is :func:`epochlens.summaries.ablation_summary`; cells are ``{metric}_mean``
+    ``summary`` is :func:`epochlens.stats.ablation_summary`; cells are ``{metric}_mean``
     (ablated minus intact; red: the ablation hurts accuracy). The colour scale is symmetric and
     saturates at the 98th percentile of the absolute effects of the channel groups (of the whole
     blocks where there are no groups), so that the small channel-group effects stay visible next to

@@ -6,7 +6,7 @@ representation) move there once, mini-batches are index slices of the resident t
 DataLoader, no workers). On CUDA the forward pass runs under autocast (bfloat16 where the GPU
 supports it, else float16 with a gradient scaler); on the CPU and MPS it is float32.
 
-Splits (from the data's holdout, see ``epochlens.data.holdout_mask``):
+Splits (from the data's holdout, see ``epochlens.data.dataset.holdout_mask``):
 
 * fit: training samples outside the holdout, less a per-seed random ``stop_fraction`` of them
   (stratified by target), on which the loss decides early stopping;
@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from epochlens.device import resolve_device
 from epochlens.errors import ConfigError, EpochlensError
-from epochlens.models import positions_in
+from epochlens.models.networks import positions_in
 
 ID_COLUMNS = ("layer", "representation", "target", "eval_split")
 METRIC_COLUMNS = ("accuracy", "loss", "fit_accuracy", "best_epoch")
@@ -441,7 +441,7 @@ def probe_features(
     """Probes for every (layer, representation, target) of a features file: a tidy DataFrame.
 
     Args:
-        features: a :class:`epochlens.features.FeatureSet` (anything with ``layers``,
+        features: a :class:`epochlens.features.extract.FeatureSet` (anything with ``layers``,
             ``representations``, ``splits`` and ``array(split, layer, representation)``).
         targets: ``targets[name][split]`` (N_split,) int64, -1 where undefined
             (see :func:`standard_targets`); splits missing for a target are not used.

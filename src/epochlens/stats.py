@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from epochlens.probes import METRIC_COLUMNS, aggregate_seeds
+from epochlens.probes.linear import METRIC_COLUMNS, aggregate_seeds
 
 #: Probe metrics summarised per (epoch, layer, representation, target, eval split): accuracy, loss,
 #: fit_accuracy, best_epoch.
@@ -61,7 +61,7 @@ def over_replicates(
 
 def probe_summary(per_seed: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, epoch, layer, representation, target, eval_split, status) from the per-seed
-    probe rows of every index (``epochlens.probes.probe_features`` plus run, index and status).
+    probe rows of every index (``epochlens.probes.linear.probe_features`` plus run, index and status).
 
     Columns: the keys, n_features, n_classes, n_indices, n_seeds (probes per index), n_eval and
     chance (means over indices), and per metric of :data:`PROBE_METRICS`: ``_mean`` (over indices
@@ -99,7 +99,7 @@ def probe_summary(per_seed: pd.DataFrame) -> pd.DataFrame:
 
 def ablation_summary(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, epoch, split, unit group, mode, cohort) from the ablation rows of every
-    index (``epochlens.ablation.ablation_table`` plus run and index): n_indices, n_samples (mean),
+    index (``epochlens.ablation.ablate.ablation_table`` plus run and index): n_indices, n_samples (mean),
     and ``_mean``, ``_std``, ``_ci95`` over indices of each metric of :data:`ABLATION_METRICS`."""
     out = over_replicates(rows, ABLATION_KEYS, [*ABLATION_METRICS, "n_samples"])
     out = out.rename(columns={"n_samples_mean": "n_samples"}).drop(

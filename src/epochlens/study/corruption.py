@@ -6,7 +6,7 @@
   gets a fixed checkerboard patch in a corner and the target class's label (a backdoor, as in
   BadNets, Gu et al. 2017); :func:`apply_trigger` puts the same patch on queries.
 
-Both return a new :class:`epochlens.data.Dataset` (the original is not modified; its content hash
+Both return a new :class:`epochlens.data.dataset.Dataset` (the original is not modified; its content hash
 differs) and the sorted int64 positions of the corrupted samples in the training split. Samples of
 the validation holdout are never corrupted (they are not trained on). Selections are pure functions
 of (seed, fraction, eligible samples), via ``numpy.random.default_rng(seed)``.
@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from epochlens.data import Dataset
+from epochlens.data.dataset import Dataset
 from epochlens.errors import ConfigError
 
 QUERY_TRANSFORMS = ("none", "hflip", "noise", "crop")

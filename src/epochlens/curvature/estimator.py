@@ -5,8 +5,8 @@ Definitions, for one sample x (C, H, W) with class y, a model f in eval mode and
     g(x) = ∇ₓ ℓ(f(x) / T, y)
 
 where ℓ is the per-sample cross-entropy over the logits of the active classes only (the classes
-the checkpoint was trained on; see :func:`epochlens.models.restrict_logits`) and the target is
-the position of y among them (:func:`epochlens.models.positions_in`). With n Rademacher directions
+the checkpoint was trained on; see :func:`epochlens.models.networks.restrict_logits`) and the target is
+the position of y among them (:func:`epochlens.models.networks.positions_in`). With n Rademacher directions
 vᵢ (entries ±1, shape of x) and a step h:
 
     curvature(x)       = (1/n) Σᵢ ‖g(x + h vᵢ) − g(x)‖₂        (norm "l2")
@@ -65,7 +65,7 @@ from tqdm.auto import tqdm
 
 from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
-from epochlens.models import positions_in, restrict_logits
+from epochlens.models.networks import positions_in, restrict_logits
 
 #: Identifies how directions are derived from (seed, index); stored in metadata so a change of
 #: scheme is never mistaken for the same estimator.

@@ -40,11 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.curvature import check_finite_weights
+from epochlens.curvature.estimator import check_finite_weights
 from epochlens.device import model_device
 from epochlens.errors import ConfigError
-from epochlens.features import LayerError, resolve_layers
-from epochlens.models import positions_in, restrict_logits
+from epochlens.features.extract import LayerError, resolve_layers
+from epochlens.models.networks import positions_in, restrict_logits
 
 MODES = ("zero", "mean")
 COHORTS = ("old", "new", "all")

@@ -46,7 +46,7 @@ def num_classes(data_cfg: dict) -> int:
         raise DataError(f"{path}: data.path not found. Point data.path at an existing .npz file.")
     with np.load(path, allow_pickle=False) as archive:
         if "y_train" not in archive.files:
-            raise DataError(f"{path}: no y_train array; see epochlens.data.load_npz for the layout.")
+            raise DataError(f"{path}: no y_train array; see epochlens.data.dataset.load_npz for the layout.")
         return int(archive["y_train"].max()) + 1
 
 

@@ -1,8 +1,8 @@
 """Several processes on one node computing per-sample curvature together (torch.distributed).
 
 A curvature shard job may use P processes: rank r takes the r-th contiguous block of the shard's
-samples (:func:`epochlens.curvature_io.shard_range`), computes it with
-:func:`epochlens.curvature.per_sample_curvature` and the blocks are gathered on rank 0. Directions
+samples (:func:`epochlens.curvature.io.shard_range`), computes it with
+:func:`epochlens.curvature.estimator.per_sample_curvature` and the blocks are gathered on rank 0. Directions
 are keyed by global sample index, so the result is the same for any P (tested for P = 1, 2).
 
 Backends: NCCL on CUDA (rank r uses cuda:r), gloo on the CPU (each rank gets an equal share of the
@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from epochlens.curvature import CurvatureSettings, per_sample_curvature
-from epochlens.curvature_io import shard_range
+from epochlens.curvature.estimator import CurvatureSettings, per_sample_curvature
+from epochlens.curvature.io import shard_range
 from epochlens.errors import ConfigError, EpochlensError
 
 

@@ -1,7 +1,7 @@
 """Per-sample statistics across checkpoints: CSL, learning time, forgetting, curvature by cohort.
 
 Input: for one (run, index), the merged curvature results of several checkpoint epochs
-(:func:`epochlens.curvature_io.read_epoch`), where a sample's values are NaN at epochs before its
+(:func:`epochlens.curvature.io.read_epoch`), where a sample's values are NaN at epochs before its
 class was trained. Over the epochs E₁ < … < E_m at which sample x is active:
 
     csl(x)                  = Σ_e loss_e(x)           cumulative sample loss (Ravikumar et al. 2024)

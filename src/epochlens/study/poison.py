@@ -1,8 +1,8 @@
 """The data-quality study around the influence engine: queries, TracIn over a class schedule, signals.
 
 A run trains on a training set of which some images were corrupted on purpose
-(:mod:`epochlens.corruption`); at a checkpoint, influence scores rank the training images, and
-:mod:`epochlens.detection` measures how well each ranking finds the corrupted ones. This module
+(:mod:`epochlens.study.corruption`); at a checkpoint, influence scores rank the training images, and
+:mod:`epochlens.study.detection` measures how well each ranking finds the corrupted ones. This module
 holds the steps between the two:
 
 * :func:`select_queries`: the test images whose predictions are attributed (by default those the
@@ -26,12 +26,12 @@ import torch
 from sklearn.metrics import roc_curve
 from torch import nn
 
-from epochlens.corruption import apply_trigger, trigger_value
-from epochlens.data import Dataset
-from epochlens.detection import query_signal
+from epochlens.data.dataset import Dataset
 from epochlens.errors import ConfigError
 from epochlens.influence.settings import InfluenceSettings
-from epochlens.models import restrict_logits
+from epochlens.models.networks import restrict_logits
+from epochlens.study.corruption import apply_trigger, trigger_value
+from epochlens.study.detection import query_signal
 
 QUERY_SELECTIONS = ("misclassified", "all")
 QUERY_LABELS = ("predicted", "correct")
@@ -48,7 +48,8 @@ class QuerySet:
         true_labels, predicted: (Q,) int64 the test set's labels and the checkpoint's predictions.
         triggered: whether the trigger patch was stamped on the queries.
         sign: +1 when the labels are the predictions (images that push a wrong prediction have
-            positive influence), -1 for the correct labels; see :func:`epochlens.detection.query_signal`.
+            positive influence), -1 for the correct labels; see
+            :func:`epochlens.study.detection.query_signal`.
         candidates: test images that qualified before the ``max_count`` subset.
     """
 
@@ -186,7 +187,7 @@ def reduce_query_influence(pairwise: np.ndarray, sign: float = 1.0, reduce: str 
     * ``max``: the largest, i.e. how strongly the image pushes the one query it pushes most. A
       corrupted image typically matters to few queries (a flipped label ties two classes; a
       misclassified query involves one pair), so a mean dilutes it.
-    * ``mean``: the mean (:func:`epochlens.detection.query_signal`): images that push most queries.
+    * ``mean``: the mean (:func:`epochlens.study.detection.query_signal`): images that push most queries.
 
     Rows that are all NaN (queries skipped) are ignored; NaN where no query scores the image.
     """

@@ -1,0 +1,1 @@
+"""Ablations of unit groups and their effect on old versus new classes."""

@@ -1,0 +1,1 @@
+"""Interpreting a run's configuration (torch-free)."""

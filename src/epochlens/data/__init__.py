@@ -1,0 +1,1 @@
+"""Data sets: the supported sources and the dataset.h5 contract."""

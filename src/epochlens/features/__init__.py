@@ -1,0 +1,1 @@
+"""Cached per-layer features of a checkpoint and the representations built from them."""

@@ -1,0 +1,1 @@
+"""Built-in model architectures and class-incremental logit restriction."""

@@ -1,0 +1,1 @@
+"""Figures of every stage (matplotlib; never imports torch)."""

@@ -1,0 +1,1 @@
+"""Linear probes on cached features."""
