@@ -39,9 +39,9 @@ from epochlens.features.extract import (  # noqa: E402
     FeatureSettings,
     extract_features,
     load_or_extract,
-    resolve_layers,
 )
 from epochlens.features.representations import RepresentationSettings, spectral_method_for  # noqa: E402
+from epochlens.models.layers import resolve_layers  # noqa: E402
 from epochlens.models.networks import build_model  # noqa: E402
 
 # (in_channels, side, num_classes, default train images) per model; test split = train / 4.

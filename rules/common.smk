@@ -337,7 +337,7 @@ def get_train_resources():
 # -> plot_probes; ablation_epoch -> ablation/epoch_{E}.csv -> ablation_tables -> plot_ablation.
 # Params hold what changes results; batch_size and device are read from the config by the scripts.
 
-from epochlens.features.extract import FeatureSettings, available_layers, default_layers
+from epochlens.models.layers import available_layers, default_layers
 from epochlens.models.networks import build_model
 
 # Settings of each section that change results (the rest are execution settings).

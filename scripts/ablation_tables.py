@@ -2,9 +2,9 @@
 
 import pandas as pd
 
+from epochlens.ablation.summary import ablation_summary
 from epochlens.atomic import write_atomic
 from epochlens.runner import log, run_step
-from epochlens.stats import ablation_summary
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -4,13 +4,14 @@ import time
 
 import numpy as np
 
-from epochlens.checkpoints import file_sha256, load_into
+from epochlens.checkpoints import load_into
 from epochlens.curvature.distributed import parallel_curvature
 from epochlens.curvature.estimator import CurvatureSettings
 from epochlens.curvature.io import shard_range, write_shard
 from epochlens.data.dataset import read_dataset
 from epochlens.device import resolve_device
 from epochlens.models.networks import build_model
+from epochlens.provenance import file_sha256
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config
 

@@ -6,12 +6,13 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from epochlens.checkpoints import file_sha256, load_into
+from epochlens.checkpoints import load_into
 from epochlens.data.dataset import read_dataset
 from epochlens.device import resolve_device
 from epochlens.influence.factors import fit_factors
 from epochlens.influence.io import factor_cache_key, save_factors, save_table
 from epochlens.models.networks import build_model
+from epochlens.provenance import file_sha256
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config
 from epochlens.study.poison import influence_settings

@@ -6,13 +6,13 @@ import time
 import numpy as np
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.checkpoints import file_sha256, load_into
+from epochlens.checkpoints import load_into
 from epochlens.data.dataset import read_dataset
 from epochlens.device import resolve_device
 from epochlens.influence.io import factor_cache_key, load_factors, save_table
 from epochlens.influence.scores import pairwise_influence, self_influence
 from epochlens.models.networks import build_model
-from epochlens.provenance import provenance
+from epochlens.provenance import file_sha256, provenance
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config
 from epochlens.study.corruption import transform_queries

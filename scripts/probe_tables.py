@@ -3,8 +3,8 @@
 import pandas as pd
 
 from epochlens.atomic import write_atomic
+from epochlens.probes.summary import probe_summary
 from epochlens.runner import log, run_step
-from epochlens.stats import probe_summary
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -15,8 +15,7 @@ from epochlens.ablation.ablate import (
     channel_ranges,
     unit_groups,
 )
-from epochlens.errors import ConfigError
-from epochlens.features.extract import LayerError
+from epochlens.errors import ConfigError, LayerError
 from epochlens.models.networks import ResNet18LoP, SmallCNN, restrict_logits
 
 ACTIVE = np.array([2, 0, 1])  # class-order positions: class 2 first

@@ -15,7 +15,7 @@ import torch
 import torch.serialization
 
 from epochlens.atomic import atomic_path, save_npy, write_atomic, write_json
-from epochlens.checkpoints import file_sha256, load_into, load_state_dict, save_state_dict
+from epochlens.checkpoints import load_into, load_state_dict, save_state_dict
 from epochlens.errors import (
     CheckpointError,
     ClassOrderError,
@@ -24,6 +24,7 @@ from epochlens.errors import (
     EpochlensError,
 )
 from epochlens.models.networks import ResNet18LoP, SmallCNN
+from epochlens.provenance import file_sha256
 
 
 def _perturbed_small_cnn(num_classes: int = 3, seed: int = 0) -> SmallCNN:

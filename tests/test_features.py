@@ -11,16 +11,12 @@ import torch
 from torch import nn
 
 from epochlens.data.dataset import Dataset
-from epochlens.errors import ConfigError, EpochlensError
+from epochlens.errors import ConfigError, EpochlensError, FeatureError, LayerError
 from epochlens.features.extract import (
-    FeatureError,
     FeatureSet,
     FeatureSettings,
-    LayerError,
-    default_layers,
     extract_features,
     load_or_extract,
-    resolve_layers,
 )
 from epochlens.features.representations import (
     STATS_COLUMNS,
@@ -32,6 +28,7 @@ from epochlens.features.representations import (
     spectral,
     spectral_method_for,
 )
+from epochlens.models.layers import default_layers, resolve_layers
 from epochlens.models.networks import ResNet18LoP, SmallCNN
 
 CKPT = "a" * 64  # stand-ins for checkpoint file hashes

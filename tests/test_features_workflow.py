@@ -23,11 +23,11 @@ from wfutil import (
     write_config,
 )
 
-from epochlens.checkpoints import file_sha256
 from epochlens.data.dataset import read_dataset
 from epochlens.features.extract import FeatureSet, FeatureSettings, load_or_extract
 from epochlens.features.representations import RepresentationSettings
 from epochlens.models.networks import SmallCNN
+from epochlens.provenance import file_sha256
 
 pytestmark = pytest.mark.workflow
 

@@ -7,11 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from epochlens.errors import ConfigError
+from epochlens.errors import ConfigError, ProbeError
 from epochlens.probes.linear import (
-    ProbeError,
     ProbeSettings,
-    aggregate_seeds,
     cohort_target,
     probe_features,
     probe_seeds,
@@ -20,6 +18,7 @@ from epochlens.probes.linear import (
     stratified_split,
     train_linear_probe,
 )
+from epochlens.probes.summary import aggregate_seeds
 
 FAST = ProbeSettings(seeds=(0, 1, 2), max_epochs=60, patience=5, lr=0.05, batch_size=128)
 

@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from epochlens.stats import ablation_summary, over_replicates, probe_summary
+from epochlens.ablation.summary import ablation_summary
+from epochlens.probes.summary import probe_summary
+from epochlens.stats import mean_ci, over_replicates
 
 
 def probe_rows(
@@ -108,3 +110,12 @@ def test_over_replicates_keeps_nan_keys_as_groups():
     out = over_replicates(table, ["k", "missing"], ["x"])
     assert out["n_indices"].tolist() == [2, 1]
     assert out["x_mean"].tolist() == [2.0, 5.0]
+
+
+def test_mean_ci_is_the_student_t_interval_by_hand():
+    mean, half = mean_ci(pd.Series([1.0, 2.0, 3.0, 4.0]))
+    sd = np.sqrt(((np.array([1, 2, 3, 4]) - 2.5) ** 2).sum() / 3)
+    assert mean == 2.5
+    assert half == pytest.approx(stats.t.ppf(0.975, 3) * sd / 2.0, rel=1e-12)
+    assert half == pytest.approx(2.0542, abs=1e-4)  # t(0.975, 3) = 3.1824
+    assert mean_ci(np.array([7.0])) == (7.0, 0.0)  # one replicate: no band

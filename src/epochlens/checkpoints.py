@@ -6,7 +6,6 @@ Users' files were saved from CUDA and sometimes from ``nn.DataParallel`` (keys p
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,14 +18,6 @@ from epochlens.errors import CheckpointError
 
 # Wrappers other training scripts put around the state_dict.
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model_weights", "model")
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save_state_dict(model: nn.Module, path: str | Path) -> None:

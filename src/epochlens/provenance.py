@@ -115,16 +115,18 @@ def provenance(
     return record
 
 
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes, read in blocks of ``chunk`` bytes (1 MiB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def file_digests(paths: Sequence[str | Path]) -> dict[str, str]:
-    """{path: "sha256:<hex>"} of input files (read in 1 MiB blocks)."""
-    digests = {}
-    for path in paths:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda f=f: f.read(1 << 20), b""):
-                h.update(block)
-        digests[str(path)] = "sha256:" + h.hexdigest()
-    return digests
+    """{path: "sha256:<hex>"} of input files (:func:`file_sha256`)."""
+    return {str(path): "sha256:" + file_sha256(path) for path in paths}
 
 
 def table_provenance(cfg: dict, inputs: Sequence[str | Path], tables: Sequence[str | Path]) -> dict:

@@ -40,10 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.curvature.estimator import check_finite_weights
 from epochlens.device import model_device
-from epochlens.errors import ConfigError
-from epochlens.features.extract import LayerError, resolve_layers
+from epochlens.errors import ConfigError, LayerError
+from epochlens.models.layers import check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
 
 MODES = ("zero", "mean")
@@ -163,7 +162,7 @@ def unit_groups(
     Raises LayerError for unknown block names (listing the available ones).
     """
     settings = settings or AblationSettings()
-    blocks = resolve_layers(model, settings.blocks)
+    blocks = resolve_layers(model, settings.blocks, key="ablation.blocks")
     shapes = block_shapes(model, blocks, sample)
     groups = []
     for b in blocks:

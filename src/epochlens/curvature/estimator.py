@@ -65,6 +65,7 @@ from tqdm.auto import tqdm
 
 from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
+from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
 
 #: Identifies how directions are derived from (seed, index); stored in metadata so a change of
@@ -224,19 +225,6 @@ def full_fp32_precision() -> Iterator[None]:
     finally:
         for (obj, name), value in zip(flags, saved, strict=True):
             setattr(obj, name, value)
-
-
-def check_finite_weights(model: nn.Module) -> None:
-    """Raise EpochlensError naming every parameter or buffer that holds NaN or Inf."""
-    bad = []
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
-            bad.append(name)
-    if bad:
-        raise EpochlensError(
-            f"model weights contain NaN or Inf in {_short(bad)}: the checkpoint is corrupt or "
-            "training diverged. Re-copy the checkpoint, or exclude this epoch from the analysis."
-        )
 
 
 def per_sample_curvature(

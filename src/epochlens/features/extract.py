@@ -48,25 +48,17 @@ from tqdm.auto import tqdm
 
 import epochlens
 from epochlens.atomic import atomic_path
-from epochlens.curvature.estimator import check_finite_weights
 from epochlens.data.dataset import Dataset
 from epochlens.device import model_device
-from epochlens.errors import ConfigError, EpochlensError
+from epochlens.errors import ConfigError, FeatureError, LayerError
 from epochlens.features import representations as reps
 from epochlens.features.representations import RepresentationSettings
+from epochlens.models.layers import check_finite_weights, resolve_layers
 
 FORMAT = "epochlens-features"
 #: Bump when the meaning of stored values changes (e.g. the default layers): old caches rebuild.
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")
-
-
-class FeatureError(EpochlensError):
-    """A feature file that is unreadable or incomplete, or features that cannot be stored."""
-
-
-class LayerError(EpochlensError):
-    """A layer spec naming modules the model does not have, or modules unfit for hooking."""
 
 
 @dataclass
@@ -132,61 +124,6 @@ class FeatureSettings:
             "dtype": self.dtype,
             "splits": list(self.splits),
         }
-
-
-# ---------------------------------------------------------------------------------------------
-# Layer specs
-
-
-def default_layers(model: nn.Module) -> list[str]:
-    """Every block output of ``model``, in forward order.
-
-    * ``SmallCNN``: ``block1``, ``block2``, ``block3`` (each conv-BN-ReLU).
-    * ``ResNet18LoP``: the eight basic blocks ``layer1.0``, ``layer1.1``, ..., ``layer4.1``.
-    * Any other model: its direct children that hold parameters, except a final ``nn.Linear``
-      (the classifier head).
-    """
-    name = type(model).__name__
-    modules = dict(model.named_modules())
-    if name == "SmallCNN":
-        return ["block1", "block2", "block3"]
-    if name == "ResNet18LoP":
-        return [f"layer{i}.{j}" for i in range(1, 5) for j in range(2) if f"layer{i}.{j}" in modules]
-    children = [(n, m) for n, m in model.named_children() if any(True for _ in m.parameters())]
-    if children and isinstance(children[-1][1], nn.Linear):
-        children = children[:-1]
-    if not children:
-        raise LayerError(
-            f"{name} has no child modules with parameters to use as default layers; name the "
-            f"layers explicitly (available: {_short(available_layers(model), 40)})."
-        )
-    return [n for n, _ in children]
-
-
-def available_layers(model: nn.Module) -> list[str]:
-    """Every hookable module name of ``model`` (``named_modules`` without the root)."""
-    return [n for n, _ in model.named_modules() if n]
-
-
-def resolve_layers(model: nn.Module, layers: Sequence[str] | None) -> list[str]:
-    """Module names of a layer spec; None gives :func:`default_layers`.
-
-    Raises:
-        LayerError: a name the model does not have (listing the available ones) or a repeated name.
-    """
-    if layers is None:
-        return default_layers(model)
-    layers = [layers] if isinstance(layers, str) else list(layers)
-    names = available_layers(model)
-    unknown = [n for n in layers if n not in set(names)]
-    if unknown:
-        raise LayerError(
-            f"{type(model).__name__} has no layer(s) {unknown}. Available layers: {_short(names, 80)}. "
-            f"Default (block outputs): {default_layers(model)}. Fix features.layers in the config."
-        )
-    if len(set(layers)) != len(layers):
-        raise LayerError(f"layer spec {layers} names a module twice; list each layer once.")
-    return layers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +416,7 @@ def load_or_extract(
         model: the model with the checkpoint loaded, or a function returning it (called only on a
             cache miss, so a hit does not load the checkpoint).
         data: the data set; images are normalised batch by batch (memory bounded by batch size).
-        checkpoint_sha256: hash of the checkpoint file (``checkpoints.file_sha256``).
+        checkpoint_sha256: hash of the checkpoint file (``provenance.file_sha256``).
         settings: layers, representations, dtype, splits (defaults: block outputs, all
             representations, float32, train and test).
         device: "auto", "cpu", "cuda", ... or a torch.device; None: the model's device.

@@ -24,9 +24,7 @@ Typical use::
     pair.diagnostics  # layer, cond, min_eig, max_eig, damping, damping_steps, ...
 """
 
-from epochlens.influence.damping import damping_ladder, initial_damping
-from epochlens.influence.eigen import Eigh, symmetric_eigh
-from epochlens.influence.errors import (
+from epochlens.errors import (
     DampingError,
     EigenError,
     FactorCacheError,
@@ -34,6 +32,8 @@ from epochlens.influence.errors import (
     LayerSelectionError,
     NoFiniteSamplesError,
 )
+from epochlens.influence.damping import damping_ladder, initial_damping
+from epochlens.influence.eigen import Eigh, symmetric_eigh
 from epochlens.influence.factors import InfluenceFactors, LayerFactors, fit_factors
 from epochlens.influence.io import (
     factor_cache_key,

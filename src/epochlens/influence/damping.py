@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from epochlens.influence.errors import DampingError
+from epochlens.errors import DampingError
 
 EPS64 = float(torch.finfo(torch.float64).eps)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from epochlens.influence.errors import EigenError
+from epochlens.errors import EigenError
 
 
 @dataclass

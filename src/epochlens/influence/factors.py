@@ -31,11 +31,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.curvature.estimator import check_finite_weights
 from epochlens.device import model_device
-from epochlens.errors import ConfigError
+from epochlens.errors import ConfigError, NoFiniteSamplesError
 from epochlens.influence.eigen import symmetric_eigh
-from epochlens.influence.errors import NoFiniteSamplesError
 from epochlens.influence.gradients import (
     forward_backprop,
     prepare_model,
@@ -49,6 +47,7 @@ from epochlens.influence.layers import (
     select_layers,
 )
 from epochlens.influence.settings import InfluenceSettings
+from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in
 
 

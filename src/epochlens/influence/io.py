@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from epochlens.atomic import atomic_path, write_atomic
-from epochlens.influence.errors import FactorCacheError
+from epochlens.errors import FactorCacheError
 from epochlens.influence.factors import InfluenceFactors, LayerFactors, resolve_layers
 from epochlens.influence.settings import InfluenceSettings
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from epochlens.influence.errors import LayerSelectionError
+from epochlens.errors import LayerSelectionError
 
 TRACKED_TYPES = (nn.Linear, nn.Conv2d)
 

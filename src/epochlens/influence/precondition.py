@@ -17,8 +17,8 @@ import math
 import pandas as pd
 import torch
 
+from epochlens.errors import InfluenceError
 from epochlens.influence.damping import condition_number, damping_ladder, initial_damping
-from epochlens.influence.errors import InfluenceError
 from epochlens.influence.factors import InfluenceFactors
 from epochlens.influence.layers import per_sample_gradient, rotated_gradient
 from epochlens.influence.settings import InfluenceSettings

@@ -33,9 +33,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from epochlens.curvature.estimator import check_finite_weights
 from epochlens.device import model_device
-from epochlens.influence.errors import FactorCacheError
+from epochlens.errors import FactorCacheError
 from epochlens.influence.factors import (
     InfluenceFactors,
     LayerFactors,
@@ -53,6 +52,7 @@ from epochlens.influence.gradients import (
 from epochlens.influence.layers import ActivationCapture
 from epochlens.influence.precondition import Preconditioner
 from epochlens.influence.settings import InfluenceSettings
+from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in
 
 

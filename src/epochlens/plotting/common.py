@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from epochlens.atomic import atomic_path  # noqa: E402
+from epochlens.stats import mean_ci  # noqa: E402
 
 #: Fewest replicate seeds for which figures draw a 95% confidence band (see _line).
 MIN_SEEDS_FOR_CI = 3
@@ -28,15 +29,6 @@ def save_figure(fig: plt.Figure, paths: list[str | Path]) -> None:
             metadata = {"CreationDate": None} if fmt == "pdf" else None
             fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
     plt.close(fig)
-
-
-def _mean_ci(values: pd.Series) -> tuple[float, float]:
-    """Mean and half-width of a Student-t 95% interval across replicates (few seeds: t, not 1.96)."""
-    v = values.to_numpy(dtype=float)
-    if len(v) < 2:
-        return float(v.mean()), 0.0
-    t = stats.t.ppf(0.975, df=len(v) - 1)
-    return float(v.mean()), float(t * v.std(ddof=1) / np.sqrt(len(v)))
 
 
 def plot_accuracy_by_cohort(
@@ -80,10 +72,10 @@ def _line(ax: plt.Axes, sub: pd.DataFrame, color, label: str, column: str = "acc
     """
     if sub.empty:
         return
-    stats = sub.groupby("epoch")[column].apply(_mean_ci)
-    epochs = stats.index.to_numpy()
-    mean = np.array([m for m, _ in stats])
-    half = np.array([h for _, h in stats])
+    by_epoch = sub.groupby("epoch")[column].apply(mean_ci)
+    epochs = by_epoch.index.to_numpy()
+    mean = np.array([m for m, _ in by_epoch])
+    half = np.array([h for _, h in by_epoch])
     ax.plot(epochs, mean, marker="o", ms=3, color=color, label=label)
     if sub["index"].nunique() >= MIN_SEEDS_FOR_CI:
         ax.fill_between(epochs, mean - half, mean + half, color=color, alpha=0.2)
@@ -298,7 +290,7 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
     """Heatmaps of linear-probe accuracy, layer x epoch: one column of panels per target, one row
     per representation, with the accuracy of always guessing the commonest class as a top row.
 
-    ``summary`` is :func:`epochlens.stats.probe_summary`; cells are ``accuracy_mean`` on the
+    ``summary`` is :func:`epochlens.probes.summary.probe_summary`; cells are ``accuracy_mean`` on the
     ``split`` evaluation images (the test split if there is no holdout). Grey cells: the target
     was skipped at that epoch (no old classes yet, no curvature computed) or not evaluated there.
     """
@@ -354,7 +346,7 @@ def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta
     """Heatmaps of the effect of ablating each unit group, unit group x epoch, on the old and the
     new classes (columns of panels) for each ablation mode (rows of panels).
 
-    ``summary`` is :func:`epochlens.stats.ablation_summary`; cells are ``{metric}_mean``
+    ``summary`` is :func:`epochlens.ablation.summary.ablation_summary`; cells are ``{metric}_mean``
     (ablated minus intact; red: the ablation hurts accuracy). The colour scale is symmetric and
     saturates at the 98th percentile of the absolute effects of the channel groups (of the whole
     blocks where there are no groups), so that the small channel-group effects stay visible next to

@@ -29,8 +29,8 @@ Tidy output (:func:`probe_features`), one row per (layer, representation, target
 split), with any context columns (e.g. epoch) first: layer, representation, target, seed,
 eval_split, n_features, n_classes, n_fit, n_stop, n_eval, accuracy, loss, chance, fit_accuracy,
 best_epoch, epochs_run. ``loss`` is the mean cross-entropy (nats); ``chance`` the accuracy of
-always predicting the most frequent class of the fit set. :func:`aggregate_seeds` reduces the seeds
-to mean, standard deviation and a 95% t-interval half-width.
+always predicting the most frequent class of the fit set. :func:`epochlens.probes.summary.aggregate_seeds`
+reduces the seeds to mean, standard deviation and a 95% t-interval half-width.
 """
 
 from __future__ import annotations
@@ -47,15 +47,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from epochlens.device import resolve_device
-from epochlens.errors import ConfigError, EpochlensError
+from epochlens.errors import ConfigError, ProbeError
 from epochlens.models.networks import positions_in
-
-ID_COLUMNS = ("layer", "representation", "target", "eval_split")
-METRIC_COLUMNS = ("accuracy", "loss", "fit_accuracy", "best_epoch")
-
-
-class ProbeError(EpochlensError):
-    """Probe inputs that cannot work (too few samples, mismatched lengths)."""
 
 
 @dataclass
@@ -499,27 +492,3 @@ def probe_features(
             for row in probe_seeds(x, y, fit_mask, eval_masks, settings, device):
                 rows.append({**(context or {}), "layer": layer, "representation": rep, "target": name, **row})
     return pd.DataFrame(rows)
-
-
-def aggregate_seeds(table: pd.DataFrame, metrics: Sequence[str] = METRIC_COLUMNS) -> pd.DataFrame:
-    """Mean, std (ddof 1) and 95% t-interval half-width over seeds of each metric.
-
-    Groups by every column except ``seed``, the metrics and the per-seed counts/epochs; output
-    columns: the group columns, n_seeds, and ``{metric}_mean``, ``{metric}_std``, ``{metric}_ci95``.
-    With one seed std and ci95 are NaN.
-    """
-    from scipy import stats
-
-    per_seed = {"seed", "n_fit", "n_stop", "epochs_run", *metrics}
-    keys = [c for c in table.columns if c not in per_seed]
-    grouped = table.groupby(keys, sort=False, dropna=False)
-    out = grouped.size().rename("n_seeds").reset_index()
-    for m in metrics:
-        agg = grouped[m].agg(["mean", "std"]).reset_index(drop=True)
-        out[f"{m}_mean"] = agg["mean"].to_numpy()
-        out[f"{m}_std"] = agg["std"].to_numpy()
-        n = out["n_seeds"].to_numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            t = np.where(n > 1, stats.t.ppf(0.975, np.maximum(n - 1, 1)), np.nan)
-            out[f"{m}_ci95"] = t * out[f"{m}_std"].to_numpy() / np.sqrt(n)
-    return out
