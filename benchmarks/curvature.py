@@ -39,12 +39,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from epochlens.curvature.estimator import (  # noqa: E402
-    CurvatureSettings,
     default_max_batch,
     full_fp32_precision,
     per_sample_curvature,
     rademacher_directions,
 )
+from epochlens.curvature.settings import CurvatureSettings  # noqa: E402
 from epochlens.device import resolve_device  # noqa: E402
 from epochlens.models.networks import build_model, positions_in, restrict_logits  # noqa: E402
 

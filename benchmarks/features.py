@@ -33,14 +33,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from epochlens.data.dataset import Dataset  # noqa: E402
+from epochlens.data import Dataset  # noqa: E402
 from epochlens.device import resolve_device  # noqa: E402
-from epochlens.features.extract import (  # noqa: E402
-    FeatureSettings,
-    extract_features,
-    load_or_extract,
+from epochlens.features.cache import load_or_extract  # noqa: E402
+from epochlens.features.extract import extract_features  # noqa: E402
+from epochlens.features.representations import spectral_method_for  # noqa: E402
+from epochlens.features.settings import (
+    FeatureSettings,  # noqa: E402
+    RepresentationSettings,  # noqa: E402
 )
-from epochlens.features.representations import RepresentationSettings, spectral_method_for  # noqa: E402
 from epochlens.models.layers import resolve_layers  # noqa: E402
 from epochlens.models.networks import build_model  # noqa: E402
 

@@ -15,11 +15,10 @@ os.environ.update(
 )
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
-from epochlens.config import epochs as run_config
+from epochlens import config as run_config
 from epochlens.curvature import io as curvature_io
-from epochlens.data.dataset import cifar100_files
+from epochlens.data import cifar100_files
 from epochlens.errors import EpochlensError
 from epochlens.provenance import module_sources
 
@@ -30,17 +29,9 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 def validate_config(cfg):
     """Schema check (fills defaults), then the checks a schema cannot express."""
     try:
-        validate(cfg, SCHEMA)
-    except WorkflowError:
-        raise WorkflowError(run_config.explain_config_errors(cfg, SCHEMA)) from None
-    for name, run in cfg["runs"].items():
-        try:
-            run_config.analysis_epochs(name, run)
-            run_config.curvature_epochs(name, run)
-            check_feature_config(name, run)
-            check_influence_config(name, run)
-        except EpochlensError as exc:
-            raise WorkflowError(str(exc)) from None
+        run_config.validate(cfg, SCHEMA)
+    except EpochlensError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 def get_run(wildcards):
@@ -48,14 +39,8 @@ def get_run(wildcards):
 
 
 def get_run_params(run):
-    """A run's config as the training and evaluation rules see it: without the analysis sections
-    (curvature, features, probes, ablation, influence), so that changing them reruns neither
-    training nor evaluation."""
-    return {
-        key: value
-        for key, value in config["runs"][run].items()
-        if key not in ("curvature", "features", "probes", "ablation", "influence")
-    }
+    """A run's config as the training and evaluation rules see it (no analysis sections)."""
+    return run_config.run_params(config["runs"][run])
 
 
 def get_eval_run(wildcards):
@@ -208,29 +193,7 @@ def get_curvature_shards(wildcards):
 
 
 def get_curvature_params(wildcards):
-    """What curvature results depend on: estimator settings, model and class schedule.
-
-    Only these (not the whole run config), so that changing e.g. curvature.epochs does not rerun
-    the epochs already computed. Settings that do not change results (batch_size, processes) are
-    not params either: the shard script reads them from the config, so changing them reruns nothing.
-    """
-    run = get_run(wildcards)
-    settings = {
-        key: run["curvature"][key]
-        for key in (
-            "h",
-            "n_directions",
-            "temperature",
-            "norm",
-            "mode",
-            "seed",
-        )
-    }
-    return {
-        "settings": settings,
-        "model": run["model"]["name"],
-        "schedule": run["schedule"],
-    }
+    return run_config.curvature_params(get_run(wildcards))
 
 
 def get_curvature_settings(wildcards):
@@ -337,62 +300,6 @@ def get_train_resources():
 # -> plot_probes; ablation_epoch -> ablation/epoch_{E}.csv -> ablation_tables -> plot_ablation.
 # Params hold what changes results; batch_size and device are read from the config by the scripts.
 
-from epochlens.models.layers import available_layers, default_layers
-from epochlens.models.networks import build_model
-
-# Settings of each section that change results (the rest are execution settings).
-PROBE_SETTINGS = (
-    "seeds",
-    "stop_fraction",
-    "max_epochs",
-    "patience",
-    "lr",
-    "weight_decay",
-    "batch_size",
-)
-ABLATION_SETTINGS = ("blocks", "channel_groups", "whole_blocks", "modes")
-
-
-def check_feature_config(name, run):
-    """Checks of the features, probes and ablation sections that the schema cannot express;
-    errors name the key to fix."""
-    run_config.section_epochs(name, run, "features")
-    run_config.section_epochs(name, run, "ablation")
-    if run["probes"]["enabled"] and not run["features"]["enabled"]:
-        raise EpochlensError(
-            f"runs.{name}.probes.enabled: probes need the features; set runs.{name}.features."
-            f"enabled: true, or runs.{name}.probes.enabled: false."
-        )
-    ablation = run["ablation"]
-    if ablation["channel_groups"] == 0 and not ablation["whole_blocks"]:
-        raise EpochlensError(
-            f"runs.{name}.ablation: channel_groups: 0 with whole_blocks: false leaves nothing to "
-            "ablate; set one of them."
-        )
-    for section, key in (("features", "layers"), ("ablation", "blocks")):
-        names = run[section][key]
-        if run[section]["enabled"] and names:
-            layers = get_model_layers(run["model"]["name"])
-            unknown = [n for n in names if n not in layers]
-            if unknown:
-                default = get_model_layers(run["model"]["name"], default=True)
-                raise EpochlensError(
-                    f"runs.{name}.{section}.{key}: {run['model']['name']} has no module(s) "
-                    f"{unknown}. Default (block outputs, also what null gives): {default}; "
-                    f"all: {layers[:60]}."
-                )
-
-
-@cache
-def get_model_layers(model_name, default=False):
-    """Module names of a model (``default``: its block outputs), from a weightless copy."""
-    import torch
-
-    with torch.device("meta"):
-        model = build_model(model_name, num_classes=10, in_channels=3)
-    return default_layers(model) if default else available_layers(model)
-
-
 @cache
 def get_feature_epochs(run):
     """Epochs of ``run`` whose features are extracted (and probed)."""
@@ -414,28 +321,11 @@ def get_model_name(wildcards):
 
 
 def get_feature_settings(wildcards):
-    """What the features depend on besides checkpoint and data: the cache key's spec.
-
-    Spectral settings only when spectral features are asked for (as in the cache key), so that
-    Snakemake reruns a job exactly when its file's key would change.
-    """
-    spec = get_run(wildcards)["features"]
-    names = list(spec["representations"])
-    reps = {"names": names}
-    if "spectral" in names:
-        reps.update(
-            spectral_k=spec["spectral_k"], spectral_method=spec["spectral_method"]
-        )
-    return {"layers": spec["layers"], "representations": reps, "dtype": spec["dtype"]}
+    return run_config.feature_params(get_run(wildcards))
 
 
 def get_probe_params(wildcards):
-    spec = get_run(wildcards)["probes"]
-    return {
-        "settings": {key: spec[key] for key in PROBE_SETTINGS},
-        "targets": spec["targets"],
-        "curvature_bins": spec["curvature_bins"],
-    }
+    return run_config.probe_params(get_run(wildcards))
 
 
 def get_probe_curvature(wildcards):
@@ -454,12 +344,7 @@ def get_probe_curvature(wildcards):
 
 
 def get_ablation_params(wildcards):
-    spec = get_run(wildcards)["ablation"]
-    return {
-        "settings": {key: spec[key] for key in ABLATION_SETTINGS},
-        "split": spec["split"],
-        "mean_samples": spec["mean_samples"] if "mean" in spec["modes"] else None,
-    }
+    return run_config.ablation_params(get_run(wildcards))
 
 
 def get_epoch_files(run, folder, epochs, ext):
@@ -543,88 +428,14 @@ def get_all_feature_analyses():
 
 from types import SimpleNamespace
 
-INFLUENCE_FACTOR_METHODS = ("ekfac", "kfac", "diagonal")
-# Settings that change the fitted factors; damping and the rest change only the scores.
-INFLUENCE_FACTOR_SETTINGS = ("fisher", "layers", "exclude_layers", "seed")
-INFLUENCE_SCORE_SETTINGS = (
-    "damping",
-    "damping_mode",
-    "precondition_dtype",
-    "queries",
-    "transforms",
-    "noise_std",
-    "crop_pad",
-    "transform_seed",
-)
+from epochlens.influence.settings import FACTOR_METHODS
+
 INFLUENCE_FIGURES = ("poison_roc", "top_influential_images", "influence_conditioning")
-
-
-def influence_epochs(name, run):
-    """Epochs of run ``name`` whose influence is computed: influence.epochs, or the last analysed
-    epoch; none when influence is disabled."""
-    spec = run.get("influence") or {}
-    if not spec.get("enabled", False):
-        return []
-    analysed = run_config.analysis_epochs(name, run)
-    chosen = spec.get("epochs") or [analysed[-1]]
-    unknown = sorted(set(chosen) - set(analysed))
-    if unknown:
-        raise EpochlensError(
-            f"runs.{name}.influence.epochs: {unknown} are not analysed epochs of this run "
-            f"({analysed}); pick from those or change runs.{name}.epochs."
-        )
-    return sorted(chosen)
-
-
-def influence_tracin_epochs(name, run, epoch):
-    """Checkpoints whose gradient dot products TracIn sums for influence at ``epoch``: those of
-    influence.tracin_epochs up to it, or every analysed epoch after the first up to it.
-    """
-    analysed = run_config.analysis_epochs(name, run)
-    chosen = run["influence"].get("tracin_epochs")
-    if chosen is None:
-        return [e for e in analysed if analysed[0] < e <= epoch] or [epoch]
-    unknown = sorted(set(chosen) - set(analysed))
-    if unknown:
-        raise EpochlensError(
-            f"runs.{name}.influence.tracin_epochs: {unknown} are not analysed epochs of this run "
-            f"({analysed}); pick from those."
-        )
-    upto = sorted(e for e in chosen if e <= epoch)
-    if not upto:
-        raise EpochlensError(
-            f"runs.{name}.influence.tracin_epochs: none is at or before influence epoch {epoch}; "
-            "add one, or leave tracin_epochs: null."
-        )
-    return upto
-
-
-def check_influence_config(name, run):
-    """Checks of the influence and data.corruption sections that the schema cannot express;
-    errors name the key to fix."""
-    epochs = influence_epochs(name, run)
-    spec = run["influence"]
-    if "tracin" in spec["methods"]:
-        for epoch in epochs:
-            influence_tracin_epochs(name, run, epoch)
-    corruption = run["data"].get("corruption") or {"kind": "none"}
-    if spec["queries"]["trigger"] and corruption["kind"] != "trigger":
-        raise EpochlensError(
-            f"runs.{name}.influence.queries.trigger: true needs a trigger to stamp; set "
-            f"runs.{name}.data.corruption.kind: trigger, or queries.trigger: null."
-        )
-    if corruption["kind"] == "trigger":
-        classes = run_config.num_classes(run["data"])
-        if corruption["target_class"] >= classes:
-            raise EpochlensError(
-                f"runs.{name}.data.corruption.target_class: {corruption['target_class']} is not a "
-                f"class of this data set (0..{classes - 1})."
-            )
 
 
 @cache
 def get_influence_epochs(run):
-    return influence_epochs(run, config["runs"][run])
+    return run_config.influence_epochs(run, config["runs"][run])
 
 
 def get_influence_runs():
@@ -637,67 +448,27 @@ def get_influence_dir(run, index, epoch, method):
 
 
 def get_corruption(wildcards):
-    """data.corruption of the run (kind none when absent)."""
-    return get_run(wildcards)["data"].get("corruption") or {"kind": "none"}
+    return run_config.corruption(get_run(wildcards))
 
 
 def get_corrupted_indices(wildcards):
     return f"results/{wildcards.run}/data/corrupted_indices.npy"
 
 
-def get_influence_settings(wildcards):
-    """The influence settings that change the scores of (run, method): factor settings (none for
-    identity and tracin, which fit nothing) and score settings."""
-    spec = get_run(wildcards)["influence"]
-    method = wildcards.method
-    settings = {"method": method}
-    if method in INFLUENCE_FACTOR_METHODS:
-        settings.update({key: spec[key] for key in INFLUENCE_FACTOR_SETTINGS})
-        settings["fisher"] = "true" if spec["fisher"] is True else spec["fisher"]
-    else:
-        settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
-    return settings
-
-
 def get_influence_factor_params(wildcards):
-    """What fitted factors depend on: method, Fisher type, layers, seed, model and schedule."""
-    settings = get_influence_settings(wildcards)
-    return {
-        "settings": settings,
-        "model": get_run(wildcards)["model"]["name"],
-        "schedule": get_schedule(wildcards),
-    }
+    return run_config.influence_factor_params(get_run(wildcards), wildcards.method)
 
 
 def get_influence_score_params(wildcards):
-    """What scores depend on: the factors' params, damping, queries, transforms, TracIn epochs and
-    the corruption (trigger queries)."""
-    spec = get_run(wildcards)["influence"]
-    params = get_influence_factor_params(wildcards)
-    params["settings"].update(
-        {
-            key: spec[key]
-            for key in INFLUENCE_SCORE_SETTINGS
-            # identity and tracin invert no curvature: damping does not change their scores
-            if wildcards.method in INFLUENCE_FACTOR_METHODS
-            or not key.startswith("damping")
-        }
+    return run_config.influence_score_params(
+        wildcards.run, get_run(wildcards), wildcards.method, int(wildcards.epoch)
     )
-    # How the scores are reduced over the queries changes the tables only.
-    params["settings"]["queries"] = {
-        key: value for key, value in spec["queries"].items() if key != "reduce"
-    }
-    params["tracin_epochs"] = get_influence_tracin_epochs(wildcards)
-    params["corruption"] = get_corruption(wildcards)
-    return params
 
 
 def get_influence_tracin_epochs(wildcards):
     if wildcards.method != "tracin":
         return []
-    return influence_tracin_epochs(
-        wildcards.run, get_run(wildcards), int(wildcards.epoch)
-    )
+    return run_config.tracin_epochs(wildcards.run, get_run(wildcards), int(wildcards.epoch))
 
 
 def get_influence_tracin_checkpoints(wildcards):
@@ -712,7 +483,7 @@ def get_influence_tracin_checkpoints(wildcards):
 
 def get_influence_factors(wildcards):
     """factors.pt of (run, index, epoch, method); none for identity and tracin."""
-    if wildcards.method not in INFLUENCE_FACTOR_METHODS:
+    if wildcards.method not in FACTOR_METHODS:
         return []
     folder = get_influence_dir(
         wildcards.run, wildcards.index, wildcards.epoch, wildcards.method
@@ -751,12 +522,7 @@ def get_run_influence_diagnostics(wildcards):
 
 
 def get_poison_detection_params(wildcards):
-    spec = get_run(wildcards)["influence"]
-    return {
-        "seed": spec["seed"],
-        "top_k": spec["top_k"],
-        "reduce": spec["queries"]["reduce"],
-    }
+    return run_config.poison_detection_params(get_run(wildcards))
 
 
 def get_influence_figures():

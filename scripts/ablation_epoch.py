@@ -3,10 +3,11 @@ of one checkpoint is zero- or mean-ablated."""
 
 import numpy as np
 
-from epochlens.ablation.ablate import AblationSettings, ablation_table
+from epochlens.ablation.ablate import ablation_table
+from epochlens.ablation.settings import AblationSettings
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_into
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.errors import ConfigError
 from epochlens.models.networks import build_model

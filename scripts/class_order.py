@@ -1,7 +1,7 @@
 """Rule class_order: the replicate's class order, from a seed or from the user's .npy file."""
 
 from epochlens.atomic import save_npy
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.runner import log, run_step
 from epochlens.schedule import load_class_order, make_class_order
 

@@ -6,9 +6,9 @@ import numpy as np
 
 from epochlens.checkpoints import load_into
 from epochlens.curvature.distributed import parallel_curvature
-from epochlens.curvature.estimator import CurvatureSettings
 from epochlens.curvature.io import shard_range, write_shard
-from epochlens.data.dataset import read_dataset
+from epochlens.curvature.settings import CurvatureSettings
+from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.models.networks import build_model
 from epochlens.provenance import file_sha256

@@ -2,7 +2,7 @@
 
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_into
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.evaluation import evaluate_checkpoint
 from epochlens.models.networks import build_model

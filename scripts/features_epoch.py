@@ -1,10 +1,10 @@
 """Rule features_epoch: per-layer features of one checkpoint, cached in features/epoch_{E}.h5."""
 
 from epochlens.checkpoints import load_into
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.device import resolve_device
-from epochlens.features.extract import FeatureSettings, load_or_extract
-from epochlens.features.representations import RepresentationSettings
+from epochlens.features.cache import load_or_extract
+from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.models.networks import build_model
 from epochlens.provenance import file_sha256
 from epochlens.runner import log, run_step

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from epochlens.checkpoints import load_into
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.influence.factors import fit_factors
 from epochlens.influence.io import factor_cache_key, save_factors, save_table

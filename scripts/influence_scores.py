@@ -7,7 +7,7 @@ import numpy as np
 
 from epochlens.atomic import write_atomic, write_json
 from epochlens.checkpoints import load_into
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.influence.io import factor_cache_key, load_factors, save_table
 from epochlens.influence.scores import pairwise_influence, self_influence

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.plotting.common import (
     plot_influence_conditioning,
     plot_poison_roc,

@@ -5,7 +5,7 @@ across query transforms, ROC curves, the top-ranked images and per-layer conditi
 import numpy as np
 import pandas as pd
 
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.influence.io import save_table
 from epochlens.runner import log, run_step
 from epochlens.study.detection import baseline_signals, detection_table, transform_agreement

@@ -4,7 +4,7 @@ results/{run}/data/dataset.h5 and the corrupted training positions (corrupted_in
 import numpy as np
 
 from epochlens.atomic import save_npy
-from epochlens.data.dataset import holdout_mask, load_source, write_dataset
+from epochlens.data import holdout_mask, load_source, write_dataset
 from epochlens.runner import log, run_step
 from epochlens.study.corruption import flip_labels, plant_trigger
 

@@ -4,10 +4,12 @@ import numpy as np
 import pandas as pd
 
 from epochlens.atomic import write_atomic
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.errors import DataError
-from epochlens.features.extract import FeatureSet
-from epochlens.probes.linear import ProbeSettings, probe_features, standard_targets
+from epochlens.features.cache import FeatureSet
+from epochlens.probes.linear import probe_features
+from epochlens.probes.settings import ProbeSettings
+from epochlens.probes.targets import standard_targets
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config, task_at_epoch
 

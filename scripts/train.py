@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.models.networks import build_model
 from epochlens.provenance import provenance

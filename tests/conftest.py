@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from epochlens.data.dataset import Dataset
+from epochlens.data import Dataset
 
 
 @pytest.fixture

@@ -7,14 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from epochlens.ablation.ablate import (
-    AblationSettings,
-    UnitGroup,
-    ablated,
-    ablation_table,
-    channel_ranges,
-    unit_groups,
-)
+from epochlens.ablation.ablate import UnitGroup, ablated, ablation_table, channel_ranges, unit_groups
+from epochlens.ablation.settings import AblationSettings
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.networks import ResNet18LoP, SmallCNN, restrict_logits
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from epochlens.data.dataset import Dataset, load_digits
+from epochlens.data import Dataset, load_digits
 from epochlens.errors import ConfigError
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 from epochlens.study.corruption import (

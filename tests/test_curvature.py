@@ -8,13 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from epochlens.curvature.estimator import (
-    DIRECTION_SCHEME,
-    CurvatureSettings,
-    full_fp32_precision,
-    per_sample_curvature,
-    rademacher_directions,
-)
+from epochlens.curvature.estimator import full_fp32_precision, per_sample_curvature, rademacher_directions
+from epochlens.curvature.settings import DIRECTION_SCHEME, CurvatureSettings
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.networks import ResNet18LoP, SmallCNN
 

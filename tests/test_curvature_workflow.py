@@ -15,7 +15,7 @@ from test_workflow import EPOCHS, tiny_config
 from wfutil import copy_workflow, planned_jobs, save_random_checkpoint, snakemake, write_config
 
 from epochlens.curvature.io import merged_names
-from epochlens.data.dataset import read_dataset
+from epochlens.data import read_dataset
 from epochlens.models.networks import SmallCNN
 
 pytestmark = pytest.mark.workflow

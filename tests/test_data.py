@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from epochlens.data.dataset import (
+from epochlens.data import (
     CIFAR100_MEAN,
     CIFAR100_STD,
     Dataset,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from epochlens.curvature.distributed import check_processes, parallel_curvature
-from epochlens.curvature.estimator import CurvatureSettings
+from epochlens.curvature.settings import CurvatureSettings
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.networks import SmallCNN
 

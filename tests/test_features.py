@@ -10,17 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from epochlens.data.dataset import Dataset
+from epochlens.data import Dataset
 from epochlens.errors import ConfigError, EpochlensError, FeatureError, LayerError
-from epochlens.features.extract import (
-    FeatureSet,
-    FeatureSettings,
-    extract_features,
-    load_or_extract,
-)
+from epochlens.features.cache import FeatureSet, load_or_extract
+from epochlens.features.extract import extract_features
 from epochlens.features.representations import (
     STATS_COLUMNS,
-    RepresentationSettings,
     pooled,
     randomized_svdvals,
     simple_stats,
@@ -28,6 +23,7 @@ from epochlens.features.representations import (
     spectral,
     spectral_method_for,
 )
+from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.models.layers import default_layers, resolve_layers
 from epochlens.models.networks import ResNet18LoP, SmallCNN
 

@@ -23,9 +23,9 @@ from wfutil import (
     write_config,
 )
 
-from epochlens.data.dataset import read_dataset
-from epochlens.features.extract import FeatureSet, FeatureSettings, load_or_extract
-from epochlens.features.representations import RepresentationSettings
+from epochlens.data import read_dataset
+from epochlens.features.cache import FeatureSet, load_or_extract
+from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.models.networks import SmallCNN
 from epochlens.provenance import file_sha256
 

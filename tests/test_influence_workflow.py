@@ -17,7 +17,7 @@ import pytest
 from test_workflow import tiny_config
 from wfutil import copy_workflow, planned_jobs, snakemake, write_config
 
-from epochlens.data.dataset import holdout_mask, load_digits, read_dataset
+from epochlens.data import holdout_mask, load_digits, read_dataset
 from epochlens.study.detection import DETECTION_COLUMNS
 
 pytestmark = pytest.mark.workflow

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from epochlens.data.dataset import Dataset
+from epochlens.data import Dataset
 from epochlens.errors import ConfigError
 from epochlens.study.poison import (
     accumulate_tracin,

@@ -8,17 +8,10 @@ import pytest
 import torch
 
 from epochlens.errors import ConfigError, ProbeError
-from epochlens.probes.linear import (
-    ProbeSettings,
-    cohort_target,
-    probe_features,
-    probe_seeds,
-    quantile_target,
-    standard_targets,
-    stratified_split,
-    train_linear_probe,
-)
+from epochlens.probes.linear import probe_features, probe_seeds, stratified_split, train_linear_probe
+from epochlens.probes.settings import ProbeSettings
 from epochlens.probes.summary import aggregate_seeds
+from epochlens.probes.targets import cohort_target, quantile_target, standard_targets
 
 FAST = ProbeSettings(seeds=(0, 1, 2), max_epochs=60, patience=5, lr=0.05, batch_size=128)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from epochlens.provenance import PACKAGE_DIR, file_digests, module_sources, table_provenance
 
@@ -21,8 +22,55 @@ def test_module_sources_are_transitive(tmp_path):
 
 
 def test_module_sources_follow_imports_through_a_subpackage(tmp_path):
+    # A lazily exported name counts as the module that defines it (and the package's __init__).
     found = _found(tmp_path, "from epochlens.influence import InfluenceSettings\n")
-    assert {"influence/__init__.py", "influence/settings.py", "influence/scores.py"} <= found
+    assert {"influence/__init__.py", "influence/settings.py", "_lazy.py", "errors.py"} <= found
+    assert "influence/scores.py" not in found
+    found = _found(tmp_path, "from epochlens.influence import self_influence\n")
+    assert {"influence/scores.py", "influence/precondition.py", "models/layers.py"} <= found
+    # A submodule import counts its parent packages' __init__.py (Python runs them).
+    found = _found(tmp_path, "from epochlens.curvature.estimator import per_sample_curvature\n")
+    assert {"curvature/__init__.py", "curvature/estimator.py", "curvature/settings.py"} <= found
+    assert not {p for p in found if p.startswith(("features/", "influence/", "probes/", "ablation/"))}
+
+
+def test_unknown_names_and_bare_package_imports_count_the_whole_package(tmp_path):
+    everything = {p.relative_to(PACKAGE_DIR).as_posix() for p in (PACKAGE_DIR / "curvature").glob("*.py")}
+    assert _found(tmp_path, "import epochlens.curvature\n") >= everything
+    assert _found(tmp_path, "from epochlens.curvature import not_exported\n") >= everything
+    assert _found(tmp_path, "from epochlens.curvature import *\n") >= everything
+    # an eager package (data) counts its __init__ and what that imports
+    assert {"data/__init__.py", "data/dataset.py", "data/sources.py"} <= _found(
+        tmp_path, "from epochlens.data import read_dataset\n"
+    )
+
+
+def test_module_sources_count_a_scripts_helper_module(tmp_path):
+    (tmp_path / "_helpers.py").write_text("from epochlens.layout import RESULTS\n")
+    script = tmp_path / "s.py"
+    script.write_text("import json\nfrom _helpers import RESULTS\n")
+    found = module_sources(script)
+    assert (tmp_path / "_helpers.py").resolve() in found
+    assert PACKAGE_DIR / "layout.py" in found
+
+
+def test_lazy_exports_name_the_module_that_defines_them():
+    import importlib
+
+    from epochlens._lazy import module_of
+    from epochlens.provenance import _lazy_exports
+
+    packages = [init for init in PACKAGE_DIR.glob("*/__init__.py") if _lazy_exports(init) is not None]
+    assert {p.parent.name for p in packages} >= {"curvature", "features", "probes", "ablation", "influence"}
+    for init in packages:
+        package = f"epochlens.{init.parent.name}"
+        for name, target in _lazy_exports(init).items():
+            defining = importlib.import_module(module_of(package, target))
+            assert getattr(importlib.import_module(package), name) is getattr(defining, name)
+            source = Path(defining.__file__).read_text()
+            assert f"def {name}(" in source or f"class {name}" in source or f"\n{name} =" in source, (
+                f"{package}.{name} is not defined in {defining.__name__}"
+            )
 
 
 def test_table_provenance_hashes_inputs(tmp_path):

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from epochlens.curvature.estimator import CurvatureSettings, per_sample_curvature
+from epochlens.curvature.estimator import per_sample_curvature
+from epochlens.curvature.settings import CurvatureSettings
 from epochlens.device import device_for_dtype, resolve_device, supports_float64
 from epochlens.errors import EpochlensError
 from epochlens.models.networks import SmallCNN

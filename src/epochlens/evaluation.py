@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from epochlens.data.dataset import Dataset
+from epochlens.data import Dataset
 from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.schedule import ClassSchedule, task_at_epoch
 

@@ -19,45 +19,113 @@ _PACKAGES = ("torch", "numpy", "h5py", "pandas", "scikit-learn", "matplotlib", "
 
 
 def module_sources(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[Path]:
-    """The ``epochlens`` modules that ``script`` imports, directly or through other modules.
+    """The files whose edits change what ``script`` computes: the ``epochlens`` modules it imports,
+    directly or through other modules, and the helper modules next to it (``scripts/_helpers.py``).
 
     Snakemake does not notice edits to modules a script imports; listing these files as a rule's
-    inputs makes a change to any of them rebuild what the rule produced. A subpackage counts as its
-    ``__init__.py`` and what that imports; the top-level ``__init__.py`` is left out (it only holds
-    the version).
+    inputs makes a change to any of them rebuild what the rule produced (the import graph is the
+    rerun graph). Rules:
+
+    * ``from epochlens.a.b import x``: module ``a/b.py`` (or package ``a/b/__init__.py``), the
+      ``__init__.py`` of its parent packages (Python runs them), and what all of these import;
+      ``x`` counts as well when it is a submodule.
+    * A name a package exports lazily (its ``_EXPORTS``, :mod:`epochlens._lazy`) counts as the
+      module that defines it; any other name of such a package (or ``import epochlens.a``, whose
+      attributes cannot be known) counts as the whole package, every ``.py`` file in it.
+    * The top-level ``epochlens/__init__.py`` is left out (it only holds the version).
     """
     found: set[Path] = set()
-    todo = [Path(script)]
+    todo = [Path(script).resolve()]
     while todo:
-        for path in _direct_imports(todo.pop(), package_dir):
+        for path in _direct_imports(todo.pop(), package_dir.resolve()):
             if path not in found:
                 found.add(path)
                 todo.append(path)
     return sorted(found)
 
 
+def _module_file(package_dir: Path, parts: list[str]) -> Path | None:
+    """The file of module ``epochlens.<parts>`` (module or package), or None."""
+    base = package_dir.joinpath(*parts)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
 @cache
+def _lazy_exports(init: Path) -> dict[str, str] | None:
+    """The ``_EXPORTS`` dict literal of a package's ``__init__.py`` (None when it has none)."""
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def _whole_package(init: Path) -> list[Path]:
+    return sorted(init.parent.rglob("*.py"))
+
+
+def _resolve(package_dir: Path, module: str, names: list[str] | None) -> list[Path]:
+    """Files that importing ``names`` from ``module`` (``None``: the module itself) loads."""
+    parts = module.split(".")[1:]
+    paths = [p for k in range(1, len(parts) + 1) if (p := _module_file(package_dir, parts[:k]))]
+    if not paths or paths[-1] != _module_file(package_dir, parts):
+        return paths  # not an epochlens module
+    target = paths[-1]
+    lazy = _lazy_exports(target) if target.name == "__init__.py" else None
+    if lazy is not None and names is None:
+        return paths + _whole_package(target)
+    for name in names or []:
+        sub = _module_file(package_dir, [*parts, name])
+        if sub is not None:
+            paths.append(sub)
+        elif lazy is not None and name in lazy:
+            from epochlens._lazy import module_of
+
+            paths += _resolve(package_dir, module_of(module, lazy[name]), None)
+        elif lazy is not None:  # a name the package does not export: be safe
+            paths += _whole_package(target)
+    return paths
+
+
 def _direct_imports(source: Path, package_dir: Path) -> tuple[Path, ...]:
-    """The ``epochlens`` modules that the file ``source`` imports itself. Cached: the workflow asks
-    for the modules of every rule's script, which share most of their imports (parsing each file
-    once keeps a dry run of a large study fast)."""
+    """The files that ``source`` imports itself (see :func:`module_sources`)."""
+    stat = source.stat()
+    return _parsed_imports(source, package_dir, stat.st_mtime_ns, stat.st_size)
+
+
+@cache
+def _parsed_imports(source: Path, package_dir: Path, mtime_ns: int, size: int) -> tuple[Path, ...]:
+    """Cached per file version: the workflow asks for the modules of every rule's script, which
+    share most of their imports (parsing each file once keeps a dry run of a large study fast)."""
     tree = ast.parse(source.read_text())
-    paths = []
+    paths: list[Path] = []
     for node in ast.walk(tree):
-        names = []
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] != "epochlens" or len(parts) < 2:
-                continue
-            module = package_dir.joinpath(*parts[1:])
-            for path in (module.with_suffix(".py"), module / "__init__.py"):  # module or subpackage
-                if path.is_file():
-                    paths.append(path)
-    return tuple(dict.fromkeys(paths))
+            imports = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level and source.is_relative_to(package_dir):  # relative, inside the library
+                pkg = list(source.parent.relative_to(package_dir.parent).parts)  # its package
+                base = pkg[: len(pkg) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            imports = [(module, [alias.name for alias in node.names])]
+        else:
+            continue
+        for module, names in imports:
+            top = module.split(".")[0]
+            if top == "epochlens":
+                if module == "epochlens":  # from epochlens import config, ...
+                    for name in names or []:
+                        paths += _resolve(package_dir, f"epochlens.{name}", None)
+                else:
+                    paths += _resolve(package_dir, module, names)
+            elif not source.is_relative_to(package_dir) and (helper := source.parent / f"{top}.py").is_file():
+                paths.append(helper.resolve())  # a script's helper module next to it
+    return tuple(dict.fromkeys(p.resolve() for p in paths))
 
 
 @cache

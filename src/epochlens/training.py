@@ -22,7 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from epochlens.checkpoints import save_state_dict
-from epochlens.data.dataset import Dataset
+from epochlens.data import Dataset
 from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.schedule import ClassSchedule
 

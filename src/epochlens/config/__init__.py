@@ -1,1 +1,78 @@
-"""Interpreting a run's configuration (torch-free)."""
+"""A run's configuration, interpreted without Snakemake and without torch.
+
+* :mod:`.schema`   schema validation with the schema's defaults filled in, errors by key;
+* :mod:`.epochs`   which checkpoints a run has and which of them each stage analyses;
+* :mod:`.checks`   cross-field checks that a schema cannot express (before any job runs);
+* :mod:`.results`  which settings change a stage's results (the rules' params), derived from the
+  stages' settings dataclasses.
+
+The workflow (``rules/common.smk``) calls :func:`validate` once and reads the rest per rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from epochlens.config.checks import check_config, check_run
+from epochlens.config.epochs import (
+    analysis_epochs,
+    checkpoint_epochs,
+    curvature_epochs,
+    influence_epochs,
+    num_classes,
+    probe_epochs,
+    schedule,
+    section_epochs,
+    tracin_epochs,
+)
+from epochlens.config.results import (
+    ANALYSIS_SECTIONS,
+    ablation_params,
+    corruption,
+    curvature_params,
+    feature_params,
+    influence_factor_params,
+    influence_score_params,
+    poison_detection_params,
+    probe_params,
+    result_settings,
+    run_params,
+)
+from epochlens.config.schema import explain_config_errors, fill_defaults
+
+
+def validate(config: dict, schema_path: str | Path) -> dict:
+    """Check ``config`` against the schema (filling its defaults in place), then every run's
+    cross-field checks. Raises :class:`~epochlens.errors.ConfigError` naming the keys to fix."""
+    fill_defaults(config, schema_path)
+    check_config(config)
+    return config
+
+
+__all__ = [
+    "ANALYSIS_SECTIONS",
+    "ablation_params",
+    "analysis_epochs",
+    "check_config",
+    "check_run",
+    "checkpoint_epochs",
+    "corruption",
+    "curvature_epochs",
+    "curvature_params",
+    "explain_config_errors",
+    "feature_params",
+    "fill_defaults",
+    "influence_epochs",
+    "influence_factor_params",
+    "influence_score_params",
+    "num_classes",
+    "poison_detection_params",
+    "probe_epochs",
+    "probe_params",
+    "result_settings",
+    "run_params",
+    "schedule",
+    "section_epochs",
+    "tracin_epochs",
+    "validate",
+]

@@ -1,39 +1,19 @@
-"""Interpreting a run's configuration (plain dicts validated by config/schema.yaml)."""
+"""Which checkpoints a run has and which of them each stage analyses (torch-free).
+
+Every function takes a run's section of a validated configuration (``config["runs"][name]``,
+defaults filled in) and names the config key to fix in its errors.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import jsonschema
 import numpy as np
-import yaml
 
 from epochlens.errors import ConfigError, DataError
 from epochlens.schedule import ClassSchedule
 
 KNOWN_NUM_CLASSES = {"digits": 10, "cifar100": 100}
-
-
-def explain_config_errors(config: dict, schema_path: str | Path) -> str:
-    """One line per schema violation: where in the config, what is wrong, what is allowed."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    lines = []
-    for err in sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path)):
-        where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
-        hint = ""
-        if err.validator == "additionalProperties" and isinstance(err.schema, dict):
-            allowed = sorted(err.schema.get("properties", {}))
-            hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
-        elif err.validator == "enum":
-            hint = f"; allowed values: {', '.join(map(str, err.validator_value))}"
-        lines.append(f"  - {where}: {err.message}{hint}")
-    if not lines:
-        return ""
-    return (
-        f"invalid configuration ({len(lines)} problem(s)); fix these keys in your config file "
-        f"(documented in {schema_path}):\n" + "\n".join(lines)
-    )
 
 
 def num_classes(data_cfg: dict) -> int:
@@ -46,7 +26,7 @@ def num_classes(data_cfg: dict) -> int:
         raise DataError(f"{path}: data.path not found. Point data.path at an existing .npz file.")
     with np.load(path, allow_pickle=False) as archive:
         if "y_train" not in archive.files:
-            raise DataError(f"{path}: no y_train array; see epochlens.data.dataset.load_npz for the layout.")
+            raise DataError(f"{path}: no y_train array; see epochlens.data.load_npz for the layout.")
         return int(archive["y_train"].max()) + 1
 
 
@@ -84,21 +64,22 @@ def analysis_epochs(run_name: str, run_cfg: dict) -> list[int]:
     return sorted(chosen)
 
 
-def curvature_epochs(run_name: str, run_cfg: dict) -> list[int]:
-    """Epochs whose curvature is computed: ``curvature.epochs``, or every analysed epoch."""
-    return section_epochs(run_name, run_cfg, "curvature")
+#: Which analysed epochs a section without ``epochs`` covers: every one, or the last (influence,
+#: whose cost per checkpoint is highest).
+SECTION_DEFAULT_EPOCHS = {"influence": "last"}
 
 
 def section_epochs(run_name: str, run_cfg: dict, section: str) -> list[int]:
-    """Epochs of a per-checkpoint analysis ``section`` (e.g. ``features``, ``ablation``): its
-    ``epochs``, or every analysed epoch; none when the section is disabled."""
+    """Epochs of a per-checkpoint analysis ``section`` (``curvature``, ``features``, ``ablation``,
+    ``influence``): its ``epochs``, or by default every analysed epoch (the last one for the
+    sections of :data:`SECTION_DEFAULT_EPOCHS`); none when the section is disabled."""
     analysed = analysis_epochs(run_name, run_cfg)
     spec = run_cfg.get(section) or {}
     if not spec.get("enabled", True):
         return []
     chosen = spec.get("epochs")
     if not chosen:
-        return analysed
+        return analysed[-1:] if SECTION_DEFAULT_EPOCHS.get(section) == "last" else analysed
     unknown = sorted(set(chosen) - set(analysed))
     if unknown:
         raise ConfigError(
@@ -106,3 +87,41 @@ def section_epochs(run_name: str, run_cfg: dict, section: str) -> list[int]:
             f"({analysed}); pick from those or change runs.{run_name}.epochs."
         )
     return sorted(chosen)
+
+
+def curvature_epochs(run_name: str, run_cfg: dict) -> list[int]:
+    """Epochs whose curvature is computed: ``curvature.epochs``, or every analysed epoch."""
+    return section_epochs(run_name, run_cfg, "curvature")
+
+
+def influence_epochs(run_name: str, run_cfg: dict) -> list[int]:
+    """Epochs whose influence is computed: ``influence.epochs``, or the last analysed epoch."""
+    return section_epochs(run_name, run_cfg, "influence")
+
+
+def probe_epochs(run_name: str, run_cfg: dict) -> list[int]:
+    """Epochs whose features are probed: those of the features, when probes are enabled."""
+    return section_epochs(run_name, run_cfg, "features") if run_cfg["probes"]["enabled"] else []
+
+
+def tracin_epochs(run_name: str, run_cfg: dict, epoch: int) -> list[int]:
+    """Checkpoints whose gradient dot products TracIn sums for influence at ``epoch``: those of
+    ``influence.tracin_epochs`` up to it, or every analysed epoch after the first up to it.
+    """
+    analysed = analysis_epochs(run_name, run_cfg)
+    chosen = run_cfg["influence"].get("tracin_epochs")
+    if chosen is None:
+        return [e for e in analysed if analysed[0] < e <= epoch] or [epoch]
+    unknown = sorted(set(chosen) - set(analysed))
+    if unknown:
+        raise ConfigError(
+            f"runs.{run_name}.influence.tracin_epochs: {unknown} are not analysed epochs of this run "
+            f"({analysed}); pick from those."
+        )
+    upto = sorted(e for e in chosen if e <= epoch)
+    if not upto:
+        raise ConfigError(
+            f"runs.{run_name}.influence.tracin_epochs: none is at or before influence epoch {epoch}; "
+            "add one, or leave tracin_epochs: null."
+        )
+    return upto

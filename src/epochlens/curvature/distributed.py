@@ -28,8 +28,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from epochlens.curvature.estimator import CurvatureSettings, per_sample_curvature
+from epochlens.curvature.estimator import per_sample_curvature
 from epochlens.curvature.io import shard_range
+from epochlens.curvature.settings import CurvatureSettings
 from epochlens.errors import ConfigError, EpochlensError
 
 

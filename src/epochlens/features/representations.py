@@ -43,70 +43,14 @@ to 1e-6 relative, the k-th is up to 1% low with oversample 16 (the default), 5% 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Literal
 
 import torch
 
-from epochlens.errors import ConfigError
+from epochlens.features.settings import RepresentationSettings
 
-REPRESENTATIONS = ("pooled", "stats", "spectral")
-SPECTRAL_METHODS = ("auto", "gram", "exact", "randomized")
 #: Largest smaller side of a matrix for which ``auto`` uses the Gram matrix (see module doc).
 GRAM_MAX_SIDE = 128
 STATS_COLUMNS = ("mean", "std", "min", "max", "rms", "frac_positive")
-
-
-@dataclass
-class RepresentationSettings:
-    """Which representations are built from each layer's activation, and how."""
-
-    names: tuple[str, ...] = field(
-        default=REPRESENTATIONS,
-        metadata={"help": f"representations to compute, any of {list(REPRESENTATIONS)}"},
-    )
-    spectral_k: int = field(default=8, metadata={"help": "number of top singular values (spectral)"})
-    spectral_method: Literal["auto", "gram", "exact", "randomized"] = field(
-        default="auto",
-        metadata={
-            "help": "gram (float64 Gram eigenvalues), exact (svdvals), randomized (range finder), "
-            "or auto: gram where min(C, H*W) <= 128, else randomized"
-        },
-    )
-    spectral_oversample: int = field(
-        default=16, metadata={"help": "extra columns of the randomized sketch (q = k + oversample)"}
-    )
-    spectral_iters: int = field(default=2, metadata={"help": "power iterations of the randomized SVD"})
-    spectral_seed: int = field(default=0, metadata={"help": "seed of the randomized SVD's test matrix"})
-
-    def __post_init__(self) -> None:
-        self.names = tuple(self.names)
-        problems = []
-        unknown = [n for n in self.names if n not in REPRESENTATIONS]
-        if unknown:
-            problems.append(f"unknown representations {unknown} (choose from {list(REPRESENTATIONS)})")
-        if not self.names:
-            problems.append("names is empty: ask for at least one representation")
-        if len(set(self.names)) != len(self.names):
-            problems.append(f"names {list(self.names)} repeats a representation")
-        if self.spectral_k < 1:
-            problems.append(f"spectral_k={self.spectral_k} must be >= 1")
-        if self.spectral_method not in SPECTRAL_METHODS:
-            problems.append(
-                f"spectral_method={self.spectral_method!r} must be one of {list(SPECTRAL_METHODS)}"
-            )
-        if self.spectral_oversample < 0 or self.spectral_iters < 0:
-            problems.append("spectral_oversample and spectral_iters must be >= 0")
-        if problems:
-            raise ConfigError("representation settings: " + "; ".join(problems) + ". Fix the config.")
-
-    def spec(self) -> dict:
-        """What the values depend on (for cache keys): spectral fields only when spectral is asked for."""
-        d = asdict(self)
-        d["names"] = list(self.names)
-        if "spectral" not in self.names:
-            d = {"names": d["names"]}
-        return d
 
 
 def as_matrix(act: torch.Tensor) -> torch.Tensor:

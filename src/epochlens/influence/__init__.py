@@ -15,6 +15,9 @@ Modules, one concept each:
 * :mod:`.scores`        pairwise (Q, N) and self (N,) influence, TracIn over checkpoints;
 * :mod:`.io`            factors files with a cache key.
 
+Errors are in :mod:`epochlens.errors`. The names below are imported on first use (PEP 562), so
+that ``import epochlens.influence.settings`` does not import torch.
+
 Typical use::
 
     settings = InfluenceSettings(method="ekfac")
@@ -24,72 +27,43 @@ Typical use::
     pair.diagnostics  # layer, cond, min_eig, max_eig, damping, damping_steps, ...
 """
 
-from epochlens.errors import (
-    DampingError,
-    EigenError,
-    FactorCacheError,
-    InfluenceError,
-    LayerSelectionError,
-    NoFiniteSamplesError,
-)
-from epochlens.influence.damping import damping_ladder, initial_damping
-from epochlens.influence.eigen import Eigh, symmetric_eigh
-from epochlens.influence.factors import InfluenceFactors, LayerFactors, fit_factors
-from epochlens.influence.io import (
-    factor_cache_key,
-    load_factors,
-    load_or_fit_factors,
-    save_factors,
-    save_table,
-    state_dict_sha256,
-)
-from epochlens.influence.layers import LayerInfo, gradient_to_parameters, select_layers
-from epochlens.influence.precondition import DIAGNOSTIC_COLUMNS, Preconditioner, factor_diagnostics
-from epochlens.influence.scores import (
-    PairwiseScores,
-    SelfScores,
-    pairwise_influence,
-    per_sample_gradients,
-    self_influence,
-    tracin_pairwise,
-    tracin_self,
-)
-from epochlens.influence.settings import FISHERS, METHODS, InfluenceSettings
+from epochlens._lazy import attach
 
-__all__ = [
-    "DIAGNOSTIC_COLUMNS",
-    "FISHERS",
-    "METHODS",
-    "DampingError",
-    "EigenError",
-    "Eigh",
-    "FactorCacheError",
-    "InfluenceError",
-    "InfluenceFactors",
-    "InfluenceSettings",
-    "LayerFactors",
-    "LayerInfo",
-    "LayerSelectionError",
-    "NoFiniteSamplesError",
-    "PairwiseScores",
-    "Preconditioner",
-    "SelfScores",
-    "damping_ladder",
-    "factor_cache_key",
-    "factor_diagnostics",
-    "fit_factors",
-    "gradient_to_parameters",
-    "initial_damping",
-    "load_factors",
-    "load_or_fit_factors",
-    "pairwise_influence",
-    "per_sample_gradients",
-    "save_factors",
-    "save_table",
-    "select_layers",
-    "self_influence",
-    "state_dict_sha256",
-    "symmetric_eigh",
-    "tracin_pairwise",
-    "tracin_self",
-]
+_EXPORTS = {
+    "DIAGNOSTIC_COLUMNS": "precondition",
+    "FISHERS": "settings",
+    "METHODS": "settings",
+    "DampingError": "epochlens.errors",
+    "EigenError": "epochlens.errors",
+    "Eigh": "eigen",
+    "FactorCacheError": "epochlens.errors",
+    "InfluenceError": "epochlens.errors",
+    "InfluenceFactors": "factors",
+    "InfluenceSettings": "settings",
+    "LayerFactors": "factors",
+    "LayerInfo": "layers",
+    "LayerSelectionError": "epochlens.errors",
+    "NoFiniteSamplesError": "epochlens.errors",
+    "PairwiseScores": "scores",
+    "Preconditioner": "precondition",
+    "SelfScores": "scores",
+    "damping_ladder": "damping",
+    "factor_cache_key": "io",
+    "factor_diagnostics": "precondition",
+    "fit_factors": "factors",
+    "gradient_to_parameters": "layers",
+    "initial_damping": "damping",
+    "load_factors": "io",
+    "load_or_fit_factors": "io",
+    "pairwise_influence": "scores",
+    "per_sample_gradients": "scores",
+    "save_factors": "io",
+    "save_table": "io",
+    "select_layers": "layers",
+    "self_influence": "scores",
+    "state_dict_sha256": "io",
+    "symmetric_eigh": "eigen",
+    "tracin_pairwise": "scores",
+    "tracin_self": "scores",
+}
+__getattr__, __dir__, __all__ = attach(__name__, _EXPORTS)

@@ -22,6 +22,9 @@ Fisher types (the labels whose gradients the curvature is built from):
   class and sample: for tests and tiny models.
 * ``empirical``: the data set's labels (the "empirical Fisher"; biased, see Kunstner et al. 2019).
 
+Fields whose metadata says ``execution`` (batch sizes, where eigendecompositions run) do not
+change the results: the workflow leaves them out of the rules' params.
+
 Damping λ is added to every eigenvalue of a layer's curvature before inverting. ``relative``
 (default) scales ``damping`` by the mean eigenvalue of the layer (kronfluence's heuristic is 0.1),
 so one setting suits layers whose curvature differs by orders of magnitude; ``absolute`` uses it
@@ -37,6 +40,8 @@ from typing import Literal
 from epochlens.errors import ConfigError
 
 METHODS = ("ekfac", "kfac", "diagonal", "identity")
+#: Methods whose curvature factors are fitted (and cached) before scoring.
+FACTOR_METHODS = ("ekfac", "kfac", "diagonal")
 FISHERS = ("true", "expected", "empirical")
 COMPUTE_DTYPES = ("auto", "model", "float32", "float64")
 PRECONDITION_DTYPES = ("float64", "float32")
@@ -81,17 +86,22 @@ class InfluenceSettings:
         default=(), metadata={"help": "fnmatch patterns of module names not to track"}
     )
     factor_batch_size: int = field(
-        default=64, metadata={"help": "samples per forward/backward while fitting factors"}
+        default=64,
+        metadata={"help": "samples per forward/backward while fitting factors", "execution": True},
     )
     train_batch_size: int = field(
         default=32,
-        metadata={"help": "training samples whose per-sample gradients are held at once (memory)"},
+        metadata={
+            "help": "training samples whose per-sample gradients are held at once (memory)",
+            "execution": True,
+        },
     )
     query_batch_size: int = field(
         default=16,
         metadata={
             "help": "queries whose preconditioned gradients are held at once; each query batch "
-            "recomputes the training gradients, so larger is faster and uses more memory"
+            "recomputes the training gradients, so larger is faster and uses more memory",
+            "execution": True,
         },
     )
     compute_dtype: Literal["auto", "model", "float32", "float64"] = field(
@@ -105,11 +115,15 @@ class InfluenceSettings:
         default="float64", metadata={"help": "dtype of per-sample gradients, solves and scores"}
     )
     eigh_device: Literal["auto", "cpu"] = field(
-        default="auto", metadata={"help": "auto: eigendecompose on the compute device, CPU fallback"}
+        default="auto",
+        metadata={"help": "auto: eigendecompose on the compute device, CPU fallback", "execution": True},
     )
     max_device_eigh_dim: int = field(
         default=8192,
-        metadata={"help": "factors larger than this are eigendecomposed on the CPU (solver limits)"},
+        metadata={
+            "help": "factors larger than this are eigendecomposed on the CPU (solver limits)",
+            "execution": True,
+        },
     )
     seed: int = field(default=0, metadata={"help": "seed of the sampled labels of the true Fisher"})
 

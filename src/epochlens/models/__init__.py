@@ -1,1 +1,27 @@
-"""Built-in model architectures and class-incremental logit restriction."""
+"""Models: the built-in architectures, class-incremental logit restriction, and layer specs.
+
+* :mod:`.networks`  ``small_cnn`` and ``resnet18_lop``, :func:`build_model`, :func:`restrict_logits`,
+  :func:`positions_in`;
+* :mod:`.layers`    layer specs shared by every stage (:func:`resolve_layers`) and
+  :func:`check_finite_weights`;
+* :mod:`.catalog`   the built-in models' module names without torch (config checks).
+
+The names below are imported on first use (PEP 562): importing the package loads no torch.
+"""
+
+from epochlens._lazy import attach
+
+_EXPORTS = {
+    "MODELS": "networks",
+    "SmallCNN": "networks",
+    "ResNet18LoP": "networks",
+    "build_model": "networks",
+    "restrict_logits": "networks",
+    "positions_in": "networks",
+    "default_layers": "layers",
+    "available_layers": "layers",
+    "resolve_layers": "layers",
+    "check_finite_weights": "layers",
+    "known_layers": "catalog",
+}
+__getattr__, __dir__, __all__ = attach(__name__, _EXPORTS)

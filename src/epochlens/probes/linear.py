@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -47,139 +47,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from epochlens.device import resolve_device
-from epochlens.errors import ConfigError, ProbeError
-from epochlens.models.networks import positions_in
-
-
-@dataclass
-class ProbeSettings:
-    """How linear probes are trained (all fields are recorded with the results)."""
-
-    seeds: tuple[int, ...] = field(
-        default=(0, 1, 2), metadata={"help": "one probe per seed (early-stopping subset, batch order)"}
-    )
-    stop_fraction: float = field(
-        default=0.15,
-        metadata={"help": "share of the fit samples held out per seed for early stopping (0: none)"},
-    )
-    max_epochs: int = field(default=200, metadata={"help": "most passes over the fit samples"})
-    patience: int = field(
-        default=10, metadata={"help": "stop after this many epochs without a lower early-stopping loss"}
-    )
-    min_delta: float = field(default=1e-4, metadata={"help": "smallest loss decrease that counts (nats)"})
-    lr: float = field(default=1e-2, metadata={"help": "Adam learning rate"})
-    weight_decay: float = field(
-        default=1e-4, metadata={"help": "L2 penalty: 0.5 * weight_decay * ||W||² added to the loss"}
-    )
-    batch_size: int = field(default=512, metadata={"help": "samples per optimisation step"})
-    standardize: bool = field(
-        default=True, metadata={"help": "z-score features with the fit samples' mean and std"}
-    )
-    mixed_precision: bool = field(
-        default=True, metadata={"help": "autocast on CUDA (bfloat16, else float16); ignored elsewhere"}
-    )
-    cpu_threads: int | None = field(
-        default=1,
-        metadata={
-            "help": "torch intra-op threads while probing on the CPU (restored afterwards); the small "
-            "matrix products of a probe run fastest on one thread. None: leave torch's setting"
-        },
-    )
-
-    def __post_init__(self) -> None:
-        self.seeds = tuple(int(s) for s in self.seeds)
-        problems = []
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            problems.append(f"seeds={list(self.seeds)} must be distinct and not empty")
-        if not 0 <= self.stop_fraction < 1:
-            problems.append(f"stop_fraction={self.stop_fraction} must be in [0, 1)")
-        if self.max_epochs < 1 or self.patience < 1 or self.batch_size < 1:
-            problems.append("max_epochs, patience and batch_size must be >= 1")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            problems.append(f"cpu_threads={self.cpu_threads} must be >= 1 or None")
-        if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0:
-            problems.append(f"lr={self.lr} must be > 0 and weight_decay={self.weight_decay} >= 0")
-        if problems:
-            raise ConfigError("probe settings: " + "; ".join(problems) + ". Fix the config.")
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["seeds"] = list(self.seeds)
-        return d
-
-
-# ---------------------------------------------------------------------------------------------
-# Targets
-
-
-def class_target(labels: np.ndarray, active_classes: np.ndarray) -> np.ndarray:
-    """(N,) position of each label among ``active_classes``; -1 for inactive classes."""
-    return positions_in(np.asarray(labels, dtype=np.int64), np.asarray(active_classes, dtype=np.int64))
-
-
-def cohort_target(labels: np.ndarray, active_classes: np.ndarray, new_classes: np.ndarray) -> np.ndarray:
-    """(N,) 0 for old classes (active, not new), 1 for new classes, -1 for inactive classes.
-
-    Raises:
-        ConfigError: ``new_classes`` not a subset of ``active_classes``.
-    """
-    labels, active, new = (np.asarray(a, dtype=np.int64) for a in (labels, active_classes, new_classes))
-    stray = np.setdiff1d(new, active)
-    if len(stray):
-        raise ConfigError(f"new classes {stray.tolist()} are not active classes {active.tolist()}")
-    out = np.full(len(labels), -1, dtype=np.int64)
-    out[np.isin(labels, active)] = 0
-    out[np.isin(labels, new)] = 1
-    return out
-
-
-def quantile_target(values: np.ndarray, n_bins: int = 4, mask: np.ndarray | None = None) -> np.ndarray:
-    """(N,) quantile bin 0 .. n_bins-1 of each finite value; -1 for NaN (or outside ``mask``).
-
-    Bin edges are the quantiles of the finite values inside ``mask`` (default: all), so the bins
-    hold equal shares of those samples (ties aside).
-    """
-    values = np.asarray(values, dtype=np.float64)
-    ok = np.isfinite(values) if mask is None else np.isfinite(values) & np.asarray(mask, dtype=bool)
-    out = np.full(len(values), -1, dtype=np.int64)
-    if n_bins < 2:
-        raise ConfigError(f"n_bins={n_bins} must be >= 2")
-    if not ok.any():
-        return out
-    edges = np.quantile(values[ok], np.linspace(0, 1, n_bins + 1)[1:-1])
-    out[ok] = np.searchsorted(edges, values[ok], side="right")
-    return out
-
-
-def standard_targets(
-    labels: Mapping[str, np.ndarray],
-    active_classes: np.ndarray,
-    new_classes: np.ndarray | None = None,
-    curvature: np.ndarray | None = None,
-    curvature_bins: int = 4,
-) -> dict[str, dict[str, np.ndarray]]:
-    """The standard targets of one epoch: ``targets[name][split]`` (N_split,) int64, -1 = undefined.
-
-    Args:
-        labels: class labels per split, e.g. ``{"train": ..., "test": ...}``.
-        active_classes: classes trained at this epoch (class-order position = class target).
-        new_classes: the current task's classes (cohort target; skipped if None or if there are
-            no old classes, as in the first task).
-        curvature: (N_train,) per-sample curvature of the training split (NaN for inactive
-            classes); gives ``curvature_q{bins}`` on the train split only.
-    """
-    targets = {"class": {s: class_target(y, active_classes) for s, y in labels.items()}}
-    if new_classes is not None and len(np.setdiff1d(active_classes, new_classes)) > 0:
-        targets["cohort"] = {s: cohort_target(y, active_classes, new_classes) for s, y in labels.items()}
-    if curvature is not None:
-        if "train" not in labels or len(curvature) != len(labels["train"]):
-            raise ProbeError(
-                f"curvature has {len(curvature)} values; it must have one per training sample "
-                f"({len(labels.get('train', []))})."
-            )
-        targets[f"curvature_q{curvature_bins}"] = {"train": quantile_target(curvature, curvature_bins)}
-    return targets
-
+from epochlens.errors import ProbeError
+from epochlens.probes.settings import ProbeSettings
 
 # ---------------------------------------------------------------------------------------------
 # Training

@@ -1,1 +1,31 @@
-"""The data-quality study: corrupted training data, queries and detection of the corrupted images."""
+"""The data-quality study around the influence engine.
+
+* :mod:`.corruption`  corrupted training data on purpose (label flips, a backdoor trigger) and
+  query transforms;
+* :mod:`.settings`    query and transform settings (torch-free);
+* :mod:`.poison`      queries, TracIn over a class schedule, per-image signals, the scores of one
+  checkpoint and method (:func:`influence_scores`);
+* :mod:`.detection`   how well each signal finds the corrupted images (AUROC, precision at k).
+
+The names below are imported on first use (PEP 562): importing the package loads no torch.
+"""
+
+from epochlens._lazy import attach
+
+_EXPORTS = {
+    "flip_labels": "corruption",
+    "plant_trigger": "corruption",
+    "apply_trigger": "corruption",
+    "transform_queries": "corruption",
+    "QuerySettings": "settings",
+    "QueryTransformSettings": "settings",
+    "select_queries": "poison",
+    "accumulate_tracin": "poison",
+    "study_signals": "poison",
+    "roc_table": "poison",
+    "top_ranked": "poison",
+    "detection_table": "detection",
+    "baseline_signals": "detection",
+    "transform_agreement": "detection",
+}
+__getattr__, __dir__, __all__ = attach(__name__, _EXPORTS)

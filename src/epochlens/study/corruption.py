@@ -24,10 +24,10 @@ import dataclasses
 import numpy as np
 import torch
 
-from epochlens.data.dataset import Dataset
+from epochlens.data import Dataset
 from epochlens.errors import ConfigError
+from epochlens.study.settings import QUERY_TRANSFORMS
 
-QUERY_TRANSFORMS = ("none", "hflip", "noise", "crop")
 CORNERS = ("bottom_right", "bottom_left", "top_right", "top_left")
 
 

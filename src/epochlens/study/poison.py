@@ -26,15 +26,13 @@ import torch
 from sklearn.metrics import roc_curve
 from torch import nn
 
-from epochlens.data.dataset import Dataset
+from epochlens.data import Dataset
 from epochlens.errors import ConfigError
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.models.networks import restrict_logits
 from epochlens.study.corruption import apply_trigger, trigger_value
 from epochlens.study.detection import query_signal
-
-QUERY_SELECTIONS = ("misclassified", "all")
-QUERY_LABELS = ("predicted", "correct")
+from epochlens.study.settings import QUERY_LABELS, QUERY_REDUCTIONS, QUERY_SELECTIONS
 
 
 @dataclasses.dataclass
@@ -173,9 +171,6 @@ def accumulate_tracin(parts: list[np.ndarray], weights: list[float] | None = Non
 def query_signal_name(transform: str) -> str:
     """Name of the query-influence signal under a query transform (``query_influence`` for none)."""
     return "query_influence" if transform == "none" else f"query_influence_{transform}"
-
-
-QUERY_REDUCTIONS = ("max", "mean")
 
 
 def reduce_query_influence(pairwise: np.ndarray, sign: float = 1.0, reduce: str = "max") -> np.ndarray:

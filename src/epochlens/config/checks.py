@@ -1,0 +1,79 @@
+"""Checks of a run's configuration that the schema cannot express (torch-free).
+
+They run while the workflow is planned, before any job: each error names the config key to fix.
+Layer names of the built-in models are checked against :mod:`epochlens.models.catalog`; other
+models are checked when their job builds them.
+"""
+
+from __future__ import annotations
+
+from epochlens.config import epochs
+from epochlens.errors import ConfigError
+from epochlens.models.catalog import DEFAULT_LAYERS, known_layers
+
+
+def check_run(name: str, run: dict) -> None:
+    """Every cross-field check of run ``name`` (defaults filled in); raises ConfigError."""
+    epochs.analysis_epochs(name, run)
+    epochs.curvature_epochs(name, run)
+    check_feature_config(name, run)
+    check_influence_config(name, run)
+
+
+def check_config(config: dict) -> None:
+    """:func:`check_run` for every run of a validated configuration."""
+    for name, run in config["runs"].items():
+        check_run(name, run)
+
+
+def check_feature_config(name: str, run: dict) -> None:
+    """The features, probes and ablation sections: epochs, probes without features, nothing to
+    ablate, and module names the (built-in) model does not have."""
+    epochs.section_epochs(name, run, "features")
+    epochs.section_epochs(name, run, "ablation")
+    if run["probes"]["enabled"] and not run["features"]["enabled"]:
+        raise ConfigError(
+            f"runs.{name}.probes.enabled: probes need the features; set runs.{name}.features."
+            f"enabled: true, or runs.{name}.probes.enabled: false."
+        )
+    ablation = run["ablation"]
+    if ablation["channel_groups"] == 0 and not ablation["whole_blocks"]:
+        raise ConfigError(
+            f"runs.{name}.ablation: channel_groups: 0 with whole_blocks: false leaves nothing to "
+            "ablate; set one of them."
+        )
+    model = run["model"]["name"]
+    layers = known_layers(model)
+    for section, key in (("features", "layers"), ("ablation", "blocks")):
+        names = run[section][key]
+        if layers is None or not run[section]["enabled"] or not names:
+            continue
+        unknown = [n for n in names if n not in layers]
+        if unknown:
+            raise ConfigError(
+                f"runs.{name}.{section}.{key}: {model} has no module(s) {unknown}. Default (block "
+                f"outputs, also what null gives): {DEFAULT_LAYERS[model]}; all: {layers[:60]}."
+            )
+
+
+def check_influence_config(name: str, run: dict) -> None:
+    """The influence and data.corruption sections: epochs, TracIn epochs, trigger queries without
+    a trigger, a trigger's target class outside the data set."""
+    influence_epochs = epochs.influence_epochs(name, run)
+    spec = run["influence"]
+    if "tracin" in spec["methods"]:
+        for epoch in influence_epochs:
+            epochs.tracin_epochs(name, run, epoch)
+    corruption = run["data"].get("corruption") or {"kind": "none"}
+    if spec["queries"]["trigger"] and corruption["kind"] != "trigger":
+        raise ConfigError(
+            f"runs.{name}.influence.queries.trigger: true needs a trigger to stamp; set "
+            f"runs.{name}.data.corruption.kind: trigger, or queries.trigger: null."
+        )
+    if corruption["kind"] == "trigger":
+        classes = epochs.num_classes(run["data"])
+        if corruption["target_class"] >= classes:
+            raise ConfigError(
+                f"runs.{name}.data.corruption.target_class: {corruption['target_class']} is not a "
+                f"class of this data set (0..{classes - 1})."
+            )

@@ -1,0 +1,162 @@
+"""Which settings change a stage's results: the rules' params, derived from the settings dataclasses.
+
+A rule's params are what its results depend on besides its input files; Snakemake reruns a job
+when they change. Each stage's settings dataclass knows its fields; a field whose metadata says
+``execution`` (batch sizes, threads, compression) changes how the work is done, not the numbers,
+and one that says ``tables`` changes only the run's tables downstream. :func:`result_settings`
+keeps the other fields that a config section sets, in the dataclass's field order, so that adding
+a field to a dataclass (and the schema) makes it a param without a second list to keep in step.
+``device`` is an execution setting of every stage: the jobs read it from the config and record it
+in their metadata; it is never a param.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+
+from epochlens.ablation.settings import AblationSettings
+from epochlens.config import epochs
+from epochlens.curvature.settings import CurvatureSettings
+from epochlens.features.settings import FeatureSettings, RepresentationSettings
+from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
+from epochlens.probes.settings import ProbeSettings
+from epochlens.study.settings import QuerySettings, QueryTransformSettings
+
+#: Sections of a run that only analyses read: training and evaluation never see them.
+ANALYSIS_SECTIONS = ("curvature", "features", "probes", "ablation", "influence")
+
+
+def result_settings(section: Mapping, settings_class: type, exclude: Iterable[str] = ()) -> dict:
+    """``{field: section[field]}`` for the fields of ``settings_class`` that change results.
+
+    Args:
+        section: a config section (e.g. ``config["runs"][run]["curvature"]``).
+        settings_class: the stage's settings dataclass.
+        exclude: further field names to leave out.
+
+    Returns:
+        The fields present in ``section`` whose metadata marks neither ``execution`` nor
+        ``tables``, in the dataclass's field order.
+    """
+    skip = set(exclude)
+    return {
+        f.name: section[f.name]
+        for f in fields(settings_class)
+        if f.name in section
+        and f.name not in skip
+        and not f.metadata.get("execution")
+        and not f.metadata.get("tables")
+    }
+
+
+def run_params(run: Mapping) -> dict:
+    """A run's config as training and evaluation see it: without the analysis sections, so that
+    changing them reruns neither training nor evaluation."""
+    return {key: value for key, value in run.items() if key not in ANALYSIS_SECTIONS}
+
+
+def curvature_params(run: Mapping) -> dict:
+    """What curvature results depend on: estimator settings, model and class schedule.
+
+    Not the whole run config, so that changing e.g. curvature.epochs does not rerun the epochs
+    already computed, nor batch_size or processes (execution settings).
+    """
+    return {
+        "settings": result_settings(run["curvature"], CurvatureSettings),
+        "model": run["model"]["name"],
+        "schedule": run["schedule"],
+    }
+
+
+def feature_params(run: Mapping) -> dict:
+    """What the features depend on besides checkpoint and data: the cache key's spec.
+
+    Spectral settings only when spectral features are asked for (as in the cache key), so that
+    Snakemake reruns a job exactly when its file's key would change.
+    """
+    spec = run["features"]
+    settings = result_settings(spec, FeatureSettings)
+    reps = {"names": list(settings["representations"])}
+    if "spectral" in reps["names"]:
+        reps.update(result_settings(spec, RepresentationSettings, exclude=("names",)))
+    return {"layers": settings["layers"], "representations": reps, "dtype": settings["dtype"]}
+
+
+def probe_params(run: Mapping) -> dict:
+    """What probe results depend on: the probe settings, targets and curvature bins."""
+    spec = run["probes"]
+    return {
+        "settings": result_settings(spec, ProbeSettings),
+        "targets": spec["targets"],
+        "curvature_bins": spec["curvature_bins"],
+    }
+
+
+def ablation_params(run: Mapping) -> dict:
+    """What ablation results depend on: unit groups and modes, the split, the mean's images."""
+    spec = run["ablation"]
+    return {
+        "settings": result_settings(spec, AblationSettings),
+        "split": spec["split"],
+        "mean_samples": spec["mean_samples"] if "mean" in spec["modes"] else None,
+    }
+
+
+def _factor_fields() -> set[str]:
+    """Fields of :class:`InfluenceSettings` that the fitted factors depend on (its factor key)."""
+    return set(InfluenceSettings().factor_key()) - {"scheme"}
+
+
+def influence_settings(run: Mapping, method: str) -> dict:
+    """The influence settings that change the factors of ``method``: the factor fields (none but
+    the layer selection for identity and tracin, which fit nothing)."""
+    spec = run["influence"]
+    settings = {"method": method}
+    if method in FACTOR_METHODS:
+        settings.update(result_settings(spec, InfluenceSettings, exclude={"method"} | _score_fields()))
+        settings["fisher"] = "true" if spec["fisher"] is True else spec["fisher"]  # YAML's bare true
+    else:
+        settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
+    return settings
+
+
+def _score_fields() -> set[str]:
+    return {f.name for f in fields(InfluenceSettings)} - _factor_fields()
+
+
+def influence_factor_params(run: Mapping, method: str) -> dict:
+    """What fitted factors depend on: method, Fisher type, layers, seed, model and schedule."""
+    return {
+        "settings": influence_settings(run, method),
+        "model": run["model"]["name"],
+        "schedule": run["schedule"],
+    }
+
+
+def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> dict:
+    """What scores depend on: the factors' params, damping (methods that invert a curvature), the
+    queries and their transforms, TracIn's checkpoints and the corruption (trigger queries)."""
+    spec = run["influence"]
+    params = influence_factor_params(run, method)
+    score = result_settings(spec, InfluenceSettings, exclude=_factor_fields())
+    if method not in FACTOR_METHODS:  # identity and tracin invert no curvature
+        score = {k: v for k, v in score.items() if not k.startswith("damping")}
+    params["settings"].update(score)
+    # How the scores are reduced over the queries changes the tables only.
+    params["settings"]["queries"] = result_settings(spec["queries"], QuerySettings)
+    params["settings"].update(result_settings(spec, QueryTransformSettings))
+    params["tracin_epochs"] = epochs.tracin_epochs(name, run, epoch) if method == "tracin" else []
+    params["corruption"] = corruption(run)
+    return params
+
+
+def corruption(run: Mapping) -> dict:
+    """``data.corruption`` of the run (kind none when absent)."""
+    return run["data"].get("corruption") or {"kind": "none"}
+
+
+def poison_detection_params(run: Mapping) -> dict:
+    """What the detection tables depend on besides the scores: baseline seed, top k, reduction."""
+    spec = run["influence"]
+    return {"seed": spec["seed"], "top_k": spec["top_k"], "reduce": spec["queries"]["reduce"]}

@@ -1,0 +1,195 @@
+"""The results layout: every path under ``results/`` is spelled here, once (torch-free).
+
+::
+
+    results/{run}/
+      data/dataset.h5, data/corrupted_indices.npy
+      index-{index}/
+        class_order.npy, train_log.csv, train_metadata.json
+        checkpoints/epoch_{E}.pt                  when the pipeline trains
+        eval/epoch_{E}.csv
+        curvature/epoch_{E}/per_image_{key}.npy, metadata.json, shards/shard_{k}-of-{S}.npz
+        features/epoch_{E}.h5, probes/epoch_{E}.csv, ablation/epoch_{E}.csv
+        influence/epoch_{E}/{method}/factors.pt, factor_diagnostics.csv, scores.npz, ...
+      tables/{name}.csv, tables/{name}.provenance.json
+      figures/{name}.png and .pdf
+      logs/{stage}[/index-{index}][/epoch_{E}][/{name}].log, benchmarks/... .tsv
+
+Every argument is a value or a Snakemake wildcard string such as ``"{epoch}"`` (the default of
+each argument is its wildcard, so rules write ``layout.eval_table()``). Epochs are formatted
+``epoch_{:04d}`` here and nowhere else; an epoch given as digits ("0040", the value of the
+``{epoch}`` wildcard) is the same epoch as 40. These are the paths users already have on disk:
+changing one orphans their results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+FIGURE_FORMATS = ("png", "pdf")
+#: A path component: a value (an epoch as int or digits) or a wildcard string such as "{epoch}".
+Val = int | str
+
+
+def _is_wildcard(value: object) -> bool:
+    return isinstance(value, str) and value.startswith("{") and value.endswith("}")
+
+
+def epoch_name(epoch: Val) -> str:
+    """``epoch_0040`` for 40 or "0040"; ``epoch_{epoch}`` for the wildcard "{epoch}"."""
+    if _is_wildcard(epoch):
+        return f"epoch_{epoch}"
+    return f"epoch_{int(epoch):04d}"
+
+
+def index_name(index: Val) -> str:
+    """``index-0`` for 0 or "0"; ``index-{index}`` for the wildcard."""
+    return f"index-{index}" if _is_wildcard(index) else f"index-{int(index)}"
+
+
+def shard_name(shard: Val = "{shard}", nshards: Val = "{nshards}") -> str:
+    """``shard_{k}-of-{S}``: shard k of S of one epoch's curvature."""
+    return f"shard_{shard}-of-{nshards}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths under ``root`` (``results`` relative to the working directory by default)."""
+
+    root: str | Path = "results"
+
+    # -- per run -------------------------------------------------------------------------------
+    def run_dir(self, run: str = "{run}") -> str:
+        return f"{self.root}/{run}"
+
+    def dataset(self, run: str = "{run}") -> str:
+        """The run's data set (train/test images, labels, holdout, normalisation)."""
+        return f"{self.run_dir(run)}/data/dataset.h5"
+
+    def corrupted_indices(self, run: str = "{run}") -> str:
+        """Training positions corrupted on purpose (data.corruption), int64 .npy."""
+        return f"{self.run_dir(run)}/data/corrupted_indices.npy"
+
+    def table(self, name: str, run: str = "{run}") -> str:
+        """A run-level table ``tables/{name}.csv``."""
+        return f"{self.run_dir(run)}/tables/{name}.csv"
+
+    def table_provenance(self, name: str, run: str = "{run}") -> str:
+        """The provenance of the tables of rule ``name`` (``tables/{name}.provenance.json``)."""
+        return f"{self.run_dir(run)}/tables/{name}.provenance.json"
+
+    def figure(self, name: str, ext: str, run: str = "{run}") -> str:
+        """One format of a figure: ``figures/{name}.{ext}``."""
+        return f"{self.run_dir(run)}/figures/{name}.{ext}"
+
+    def figures(self, name: str, run: str = "{run}") -> list[str]:
+        """A figure as its PNG and PDF pair."""
+        return [self.figure(name, ext, run) for ext in FIGURE_FORMATS]
+
+    def log(self, stage: str, run: str = "{run}", index=None, epoch=None, name=None) -> str:
+        """``logs/{stage}[/index-{index}][/epoch_{E}][/{name}].log``."""
+        return f"{self.run_dir(run)}/logs/{self._job(stage, index, epoch, name)}.log"
+
+    def benchmark(
+        self, stage: str, run: str = "{run}", index=None, epoch=None, name: str | None = None
+    ) -> str:
+        """``benchmarks/...tsv``, named as the job's log."""
+        return f"{self.run_dir(run)}/benchmarks/{self._job(stage, index, epoch, name)}.tsv"
+
+    @staticmethod
+    def _job(stage: str, index, epoch, name: str | None) -> str:
+        parts = [stage]
+        if index is not None:
+            parts.append(index_name(index))
+        if epoch is not None:
+            parts.append(epoch_name(epoch))
+        if name is not None:
+            parts.append(name)
+        return "/".join(parts)
+
+    # -- per replicate index -------------------------------------------------------------------
+    def index_dir(self, run: str = "{run}", index: Val = "{index}") -> str:
+        return f"{self.run_dir(run)}/{index_name(index)}"
+
+    def class_order(self, run: str = "{run}", index: Val = "{index}") -> str:
+        """int64 permutation of the classes (position p: the class introduced p-th)."""
+        return f"{self.index_dir(run, index)}/class_order.npy"
+
+    def train_log(self, run: str = "{run}", index: Val = "{index}") -> str:
+        return f"{self.index_dir(run, index)}/train_log.csv"
+
+    def train_metadata(self, run: str = "{run}", index: Val = "{index}") -> str:
+        return f"{self.index_dir(run, index)}/train_metadata.json"
+
+    # -- per checkpoint ------------------------------------------------------------------------
+    def _epoch_file(self, folder: str, ext: str, run, index, epoch) -> str:
+        return f"{self.index_dir(run, index)}/{folder}/{epoch_name(epoch)}.{ext}"
+
+    def checkpoint(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        """A checkpoint the pipeline trained (a bare state_dict)."""
+        return self._epoch_file("checkpoints", "pt", run, index, epoch)
+
+    def eval_table(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        """Per-class accuracy of one checkpoint."""
+        return self._epoch_file("eval", "csv", run, index, epoch)
+
+    def features(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        """Per-layer features of one checkpoint (HDF5 with its cache key)."""
+        return self._epoch_file("features", "h5", run, index, epoch)
+
+    def probe_table(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        return self._epoch_file("probes", "csv", run, index, epoch)
+
+    def ablation_table(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        return self._epoch_file("ablation", "csv", run, index, epoch)
+
+    def curvature_dir(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        """The merged per-image curvature files of one checkpoint."""
+        return f"{self.index_dir(run, index)}/curvature/{epoch_name(epoch)}"
+
+    def curvature_array(
+        self, key: str, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}"
+    ) -> str:
+        """``per_image_{key}.npy`` (key: curvature, directional_eig, loss, grad_norm, ...)."""
+        return f"{self.curvature_dir(run, index, epoch)}/per_image_{key}.npy"
+
+    def curvature_metadata(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        return f"{self.curvature_dir(run, index, epoch)}/metadata.json"
+
+    def curvature_shard(
+        self,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        shard: Val = "{shard}",
+        nshards: Val = "{nshards}",
+    ) -> str:
+        """One shard (a contiguous range of training samples) of an epoch's curvature."""
+        return f"{self.curvature_dir(run, index, epoch)}/shards/{shard_name(shard, nshards)}.npz"
+
+    def influence_dir(
+        self,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        method: str = "{method}",
+    ) -> str:
+        """Factors and scores of one influence method at one checkpoint."""
+        return f"{self.index_dir(run, index)}/influence/{epoch_name(epoch)}/{method}"
+
+    def influence_file(
+        self,
+        name: str,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        method: str = "{method}",
+    ) -> str:
+        """``factors.pt``, ``factor_diagnostics.csv``, ``scores.npz``, ``metadata.json`` or
+        ``diagnostics.csv`` of one influence method at one checkpoint."""
+        return f"{self.influence_dir(run, index, epoch, method)}/{name}"
+
+
+#: The layout of a workflow run from its working directory.
+RESULTS = Layout()

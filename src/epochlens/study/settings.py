@@ -1,0 +1,80 @@
+"""Settings of the data-quality study around the influence engine (torch-free: the workflow reads
+them while planning): which test images are attributed (:class:`QuerySettings`) and under which
+query transforms (:class:`QueryTransformSettings`).
+
+Field metadata: ``tables`` marks a setting that changes only the run's tables (how scores are
+reduced, how many top images are listed), not the scores: the scores' params leave it out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from epochlens.errors import ConfigError
+
+QUERY_SELECTIONS = ("misclassified", "all")
+QUERY_LABELS = ("predicted", "correct")
+QUERY_REDUCTIONS = ("max", "mean")
+QUERY_TRANSFORMS = ("none", "hflip", "noise", "crop")
+
+
+@dataclass
+class QuerySettings:
+    """The test images whose predictions are attributed to training images (``influence.queries``)."""
+
+    select: Literal["misclassified", "all"] = field(
+        default="misclassified",
+        metadata={"help": "test images of the active classes the checkpoint gets wrong, or all of them"},
+    )
+    max_count: int = field(default=50, metadata={"help": "at most this many queries (a seeded subset)"})
+    labels: Literal["correct", "predicted"] = field(
+        default="correct", metadata={"help": "the label whose loss a query measures"}
+    )
+    reduce: Literal["max", "mean"] = field(
+        default="max",
+        metadata={"help": "per training image, over the queries: max or mean", "tables": True},
+    )
+    trigger: bool | None = field(
+        default=None,
+        metadata={"help": "stamp data.corruption's trigger on the queries; None: when it is a trigger"},
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the subset"})
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name, value, allowed in (
+            ("select", self.select, QUERY_SELECTIONS),
+            ("labels", self.labels, QUERY_LABELS),
+            ("reduce", self.reduce, QUERY_REDUCTIONS),
+        ):
+            if value not in allowed:
+                problems.append(f"{name}={value!r} must be one of {list(allowed)}")
+        if self.max_count < 1:
+            problems.append(f"max_count={self.max_count} must be >= 1")
+        if problems:
+            raise ConfigError("influence.queries: " + "; ".join(problems) + ". Fix the config.")
+
+
+@dataclass
+class QueryTransformSettings:
+    """Query transforms scored separately, and their parameters."""
+
+    transforms: tuple[str, ...] = field(
+        default=("none",), metadata={"help": f"any of {list(QUERY_TRANSFORMS)}"}
+    )
+    noise_std: float = field(default=0.1, metadata={"help": "noise transform: std in normalised units"})
+    crop_pad: int = field(default=1, metadata={"help": "crop transform: largest shift in pixels"})
+    transform_seed: int = field(default=0, metadata={"help": "seed of the noise and crop transforms"})
+    top_k: int = field(
+        default=16,
+        metadata={"help": "top-ranked training images kept per signal (table and figure)", "tables": True},
+    )
+
+    def __post_init__(self) -> None:
+        self.transforms = tuple(self.transforms)
+        unknown = [t for t in self.transforms if t not in QUERY_TRANSFORMS]
+        if unknown or not self.transforms:
+            raise ConfigError(
+                f"influence.transforms: {list(self.transforms)} must be values of {list(QUERY_TRANSFORMS)}."
+            )

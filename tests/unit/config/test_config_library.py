@@ -1,0 +1,231 @@
+"""The configuration logic without Snakemake: schema defaults, cross-field checks, epochs, and
+which settings change results (the rules' params)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epochlens import config as run_config
+from epochlens.ablation.settings import AblationSettings
+from epochlens.curvature.settings import CurvatureSettings
+from epochlens.errors import ConfigError
+from epochlens.influence.settings import InfluenceSettings
+from epochlens.probes.settings import ProbeSettings
+
+REPO = Path(__file__).resolve().parents[3]
+SCHEMA = REPO / "config" / "schema.yaml"
+
+
+def tiny_run(**sections) -> dict:
+    """A digits run (4 classes, +3 every 2 epochs: checkpoints 0, 2, 4, 6) with ``sections``."""
+    run = {
+        "data": {"source": "digits", "holdout_per_class": 5},
+        "model": {"name": "small_cnn"},
+        "schedule": {"initial_classes": 4, "increment": 3, "epochs_per_task": 2},
+        "indices": [0],
+    }
+    run.update(copy.deepcopy(sections))
+    return run
+
+
+def validated(**sections) -> dict:
+    return run_config.validate({"runs": {"tiny": tiny_run(**sections)}}, SCHEMA)["runs"]["tiny"]
+
+
+def test_defaults_are_filled_as_snakemake_fills_them():
+    from snakemake.utils import validate as snakemake_validate
+
+    for path in (REPO / "config" / "config.yaml", REPO / "config" / "cifar100_lop.yaml"):
+        ours = yaml.safe_load(path.read_text())
+        theirs = copy.deepcopy(ours)
+        run_config.fill_defaults(ours, SCHEMA)
+        snakemake_validate(theirs, str(SCHEMA))
+        assert ours == theirs, path.name
+    cfg = run_config.fill_defaults({"runs": {"a": tiny_run(), "b": tiny_run()}}, SCHEMA)
+    assert cfg["device"] == "auto" and cfg["runs"]["a"]["curvature"]["n_directions"] == 10
+    cfg["runs"]["a"]["features"]["representations"].append("x")  # defaults are copies, not shared
+    assert cfg["runs"]["b"]["features"]["representations"] == ["pooled", "stats", "spectral"]
+
+
+def test_schema_errors_name_the_key_and_the_allowed_values():
+    bad = {"runs": {"tiny": tiny_run(curvature={"norm": "l3", "h_step": 1})}}
+    with pytest.raises(ConfigError) as err:
+        run_config.validate(bad, SCHEMA)
+    text = str(err.value)
+    assert "runs.tiny.curvature.norm: 'l3' is not one of" in text and "allowed values: l2, l2_squared" in text
+    assert "runs.tiny.curvature: Additional properties are not allowed ('h_step'" in text
+    assert "allowed keys here:" in text and "2 problem(s)" in text
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"epochs": [3]}, "runs.tiny.epochs: [3] are not checkpoint epochs of this schedule"),
+        ({"curvature": {"epochs": [3]}}, "runs.tiny.curvature.epochs: [3] are not analysed epochs"),
+        ({"features": {"epochs": [3]}}, "runs.tiny.features.epochs: [3] are not analysed epochs"),
+        ({"features": {"enabled": False}}, "runs.tiny.probes.enabled: probes need the features"),
+        ({"features": {"layers": ["b9"]}}, "runs.tiny.features.layers: small_cnn has no module(s) ['b9']"),
+        ({"ablation": {"blocks": ["fc.weight"]}}, "runs.tiny.ablation.blocks: small_cnn has no module(s)"),
+        ({"ablation": {"channel_groups": 0, "whole_blocks": False}}, "leaves nothing to ablate"),
+        ({"influence": {"enabled": True, "epochs": [3]}}, "runs.tiny.influence.epochs: [3] are not analysed"),
+        (
+            {"influence": {"enabled": True, "queries": {"trigger": True}}},
+            "queries.trigger: true needs a trigger",
+        ),
+        (
+            {"influence": {"enabled": True, "methods": ["tracin"], "tracin_epochs": [7]}},
+            "runs.tiny.influence.tracin_epochs: [7] are not analysed",
+        ),
+        (
+            {"influence": {"enabled": True, "methods": ["tracin"], "epochs": [2], "tracin_epochs": [4]}},
+            "none is at or before influence epoch 2",
+        ),
+    ],
+)  # fmt: skip
+def test_cross_field_errors_name_the_key(sections, message):
+    with pytest.raises(ConfigError) as err:
+        validated(**sections)
+    assert message in str(err.value)
+
+
+def test_trigger_target_outside_the_classes():
+    data = {"source": "digits", "corruption": {"kind": "trigger", "target_class": 12}}
+    with pytest.raises(ConfigError, match=r"corruption.target_class: 12 is not a class .*\(0..9\)"):
+        validated(data=data)
+
+
+def test_unknown_layers_error_lists_the_default_blocks():
+    with pytest.raises(ConfigError, match=r"Default \(block outputs.*\['block1', 'block2', 'block3'\]"):
+        validated(features={"layers": ["block1", "nope"]})
+    validated(features={"layers": ["block1", "block2.0"]}, ablation={"blocks": ["block3"]})  # fine
+
+
+def test_epochs_of_each_section():
+    run = validated(
+        checkpoints={"source": "train", "save_every": 1},
+        features={"epochs": [2, 6]},
+        ablation={"enabled": False},
+        influence={"enabled": True},
+    )
+    assert run_config.checkpoint_epochs(run) == [0, 1, 2, 3, 4, 5, 6]
+    assert run_config.analysis_epochs("tiny", run) == [0, 1, 2, 3, 4, 5, 6]
+    assert run_config.curvature_epochs("tiny", run) == [0, 1, 2, 3, 4, 5, 6]
+    assert run_config.section_epochs("tiny", run, "features") == [2, 6]
+    assert run_config.probe_epochs("tiny", run) == [2, 6]
+    assert run_config.section_epochs("tiny", run, "ablation") == []
+    # influence: the section's epochs default to the last analysed one, not to all of them
+    assert run_config.influence_epochs("tiny", run) == [6]
+    run["epochs"] = [2, 4]
+    assert run_config.influence_epochs("tiny", run) == [4]
+    assert run_config.tracin_epochs("tiny", run, 4) == [4]  # analysed epochs after the first
+    run["epochs"] = None
+    assert run_config.tracin_epochs("tiny", run, 4) == [1, 2, 3, 4]
+    assert run_config.influence_epochs("tiny", validated()) == []  # disabled by default
+
+
+def _result_fields(settings_class) -> set[str]:
+    return {f.name for f in fields(settings_class) if not f.metadata.get("execution")}
+
+
+@pytest.mark.parametrize(
+    ("section", "settings_class", "expected"),
+    [
+        ("curvature", CurvatureSettings, ["h", "n_directions", "temperature", "norm", "mode", "seed"]),
+        (
+            "probes",
+            ProbeSettings,
+            ["seeds", "stop_fraction", "max_epochs", "patience", "lr", "weight_decay", "batch_size"],
+        ),
+        ("ablation", AblationSettings, ["blocks", "channel_groups", "whole_blocks", "modes"]),
+    ],
+)
+def test_result_settings_are_the_dataclass_fields_that_are_not_execution(section, settings_class, expected):
+    run = validated()
+    got = run_config.result_settings(run[section], settings_class)
+    assert list(got) == expected
+    assert set(got) == _result_fields(settings_class) & set(run[section])
+    assert "batch_size" not in got or section == "probes"  # part of the probes' method
+
+
+def test_execution_settings_and_device_change_no_params():
+    base = validated(influence={"enabled": True, "methods": ["ekfac", "identity"]})
+    changed = copy.deepcopy(base)
+    changed["curvature"].update(batch_size=7, processes=3, shards=4)
+    changed["features"]["batch_size"] = 9
+    changed["ablation"]["batch_size"] = 5
+    changed["influence"].update(factor_batch_size=3, train_batch_size=3, query_batch_size=3)
+    changed["influence"]["queries"]["reduce"] = "mean"  # tables only
+    changed["evaluation"]["batch_size"] = 3
+    for params in (
+        run_config.curvature_params,
+        run_config.feature_params,
+        run_config.probe_params,
+        run_config.ablation_params,
+    ):
+        assert params(base) == params(changed)
+    for method in ("ekfac", "identity"):
+        assert run_config.influence_factor_params(base, method) == run_config.influence_factor_params(
+            changed, method
+        )
+        assert run_config.influence_score_params("tiny", base, method, 6) == (
+            run_config.influence_score_params("tiny", changed, method, 6)
+        )
+    assert run_config.poison_detection_params(changed)["reduce"] == "mean"
+
+
+def test_params_change_with_the_settings_that_change_results():
+    run = validated(influence={"enabled": True})
+    curv = run_config.curvature_params(run)
+    assert curv == {"settings": curv["settings"], "model": "small_cnn", "schedule": run["schedule"]}
+    run["curvature"]["h"] = 0.01
+    assert run_config.curvature_params(run)["settings"]["h"] == 0.01
+
+    features = run_config.feature_params(run)
+    assert features == {
+        "layers": None,
+        "representations": {
+            "names": ["pooled", "stats", "spectral"],
+            "spectral_k": 8,
+            "spectral_method": "auto",
+        },
+        "dtype": "float32",
+    }
+    run["features"]["representations"] = ["pooled"]  # spectral settings only with spectral
+    assert run_config.feature_params(run)["representations"] == {"names": ["pooled"]}
+
+    ekfac = run_config.influence_score_params("tiny", run, "ekfac", 6)["settings"]
+    assert {"method", "fisher", "layers", "exclude_layers", "seed", "damping", "damping_mode"} <= set(ekfac)
+    assert ekfac["queries"] == {k: v for k, v in run["influence"]["queries"].items() if k != "reduce"}
+    assert {"transforms", "noise_std", "crop_pad", "transform_seed"} <= set(ekfac) and "top_k" not in ekfac
+    # identity inverts no curvature: damping does not change its scores; it fits no factors
+    identity = run_config.influence_score_params("tiny", run, "identity", 6)["settings"]
+    assert not {k for k in identity if k.startswith("damping")} and "fisher" not in identity
+    factor = run_config.influence_factor_params(run, "kfac")["settings"]
+    assert set(factor) == {"method", *(set(InfluenceSettings().factor_key()) - {"scheme", "compute_dtype"})}
+    assert "tracin_epochs" in run_config.influence_score_params("tiny", run, "tracin", 6)
+    assert run_config.influence_score_params("tiny", run, "tracin", 6)["tracin_epochs"] == [2, 4, 6]
+
+
+def test_training_sees_no_analysis_section():
+    run = validated()
+    params = run_config.run_params(run)
+    assert not set(run_config.ANALYSIS_SECTIONS) & set(params)
+    assert params["train"] == run["train"] and params["schedule"] == run["schedule"]
+
+
+def test_config_logic_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, epochlens.config, epochlens.models, epochlens.curvature, epochlens.features, "
+        "epochlens.probes, epochlens.ablation, epochlens.influence, epochlens.study, epochlens.data, "
+        "epochlens.layout; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
