@@ -11,6 +11,7 @@
 #                   -> ablation_epoch (index x epoch) -> ablation_tables -> plot_ablation
 #                   -> influence_factors, influence_scores (index x epoch x method)
 #                      -> poison_detection -> plot_influence
+# Paths: epochlens.layout; config logic: epochlens.config; one .smk file per stage.
 
 
 from snakemake.utils import min_version
@@ -49,32 +50,11 @@ include: "rules/influence.smk"
 include: "rules/figures.smk"
 
 
-# Seconds of work on small tables: on a cluster they run on the submit host instead of queueing.
 localrules:
     all,
-    figures,
-    accuracy_tables,
-    plot_accuracy,
-    plot_training,
-    curvature,
-    curvature_tables,
-    plot_curvature,
-    features,
-    probes,
-    probe_tables,
-    plot_probes,
-    ablation,
-    ablation_tables,
-    plot_ablation,
-    influence,
-    poison_detection,
-    plot_influence,
 
 
 rule all:
     default_target: True
     input:
-        get_all_figures(),
-        get_all_curvature(),
-        get_all_feature_analyses(),
-        get_all_influence(),
+        all_targets(),

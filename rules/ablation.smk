@@ -3,24 +3,27 @@
 # and the new classes; then one table per run (mean and spread over indices) and its heatmaps.
 
 
+include: "helpers/ablation.smk"
+
+
 rule ablation_epoch:
     input:
-        dataset=get_dataset,
-        class_order=get_class_order,
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
         code=get_code("ablation_epoch.py"),
     output:
-        table="results/{run}/index-{index}/ablation/epoch_{epoch}.csv",
+        table=layout.ablation_table(),
     log:
-        "results/{run}/logs/ablation/index-{index}/epoch_{epoch}.log",
+        layout.log("ablation", index="{index}", epoch="{epoch}"),
     benchmark:
-        "results/{run}/benchmarks/ablation/index-{index}/epoch_{epoch}.tsv"
+        layout.benchmark("ablation", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
     params:
         ablation=get_ablation_params,
-        model=get_model_name,
-        schedule=get_schedule,
+        model=config_provider("model", "name"),
+        schedule=config_provider("schedule"),
     script:
         "../scripts/ablation_epoch.py"
 
@@ -30,11 +33,11 @@ rule ablation_tables:
         tables=get_run_ablation_tables,
         code=get_code("ablation_tables.py"),
     output:
-        summary="results/{run}/tables/ablation.csv",
+        summary=layout.table("ablation"),
     log:
-        "results/{run}/logs/ablation_tables.log",
+        layout.log("ablation_tables"),
     benchmark:
-        "results/{run}/benchmarks/ablation_tables.tsv"
+        layout.benchmark("ablation_tables")
     conda:
         "../envs/epochlens.yaml"
     script:
@@ -43,18 +46,18 @@ rule ablation_tables:
 
 rule plot_ablation:
     input:
-        summary="results/{run}/tables/ablation.csv",
+        summary=rules.ablation_tables.output.summary,
         code=get_code("plot_ablation.py"),
     output:
         png=report(
-            "results/{run}/figures/ablation_effect.png",
+            layout.figure("ablation_effect", "png"),
             caption="../report/ablation_effect.rst",
             category="Ablations",
             subcategory="{run}",
         ),
-        pdf="results/{run}/figures/ablation_effect.pdf",
+        pdf=layout.figure("ablation_effect", "pdf"),
     log:
-        "results/{run}/logs/plot_ablation.log",
+        layout.log("plot_ablation"),
     conda:
         "../envs/epochlens.yaml"
     script:
@@ -63,4 +66,10 @@ rule plot_ablation:
 
 rule ablation:
     input:
-        get_all_ablation(),
+        ablation_targets(),
+
+
+localrules:
+    ablation,
+    ablation_tables,
+    plot_ablation,

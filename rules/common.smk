@@ -1,5 +1,7 @@
-# Helpers shared by the rules: config validation and the get_* functions that map wildcards to
-# paths and parameters. The analysis code lives in src/epochlens; nothing here computes results.
+# Setup shared by the rules: the library on the path, config validation, one generic config
+# getter, the code inputs of a rule and the results layout. The analysis code and the config
+# logic live in src/epochlens (unit-tested without Snakemake); each stage's get_* helpers are in
+# its own .smk file. Planning the DAG imports no torch.
 
 import os
 import sys
@@ -17,9 +19,8 @@ os.environ.update(
 from snakemake.exceptions import WorkflowError
 
 from epochlens import config as run_config
-from epochlens.curvature import io as curvature_io
-from epochlens.data import cifar100_files
 from epochlens.errors import EpochlensError
+from epochlens.layout import RESULTS as layout
 from epochlens.provenance import module_sources
 
 SCHEMA = Path(workflow.basedir) / "config" / "schema.yaml"
@@ -27,24 +28,40 @@ SCRIPTS = Path(workflow.basedir) / "scripts"
 
 
 def validate_config(cfg):
-    """Schema check (fills defaults), then the checks a schema cannot express."""
+    """Schema check (fills defaults), then the checks a schema cannot express; errors name the
+    keys to fix (epochlens.config)."""
     try:
         run_config.validate(cfg, SCHEMA)
     except EpochlensError as exc:
         raise WorkflowError(str(exc)) from None
 
 
+def config_provider(*keys, default=None):
+    """A function of the wildcards that reads ``config["runs"][run][keys[0]][keys[1]]...`` (or
+    ``default`` where a key is missing): the params and inputs that come from a run's config.
+    """
+
+    def getter(wildcards):
+        node = config["runs"][wildcards.run]
+        for key in keys:
+            if not isinstance(node, dict) or key not in node:
+                return default
+            node = node[key]
+        return node
+
+    getter.__name__ = "config_" + "_".join(keys)
+    return getter
+
+
 def get_run(wildcards):
     return config["runs"][wildcards.run]
 
 
-def get_run_params(run):
-    """A run's config as the training and evaluation rules see it (no analysis sections)."""
-    return run_config.run_params(config["runs"][run])
-
-
-def get_eval_run(wildcards):
-    return get_run_params(wildcards.run)
+def get_code(script):
+    """A rule's script plus every library module (and helper) it imports: editing any of them
+    reruns the rule, and only the rules that import it."""
+    path = SCRIPTS / script
+    return [str(path)] + [str(p) for p in module_sources(path)]
 
 
 @cache
@@ -53,67 +70,11 @@ def get_epochs(run):
     return run_config.analysis_epochs(run, config["runs"][run])
 
 
-def get_code(script):
-    """A rule's script plus every epochlens module it imports: editing any of them reruns the rule."""
-    path = SCRIPTS / script
-    return [str(path)] + [str(p) for p in module_sources(path)]
-
-
-def get_dataset(wildcards):
-    return f"results/{wildcards.run}/data/dataset.h5"
-
-
-def get_class_order(wildcards):
-    return f"results/{wildcards.run}/index-{wildcards.index}/class_order.npy"
-
-
-def get_data_source_files(wildcards):
-    """The user's data files (so replacing them rebuilds dataset.h5); none for bundled digits."""
-    data = get_run(wildcards)["data"]
-    if data["source"] == "cifar100":
-        return [str(p) for p in cifar100_files(data["path"])]
-    if data["source"] == "npz":
-        return [data["path"]]
-    return []
-
-
-def get_user_class_order(wildcards):
-    spec = get_run(wildcards)["class_order"]
-    if spec["source"] != "file":
-        return []
-    path = Path(spec["path"].format(index=int(wildcards.index)))
-    if not path.is_file():
-        raise WorkflowError(
-            f"{path}: class order file not found (run {wildcards.run}, index {wildcards.index}). "
-            "Fix class_order.path in the config or use class_order.source: seed."
-        )
-    return [str(path)]
-
-
-def get_trained_runs():
-    return [
-        r
-        for r, spec in config["runs"].items()
-        if spec["checkpoints"]["source"] == "train"
-    ]
-
-
-def get_trained_checkpoints(run):
-    """Output paths of run's training job (``{index}`` left as a wildcard)."""
-    epochs = run_config.checkpoint_epochs(config["runs"][run])
-    return [
-        f"results/{run}/index-{{index}}/checkpoints/epoch_{e:04d}.pt" for e in epochs
-    ]
-
-
 def get_checkpoint(wildcards):
     """The checkpoint of (run, index, epoch): trained by the pipeline or in the user's folder."""
     ckpt = get_run(wildcards)["checkpoints"]
     if ckpt["source"] == "train":
-        return (
-            f"results/{wildcards.run}/index-{wildcards.index}/checkpoints/"
-            f"epoch_{wildcards.epoch}.pt"
-        )
+        return layout.checkpoint(wildcards.run, wildcards.index, wildcards.epoch)
     path = Path(
         ckpt["path"].format(index=int(wildcards.index), epoch=int(wildcards.epoch))
     )
@@ -126,420 +87,28 @@ def get_checkpoint(wildcards):
     return str(path)
 
 
-def get_eval_tables(wildcards):
-    run = wildcards.run
+def per_index(run, path, **kwargs):
+    """``path(run, index, **kwargs)`` for every replicate index of ``run``."""
+    return [path(run, index, **kwargs) for index in config["runs"][run]["indices"]]
+
+
+def per_checkpoint(run, path, epochs):
+    """``path(run, index, epoch)`` for every index of ``run`` and each of ``epochs`` (index-major)."""
     return [
-        f"results/{run}/index-{index}/eval/epoch_{epoch:04d}.csv"
-        for index in config["runs"][run]["indices"]
-        for epoch in get_epochs(run)
-    ]
-
-
-def get_data_params(wildcards):
-    return get_run(wildcards)["data"]
-
-
-def get_class_order_params(wildcards):
-    return get_run(wildcards)["class_order"]
-
-
-def get_epochs_per_task(wildcards):
-    return get_run(wildcards)["schedule"]["epochs_per_task"]
-
-
-def get_indices(wildcards):
-    return get_run(wildcards)["indices"]
-
-
-def get_train_logs(wildcards):
-    return [
-        f"results/{wildcards.run}/index-{index}/train_log.csv"
-        for index in get_indices(wildcards)
-    ]
-
-
-def get_all_figures():
-    """Every figure of every run; training curves only where the pipeline trains, curvature
-    figures where curvature is computed."""
-    trained = set(get_trained_runs())
-    return (
-        [
-            f"results/{run}/figures/{name}.{ext}"
-            for run in config["runs"]
-            for name in ("accuracy_by_cohort", "training_curves")
-            if name != "training_curves" or run in trained
-            for ext in ("png", "pdf")
-        ]
-        + get_curvature_figures()
-        + get_feature_figures()
-        + get_influence_figures()
-    )
-
-
-@cache
-def get_curvature_epochs(run):
-    """Epochs of ``run`` whose curvature is computed (none when curvature is disabled)."""
-    return run_config.curvature_epochs(run, config["runs"][run])
-
-
-def get_curvature_shards(wildcards):
-    """The shard files that curvature_epoch merges for (run, index, epoch)."""
-    nshards = get_run(wildcards)["curvature"]["shards"]
-    return [
-        f"results/{wildcards.run}/index-{wildcards.index}/curvature/"
-        f"epoch_{wildcards.epoch}/shards/shard_{k}-of-{nshards}.npz"
-        for k in range(nshards)
-    ]
-
-
-def get_curvature_params(wildcards):
-    return run_config.curvature_params(get_run(wildcards))
-
-
-def get_curvature_settings(wildcards):
-    return get_curvature_params(wildcards)["settings"]
-
-
-def get_curvature_model(wildcards):
-    return get_curvature_params(wildcards)["model"]
-
-
-def get_curvature_threads(wildcards):
-    """CPU threads of a shard job: at least one per process."""
-    return max(1, get_run(wildcards)["curvature"]["processes"])
-
-
-def get_schedule(wildcards):
-    return get_run(wildcards)["schedule"]
-
-
-def get_curvature_runs():
-    """Runs whose curvature is computed at one epoch or more."""
-    return [run for run in config["runs"] if get_curvature_epochs(run)]
-
-
-def get_curvature_epoch_files(run, index, names=("metadata.json",)):
-    return [
-        f"results/{run}/index-{index}/curvature/epoch_{epoch:04d}/{name}"
-        for epoch in get_curvature_epochs(run)
-        for name in names
-    ]
-
-
-def get_run_curvature_metadata(wildcards):
-    """metadata.json of each (index, epoch) of a run, index-major (curvature_tables reads them so)."""
-    return [
-        path
-        for index in get_indices(wildcards)
-        for path in get_curvature_epoch_files(wildcards.run, index)
-    ]
-
-
-def get_run_curvature_arrays(wildcards):
-    """Every per_image_*.npy file of the run, so that a rebuilt epoch reruns the tables."""
-    names = [f"per_image_{key}.npy" for key in curvature_io.ARRAY_DTYPES]
-    return [
-        path
-        for index in get_indices(wildcards)
-        for path in get_curvature_epoch_files(wildcards.run, index, names)
-    ]
-
-
-def get_class_orders(wildcards):
-    return [
-        f"results/{wildcards.run}/index-{index}/class_order.npy"
-        for index in get_indices(wildcards)
-    ]
-
-
-def get_run_curvature_epochs(wildcards):
-    return get_curvature_epochs(wildcards.run)
-
-
-def get_all_curvature():
-    """Every curvature result: per-epoch files, tables and figures of every run."""
-    per_epoch = [
-        path
-        for run in get_curvature_runs()
-        for index in config["runs"][run]["indices"]
-        for path in get_curvature_epoch_files(run, index)
-    ]
-    return per_epoch + get_curvature_figures()
-
-
-def get_curvature_figures():
-    return [
-        f"results/{run}/figures/curvature_{name}.{ext}"
-        for run in get_curvature_runs()
-        for name in ("by_cohort", "distribution", "vs_loss")
-        for ext in ("png", "pdf")
-    ]
-
-
-# ------------------------------------------------------------------------------------------------
-# Cluster resources (profiles/slurm)
-# ------------------------------------------------------------------------------------------------
-# The SLURM profile sizes jobs by rule name (set-resources). The training rules are named after the
-# config's runs (train_<run>), so a profile cannot name them: they declare their resources here.
-
-
-def get_train_resources():
-    """Resources of a training job on a cluster: one GPU (the standard `gpu` resource, which the
-    SLURM executor requests with --gpus), host memory in MB and wall time in minutes; the same as
-    the GPU rules in profiles/slurm/config.yaml. A profile overrides them per run with
-    set-resources: train_<run>: {...}. Local runs ignore them unless --resources limits one (e.g.
-    --resources gpu=1: one GPU job at a time on a one-GPU machine).
-    """
-    return {"gpu": 1, "mem_mb": 16000, "runtime": 240}
-
-
-# ------------------------------------------------------------------------------------------------
-# Features, probes, ablation
-# ------------------------------------------------------------------------------------------------
-# features_epoch -> features/epoch_{E}.h5 -> probes_epoch -> probes/epoch_{E}.csv -> probe_tables
-# -> plot_probes; ablation_epoch -> ablation/epoch_{E}.csv -> ablation_tables -> plot_ablation.
-# Params hold what changes results; batch_size and device are read from the config by the scripts.
-
-@cache
-def get_feature_epochs(run):
-    """Epochs of ``run`` whose features are extracted (and probed)."""
-    return run_config.section_epochs(run, config["runs"][run], "features")
-
-
-@cache
-def get_probe_epochs(run):
-    return get_feature_epochs(run) if config["runs"][run]["probes"]["enabled"] else []
-
-
-@cache
-def get_ablation_epochs(run):
-    return run_config.section_epochs(run, config["runs"][run], "ablation")
-
-
-def get_model_name(wildcards):
-    return get_run(wildcards)["model"]["name"]
-
-
-def get_feature_settings(wildcards):
-    return run_config.feature_params(get_run(wildcards))
-
-
-def get_probe_params(wildcards):
-    return run_config.probe_params(get_run(wildcards))
-
-
-def get_probe_curvature(wildcards):
-    """per_image_curvature.npy of (run, index, epoch) where the curvature target is asked for and
-    curvature is computed at that epoch; none otherwise (the probes skip the target and say so).
-    """
-    spec = get_run(wildcards)["probes"]
-    if "curvature" not in spec["targets"]:
-        return []
-    if int(wildcards.epoch) not in get_curvature_epochs(wildcards.run):
-        return []
-    return [
-        f"results/{wildcards.run}/index-{wildcards.index}/curvature/"
-        f"epoch_{wildcards.epoch}/per_image_curvature.npy"
-    ]
-
-
-def get_ablation_params(wildcards):
-    return run_config.ablation_params(get_run(wildcards))
-
-
-def get_epoch_files(run, folder, epochs, ext):
-    return [
-        f"results/{run}/index-{index}/{folder}/epoch_{epoch:04d}.{ext}"
+        path(run, index, epoch)
         for index in config["runs"][run]["indices"]
         for epoch in epochs
     ]
 
 
-def get_run_probe_tables(wildcards):
-    return get_epoch_files(
-        wildcards.run, "probes", get_probe_epochs(wildcards.run), "csv"
+def all_targets():
+    """The default target (all): every stage's per-checkpoint results, tables and figures."""
+    targets = (
+        figure_targets()
+        + curvature_targets()
+        + feature_targets()
+        + probe_targets()
+        + ablation_targets()
+        + influence_targets()
     )
-
-
-def get_run_ablation_tables(wildcards):
-    return get_epoch_files(
-        wildcards.run, "ablation", get_ablation_epochs(wildcards.run), "csv"
-    )
-
-
-def get_all_features():
-    """Every features file of every run."""
-    return [
-        path
-        for run in config["runs"]
-        for path in get_epoch_files(run, "features", get_feature_epochs(run), "h5")
-    ]
-
-
-def get_figure_files(run, name):
-    return [f"results/{run}/figures/{name}.{ext}" for ext in ("png", "pdf")]
-
-
-def get_all_probes():
-    """Every probe result: per-epoch tables, the run's table and its figure."""
-    return [
-        path
-        for run in config["runs"]
-        if get_probe_epochs(run)
-        for path in get_epoch_files(run, "probes", get_probe_epochs(run), "csv")
-        + [f"results/{run}/tables/probes.csv"]
-        + get_figure_files(run, "probe_accuracy")
-    ]
-
-
-def get_all_ablation():
-    """Every ablation result: per-epoch tables, the run's table and its figure."""
-    return [
-        path
-        for run in config["runs"]
-        if get_ablation_epochs(run)
-        for path in get_epoch_files(run, "ablation", get_ablation_epochs(run), "csv")
-        + [f"results/{run}/tables/ablation.csv"]
-        + get_figure_files(run, "ablation_effect")
-    ]
-
-
-def get_feature_figures():
-    """Probe and ablation figures of every run that has them."""
-    return [
-        path for path in get_all_probes() + get_all_ablation() if "/figures/" in path
-    ]
-
-
-def get_all_feature_analyses():
-    """Features, probes and ablations: what `rule all` asks for."""
-    return get_all_features() + get_all_probes() + get_all_ablation()
-
-
-# ------------------------------------------------------------------------------------------------
-# Influence and data quality
-# ------------------------------------------------------------------------------------------------
-# prepare_data applies data.corruption and records the corrupted positions (rules/data.smk). Per
-# (run, index, epoch, method), in results/{run}/index-{index}/influence/epoch_{E}/{method}/:
-# influence_factors (ekfac, kfac, diagonal) -> factors.pt, factor_diagnostics.csv; influence_scores
-# (every method) -> scores.npz, metadata.json, diagnostics.csv. Per run: poison_detection -> tables,
-# plot_influence -> figures. Params hold what changes results; the batch sizes are read from the
-# config by the scripts, so changing them reruns nothing.
-
-from types import SimpleNamespace
-
-from epochlens.influence.settings import FACTOR_METHODS
-
-INFLUENCE_FIGURES = ("poison_roc", "top_influential_images", "influence_conditioning")
-
-
-@cache
-def get_influence_epochs(run):
-    return run_config.influence_epochs(run, config["runs"][run])
-
-
-def get_influence_runs():
-    """Runs whose influence is computed at one epoch or more."""
-    return [run for run in config["runs"] if get_influence_epochs(run)]
-
-
-def get_influence_dir(run, index, epoch, method):
-    return f"results/{run}/index-{index}/influence/epoch_{int(epoch):04d}/{method}"
-
-
-def get_corruption(wildcards):
-    return run_config.corruption(get_run(wildcards))
-
-
-def get_corrupted_indices(wildcards):
-    return f"results/{wildcards.run}/data/corrupted_indices.npy"
-
-
-def get_influence_factor_params(wildcards):
-    return run_config.influence_factor_params(get_run(wildcards), wildcards.method)
-
-
-def get_influence_score_params(wildcards):
-    return run_config.influence_score_params(
-        wildcards.run, get_run(wildcards), wildcards.method, int(wildcards.epoch)
-    )
-
-
-def get_influence_tracin_epochs(wildcards):
-    if wildcards.method != "tracin":
-        return []
-    return run_config.tracin_epochs(wildcards.run, get_run(wildcards), int(wildcards.epoch))
-
-
-def get_influence_tracin_checkpoints(wildcards):
-    """Checkpoints of the TracIn sum (none for the other methods)."""
-    return [
-        get_checkpoint(
-            SimpleNamespace(run=wildcards.run, index=wildcards.index, epoch=f"{e:04d}")
-        )
-        for e in get_influence_tracin_epochs(wildcards)
-    ]
-
-
-def get_influence_factors(wildcards):
-    """factors.pt of (run, index, epoch, method); none for identity and tracin."""
-    if wildcards.method not in FACTOR_METHODS:
-        return []
-    folder = get_influence_dir(
-        wildcards.run, wildcards.index, wildcards.epoch, wildcards.method
-    )
-    return [f"{folder}/factors.pt"]
-
-
-def get_influence_jobs(run):
-    """(index, epoch, method) of every influence_scores job of ``run``, index-major."""
-    spec = config["runs"][run]["influence"]
-    return [
-        {"index": index, "epoch": epoch, "method": method}
-        for index in config["runs"][run]["indices"]
-        for epoch in get_influence_epochs(run)
-        for method in spec["methods"]
-    ]
-
-
-def get_run_influence_jobs(wildcards):
-    return get_influence_jobs(wildcards.run)
-
-
-def get_influence_files(run, name):
-    return [
-        f"{get_influence_dir(run, j['index'], j['epoch'], j['method'])}/{name}"
-        for j in get_influence_jobs(run)
-    ]
-
-
-def get_run_influence_scores(wildcards):
-    return get_influence_files(wildcards.run, "scores.npz")
-
-
-def get_run_influence_diagnostics(wildcards):
-    return get_influence_files(wildcards.run, "diagnostics.csv")
-
-
-def get_poison_detection_params(wildcards):
-    return run_config.poison_detection_params(get_run(wildcards))
-
-
-def get_influence_figures():
-    return [
-        path
-        for run in get_influence_runs()
-        for name in INFLUENCE_FIGURES
-        for ext in ("png", "pdf")
-        for path in [f"results/{run}/figures/{name}.{ext}"]
-    ]
-
-
-def get_all_influence():
-    """Every influence result: per-epoch scores, the study's tables and figures of every run."""
-    return [
-        path
-        for run in get_influence_runs()
-        for path in get_influence_files(run, "metadata.json")
-        + [f"results/{run}/tables/poison_detection.csv"]
-    ] + get_influence_figures()
+    return list(dict.fromkeys(targets))

@@ -1,28 +1,34 @@
 # Per-image input-loss curvature of every training image, per (index, epoch): S shard jobs, each a
 # contiguous range of training samples, then one job merging them into the DESIGN.md files.
-# Samples of classes not yet trained at that epoch are NaN.
+# Samples of classes not yet trained at that epoch are NaN. Params hold what changes results
+# (epochlens.config.curvature_params); batch size, processes and device are read from the config
+# by the shard script, so changing them reruns nothing.
+
+
+include: "helpers/curvature.smk"
 
 
 rule curvature_shard:
     input:
-        dataset=get_dataset,
-        class_order=get_class_order,
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
         code=get_code("curvature_shard.py"),
     output:
-        shard="results/{run}/index-{index}/curvature/epoch_{epoch}/shards/shard_{shard}-of-{nshards}.npz",
+        shard=layout.curvature_shard(),
     log:
-        "results/{run}/logs/curvature/index-{index}/epoch_{epoch}/shard_{shard}-of-{nshards}.log",
+        layout.log("curvature", index="{index}", epoch="{epoch}", name=shard_name()),
     benchmark:
-        "results/{run}/benchmarks/curvature/index-{index}/epoch_{epoch}/shard_{shard}-of-{nshards}.tsv"
+        layout.benchmark(
+            "curvature", index="{index}", epoch="{epoch}", name=shard_name()
+        )
     conda:
         "../envs/epochlens.yaml"
     threads: get_curvature_threads
     params:
         settings=get_curvature_settings,
-        model=get_curvature_model,
-        schedule=get_schedule,
-        device=config["device"],
+        model=config_provider("model", "name"),
+        schedule=config_provider("schedule"),
     script:
         "../scripts/curvature_shard.py"
 
@@ -32,18 +38,12 @@ rule curvature_epoch:
         shards=get_curvature_shards,
         code=get_code("curvature_epoch.py"),
     output:
-        curvature="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_curvature.npy",
-        directional_eig="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_directional_eig.npy",
-        loss="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_loss.npy",
-        grad_norm="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_grad_norm.npy",
-        correct="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_correct.npy",
-        labels="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_labels.npy",
-        holdout="results/{run}/index-{index}/curvature/epoch_{epoch}/per_image_holdout.npy",
-        metadata="results/{run}/index-{index}/curvature/epoch_{epoch}/metadata.json",
+        **{key: layout.curvature_array(key) for key in ARRAY_DTYPES},
+        metadata=layout.curvature_metadata(),
     log:
-        "results/{run}/logs/curvature/index-{index}/epoch_{epoch}/merge.log",
+        layout.log("curvature", index="{index}", epoch="{epoch}", name="merge"),
     benchmark:
-        "results/{run}/benchmarks/curvature/index-{index}/epoch_{epoch}/merge.tsv"
+        layout.benchmark("curvature", index="{index}", epoch="{epoch}", name="merge")
     conda:
         "../envs/epochlens.yaml"
     params:
@@ -59,64 +59,70 @@ rule curvature_tables:
         class_orders=get_class_orders,
         code=get_code("curvature_tables.py"),
     output:
-        samples="results/{run}/tables/sample_dynamics.csv",
-        cohorts="results/{run}/tables/curvature_per_cohort.csv",
-        distribution="results/{run}/tables/curvature_distribution.csv",
-        summary="results/{run}/tables/curvature_summary.csv",
-        provenance="results/{run}/tables/curvature_tables.provenance.json",
+        samples=layout.table("sample_dynamics"),
+        cohorts=layout.table("curvature_per_cohort"),
+        distribution=layout.table("curvature_distribution"),
+        summary=layout.table("curvature_summary"),
+        provenance=layout.table_provenance("curvature_tables"),
     log:
-        "results/{run}/logs/curvature_tables.log",
+        layout.log("curvature_tables"),
     benchmark:
-        "results/{run}/benchmarks/curvature_tables.tsv"
+        layout.benchmark("curvature_tables")
     conda:
         "../envs/epochlens.yaml"
     params:
-        indices=get_indices,
+        indices=config_provider("indices"),
         epochs=get_run_curvature_epochs,
-        schedule=get_schedule,
-        epochs_per_task=get_epochs_per_task,
+        schedule=config_provider("schedule"),
+        epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:
         "../scripts/curvature_tables.py"
 
 
 rule plot_curvature:
     input:
-        samples="results/{run}/tables/sample_dynamics.csv",
-        cohorts="results/{run}/tables/curvature_per_cohort.csv",
-        distribution="results/{run}/tables/curvature_distribution.csv",
+        samples=rules.curvature_tables.output.samples,
+        cohorts=rules.curvature_tables.output.cohorts,
+        distribution=rules.curvature_tables.output.distribution,
         code=get_code("plot_curvature.py"),
     output:
         by_cohort_png=report(
-            "results/{run}/figures/curvature_by_cohort.png",
+            layout.figure("curvature_by_cohort", "png"),
             caption="../report/curvature_by_cohort.rst",
             category="Curvature",
             subcategory="{run}",
         ),
-        by_cohort_pdf="results/{run}/figures/curvature_by_cohort.pdf",
+        by_cohort_pdf=layout.figure("curvature_by_cohort", "pdf"),
         distribution_png=report(
-            "results/{run}/figures/curvature_distribution.png",
+            layout.figure("curvature_distribution", "png"),
             caption="../report/curvature_distribution.rst",
             category="Curvature",
             subcategory="{run}",
         ),
-        distribution_pdf="results/{run}/figures/curvature_distribution.pdf",
+        distribution_pdf=layout.figure("curvature_distribution", "pdf"),
         vs_loss_png=report(
-            "results/{run}/figures/curvature_vs_loss.png",
+            layout.figure("curvature_vs_loss", "png"),
             caption="../report/curvature_vs_loss.rst",
             category="Curvature",
             subcategory="{run}",
         ),
-        vs_loss_pdf="results/{run}/figures/curvature_vs_loss.pdf",
+        vs_loss_pdf=layout.figure("curvature_vs_loss", "pdf"),
     log:
-        "results/{run}/logs/plot_curvature.log",
+        layout.log("plot_curvature"),
     conda:
         "../envs/epochlens.yaml"
     params:
-        epochs_per_task=get_epochs_per_task,
+        epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:
         "../scripts/plot_curvature.py"
 
 
 rule curvature:
     input:
-        get_all_curvature(),
+        curvature_targets(),
+
+
+localrules:
+    curvature,
+    curvature_tables,
+    plot_curvature,

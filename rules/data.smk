@@ -1,34 +1,40 @@
+# The run's data set (with data.corruption applied) and each replicate's class order.
+
+
+include: "helpers/data.smk"
+
+
 rule prepare_data:
     input:
         source=get_data_source_files,
         code=get_code("prepare_data.py"),
     output:
-        dataset="results/{run}/data/dataset.h5",
-        corrupted="results/{run}/data/corrupted_indices.npy",
+        dataset=layout.dataset(),
+        corrupted=layout.corrupted_indices(),
     log:
-        "results/{run}/logs/prepare_data.log",
+        layout.log("prepare_data"),
     benchmark:
-        "results/{run}/benchmarks/prepare_data.tsv"
+        layout.benchmark("prepare_data")
     conda:
         "../envs/epochlens.yaml"
     params:
-        data=get_data_params,
+        data=config_provider("data"),
     script:
         "../scripts/prepare_data.py"
 
 
 rule class_order:
     input:
-        dataset=get_dataset,
+        dataset=rules.prepare_data.output.dataset,
         user_file=get_user_class_order,
         code=get_code("class_order.py"),
     output:
-        order="results/{run}/index-{index}/class_order.npy",
+        order=layout.class_order(),
     log:
-        "results/{run}/logs/class_order/index-{index}.log",
+        layout.log("class_order", index="{index}"),
     conda:
         "../envs/epochlens.yaml"
     params:
-        spec=get_class_order_params,
+        spec=config_provider("class_order"),
     script:
         "../scripts/class_order.py"

@@ -1,20 +1,25 @@
+# Per-class accuracy of every analysed checkpoint, then the run's accuracy tables.
+
+
+include: "helpers/evaluate.smk"
+
+
 rule evaluate_checkpoint:
     input:
-        dataset=get_dataset,
-        class_order=get_class_order,
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
         code=get_code("evaluate_checkpoint.py"),
     output:
-        table="results/{run}/index-{index}/eval/epoch_{epoch}.csv",
+        table=layout.eval_table(),
     log:
-        "results/{run}/logs/evaluate/index-{index}/epoch_{epoch}.log",
+        layout.log("evaluate", index="{index}", epoch="{epoch}"),
     benchmark:
-        "results/{run}/benchmarks/evaluate/index-{index}/epoch_{epoch}.tsv"
+        layout.benchmark("evaluate", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
     params:
-        run=get_eval_run,
-        device=config["device"],
+        run=get_eval_params,
     script:
         "../scripts/evaluate_checkpoint.py"
 
@@ -24,15 +29,20 @@ rule accuracy_tables:
         tables=get_eval_tables,
         code=get_code("accuracy_tables.py"),
     output:
-        per_class="results/{run}/tables/accuracy_per_class.csv",
-        cohorts="results/{run}/tables/accuracy_per_cohort.csv",
-        summary="results/{run}/tables/accuracy_summary.csv",
-        provenance="results/{run}/tables/accuracy_tables.provenance.json",
+        per_class=layout.table("accuracy_per_class"),
+        cohorts=layout.table("accuracy_per_cohort"),
+        summary=layout.table("accuracy_summary"),
+        provenance=layout.table_provenance("accuracy_tables"),
     log:
-        "results/{run}/logs/accuracy_tables.log",
+        layout.log("accuracy_tables"),
     conda:
         "../envs/epochlens.yaml"
     params:
-        epochs_per_task=get_epochs_per_task,
+        epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:
         "../scripts/accuracy_tables.py"
+
+
+# Seconds of work on small tables: on a cluster they run on the submit host instead of queueing.
+localrules:
+    accuracy_tables,

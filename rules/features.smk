@@ -1,30 +1,37 @@
 # Per-layer features of every training and test image at each checkpoint (features.epochs),
 # written to features/epoch_{E}.h5 with their cache key (checkpoint hash, data key, layer and
-# representation spec). Params hold the spec only: Snakemake reruns a job exactly when the key
-# would change (another checkpoint, data set or spec); batch size and device, which do not change
-# the features, are read from the config by the script.
+# representation spec). Params hold the spec only (epochlens.config.feature_params): Snakemake
+# reruns a job exactly when the key would change (another checkpoint, data set or spec); batch
+# size and device, which do not change the features, are read from the config by the script.
+
+
+include: "helpers/features.smk"
 
 
 rule features_epoch:
     input:
-        dataset=get_dataset,
+        dataset=rules.prepare_data.output.dataset,
         checkpoint=get_checkpoint,
         code=get_code("features_epoch.py"),
     output:
-        features="results/{run}/index-{index}/features/epoch_{epoch}.h5",
+        features=layout.features(),
     log:
-        "results/{run}/logs/features/index-{index}/epoch_{epoch}.log",
+        layout.log("features", index="{index}", epoch="{epoch}"),
     benchmark:
-        "results/{run}/benchmarks/features/index-{index}/epoch_{epoch}.tsv"
+        layout.benchmark("features", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
     params:
-        settings=get_feature_settings,
-        model=get_model_name,
+        settings=get_feature_params,
+        model=config_provider("model", "name"),
     script:
         "../scripts/features_epoch.py"
 
 
 rule features:
     input:
-        get_all_features(),
+        feature_targets(),
+
+
+localrules:
+    features,

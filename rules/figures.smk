@@ -1,28 +1,34 @@
+# Accuracy and training figures, and the target that redraws every figure of every stage.
+
+
+include: "helpers/figures.smk"
+
+
 rule plot_accuracy:
     input:
-        cohorts="results/{run}/tables/accuracy_per_cohort.csv",
+        cohorts=rules.accuracy_tables.output.cohorts,
         code=get_code("plot_accuracy.py"),
     output:
         png=report(
-            "results/{run}/figures/accuracy_by_cohort.png",
+            layout.figure("accuracy_by_cohort", "png"),
             caption="../report/accuracy_by_cohort.rst",
             category="Accuracy",
             subcategory="{run}",
         ),
-        pdf="results/{run}/figures/accuracy_by_cohort.pdf",
+        pdf=layout.figure("accuracy_by_cohort", "pdf"),
     log:
-        "results/{run}/logs/plot_accuracy.log",
+        layout.log("plot_accuracy"),
     conda:
         "../envs/epochlens.yaml"
     params:
-        epochs_per_task=get_epochs_per_task,
+        epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:
         "../scripts/plot_accuracy.py"
 
 
 rule figures:
     input:
-        get_all_figures(),
+        all_figures(),
 
 
 rule plot_training:
@@ -31,18 +37,24 @@ rule plot_training:
         code=get_code("plot_training.py"),
     output:
         png=report(
-            "results/{run}/figures/training_curves.png",
+            layout.figure("training_curves", "png"),
             caption="../report/training_curves.rst",
             category="Training",
             subcategory="{run}",
         ),
-        pdf="results/{run}/figures/training_curves.pdf",
+        pdf=layout.figure("training_curves", "pdf"),
     log:
-        "results/{run}/logs/plot_training.log",
+        layout.log("plot_training"),
     conda:
         "../envs/epochlens.yaml"
     params:
-        indices=get_indices,
-        epochs_per_task=get_epochs_per_task,
+        indices=config_provider("indices"),
+        epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:
         "../scripts/plot_training.py"
+
+
+localrules:
+    figures,
+    plot_accuracy,
+    plot_training,

@@ -1,61 +1,70 @@
-# Influence of training images and the data-quality study (helpers: rules/common.smk, section
-# "Influence and data quality"). Per (run, index, epoch, method):
+# Influence of training images and the data-quality study. Per (run, index, epoch, method):
 #   influence_factors  ekfac, kfac, diagonal: the curvature factors, fitted once per checkpoint and
 #                      layer selection, reused by self and pairwise influence at any damping
 #   influence_scores   self-influence of every training image and influence on the queries (one
 #                      matrix per query transform); identity and tracin need no factors
-# Per run: poison_detection (tables) -> plot_influence (figures).
-# The scripts import the epochlens.influence submodules, not the package: get_code finds a
-# script's modules by their files, and would miss those behind the package's __init__.py.
+# Per run: poison_detection (tables) -> plot_influence (figures). prepare_data applies
+# data.corruption and records the corrupted positions (rules/data.smk). Params hold what changes
+# results (epochlens.config.influence_*_params); batch sizes and device are read from the config
+# by the scripts, so changing them reruns nothing.
+
+
+include: "helpers/influence.smk"
 
 
 rule influence_factors:
     input:
-        dataset=get_dataset,
-        class_order=get_class_order,
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
         code=get_code("influence_factors.py"),
     output:
-        factors="results/{run}/index-{index}/influence/epoch_{epoch}/{method}/factors.pt",
-        diagnostics="results/{run}/index-{index}/influence/epoch_{epoch}/{method}/factor_diagnostics.csv",
+        factors=layout.influence_file("factors.pt"),
+        diagnostics=layout.influence_file("factor_diagnostics.csv"),
     log:
-        "results/{run}/logs/influence/index-{index}/epoch_{epoch}/{method}/factors.log",
+        layout.log(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/factors"
+        ),
     benchmark:
-        "results/{run}/benchmarks/influence/index-{index}/epoch_{epoch}/{method}/factors.tsv"
+        layout.benchmark(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/factors"
+        )
     wildcard_constraints:
         method="ekfac|kfac|diagonal",
     conda:
         "../envs/epochlens.yaml"
     params:
         config=get_influence_factor_params,
-        device=config["device"],
     script:
         "../scripts/influence_factors.py"
 
 
 rule influence_scores:
     input:
-        dataset=get_dataset,
-        class_order=get_class_order,
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
         factors=get_influence_factors,
         tracin_checkpoints=get_influence_tracin_checkpoints,
         code=get_code("influence_scores.py"),
     output:
-        scores="results/{run}/index-{index}/influence/epoch_{epoch}/{method}/scores.npz",
-        metadata="results/{run}/index-{index}/influence/epoch_{epoch}/{method}/metadata.json",
-        diagnostics="results/{run}/index-{index}/influence/epoch_{epoch}/{method}/diagnostics.csv",
+        scores=layout.influence_file("scores.npz"),
+        metadata=layout.influence_file("metadata.json"),
+        diagnostics=layout.influence_file("diagnostics.csv"),
     log:
-        "results/{run}/logs/influence/index-{index}/epoch_{epoch}/{method}/scores.log",
+        layout.log(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/scores"
+        ),
     benchmark:
-        "results/{run}/benchmarks/influence/index-{index}/epoch_{epoch}/{method}/scores.tsv"
+        layout.benchmark(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/scores"
+        )
     wildcard_constraints:
         method="ekfac|kfac|diagonal|identity|tracin",
     conda:
         "../envs/epochlens.yaml"
     params:
         config=get_influence_score_params,
-        device=config["device"],
     script:
         "../scripts/influence_scores.py"
 
@@ -64,19 +73,19 @@ rule poison_detection:
     input:
         scores=get_run_influence_scores,
         diagnostics=get_run_influence_diagnostics,
-        corrupted=get_corrupted_indices,
-        dataset=get_dataset,
+        corrupted=rules.prepare_data.output.corrupted,
+        dataset=rules.prepare_data.output.dataset,
         code=get_code("poison_detection.py"),
     output:
-        detection="results/{run}/tables/poison_detection.csv",
-        agreement="results/{run}/tables/influence_transform_agreement.csv",
-        roc="results/{run}/tables/poison_roc.csv",
-        top="results/{run}/tables/influence_top_ranked.csv",
-        conditioning="results/{run}/tables/influence_conditioning.csv",
+        detection=layout.table("poison_detection"),
+        agreement=layout.table("influence_transform_agreement"),
+        roc=layout.table("poison_roc"),
+        top=layout.table("influence_top_ranked"),
+        conditioning=layout.table("influence_conditioning"),
     log:
-        "results/{run}/logs/poison_detection.log",
+        layout.log("poison_detection"),
     benchmark:
-        "results/{run}/benchmarks/poison_detection.tsv"
+        layout.benchmark("poison_detection")
     conda:
         "../envs/epochlens.yaml"
     params:
@@ -88,36 +97,36 @@ rule poison_detection:
 
 rule plot_influence:
     input:
-        detection="results/{run}/tables/poison_detection.csv",
-        roc="results/{run}/tables/poison_roc.csv",
-        top="results/{run}/tables/influence_top_ranked.csv",
-        conditioning="results/{run}/tables/influence_conditioning.csv",
-        dataset=get_dataset,
+        detection=rules.poison_detection.output.detection,
+        roc=rules.poison_detection.output.roc,
+        top=rules.poison_detection.output.top,
+        conditioning=rules.poison_detection.output.conditioning,
+        dataset=rules.prepare_data.output.dataset,
         code=get_code("plot_influence.py"),
     output:
         roc_png=report(
-            "results/{run}/figures/poison_roc.png",
+            layout.figure("poison_roc", "png"),
             caption="../report/poison_roc.rst",
             category="Influence",
             subcategory="{run}",
         ),
-        roc_pdf="results/{run}/figures/poison_roc.pdf",
+        roc_pdf=layout.figure("poison_roc", "pdf"),
         top_png=report(
-            "results/{run}/figures/top_influential_images.png",
+            layout.figure("top_influential_images", "png"),
             caption="../report/top_influential_images.rst",
             category="Influence",
             subcategory="{run}",
         ),
-        top_pdf="results/{run}/figures/top_influential_images.pdf",
+        top_pdf=layout.figure("top_influential_images", "pdf"),
         conditioning_png=report(
-            "results/{run}/figures/influence_conditioning.png",
+            layout.figure("influence_conditioning", "png"),
             caption="../report/influence_conditioning.rst",
             category="Influence",
             subcategory="{run}",
         ),
-        conditioning_pdf="results/{run}/figures/influence_conditioning.pdf",
+        conditioning_pdf=layout.figure("influence_conditioning", "pdf"),
     log:
-        "results/{run}/logs/plot_influence.log",
+        layout.log("plot_influence"),
     conda:
         "../envs/epochlens.yaml"
     params:
@@ -128,4 +137,10 @@ rule plot_influence:
 
 rule influence:
     input:
-        get_all_influence(),
+        influence_targets(),
+
+
+localrules:
+    influence,
+    poison_detection,
+    plot_influence,

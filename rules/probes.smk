@@ -4,24 +4,27 @@
 # that epoch. Then one table per run (mean and spread over seeds and indices) and its heatmaps.
 
 
+include: "helpers/probes.smk"
+
+
 rule probes_epoch:
     input:
-        features="results/{run}/index-{index}/features/epoch_{epoch}.h5",
-        dataset=get_dataset,
-        class_order=get_class_order,
+        features=rules.features_epoch.output.features,
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
         curvature=get_probe_curvature,
         code=get_code("probes_epoch.py"),
     output:
-        table="results/{run}/index-{index}/probes/epoch_{epoch}.csv",
+        table=layout.probe_table(),
     log:
-        "results/{run}/logs/probes/index-{index}/epoch_{epoch}.log",
+        layout.log("probes", index="{index}", epoch="{epoch}"),
     benchmark:
-        "results/{run}/benchmarks/probes/index-{index}/epoch_{epoch}.tsv"
+        layout.benchmark("probes", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
     params:
         probes=get_probe_params,
-        schedule=get_schedule,
+        schedule=config_provider("schedule"),
     script:
         "../scripts/probes_epoch.py"
 
@@ -31,11 +34,11 @@ rule probe_tables:
         tables=get_run_probe_tables,
         code=get_code("probe_tables.py"),
     output:
-        summary="results/{run}/tables/probes.csv",
+        summary=layout.table("probes"),
     log:
-        "results/{run}/logs/probe_tables.log",
+        layout.log("probe_tables"),
     benchmark:
-        "results/{run}/benchmarks/probe_tables.tsv"
+        layout.benchmark("probe_tables")
     conda:
         "../envs/epochlens.yaml"
     script:
@@ -44,18 +47,18 @@ rule probe_tables:
 
 rule plot_probes:
     input:
-        summary="results/{run}/tables/probes.csv",
+        summary=rules.probe_tables.output.summary,
         code=get_code("plot_probes.py"),
     output:
         png=report(
-            "results/{run}/figures/probe_accuracy.png",
+            layout.figure("probe_accuracy", "png"),
             caption="../report/probe_accuracy.rst",
             category="Probes",
             subcategory="{run}",
         ),
-        pdf="results/{run}/figures/probe_accuracy.pdf",
+        pdf=layout.figure("probe_accuracy", "pdf"),
     log:
-        "results/{run}/logs/plot_probes.log",
+        layout.log("plot_probes"),
     conda:
         "../envs/epochlens.yaml"
     script:
@@ -64,4 +67,10 @@ rule plot_probes:
 
 rule probes:
     input:
-        get_all_probes(),
+        probe_targets(),
+
+
+localrules:
+    probes,
+    probe_tables,
+    plot_probes,

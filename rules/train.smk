@@ -1,7 +1,9 @@
 # One training rule per run that the pipeline trains: its outputs are that run's checkpoint files,
 # whose number depends on the run's schedule (a rule's outputs cannot depend on a wildcard).
 # Users who bring their own checkpoints (checkpoints.source: folder) skip training entirely.
-# Their cluster resources: get_train_resources (rules/common.smk).
+
+
+include: "helpers/train.smk"
 
 
 for _run in get_trained_runs():
@@ -10,23 +12,22 @@ for _run in get_trained_runs():
         name:
             f"train_{_run}"
         input:
-            dataset=f"results/{_run}/data/dataset.h5",
-            class_order=f"results/{_run}/index-{{index}}/class_order.npy",
+            dataset=layout.dataset(_run),
+            class_order=layout.class_order(_run),
             code=get_code("train.py"),
         output:
             checkpoints=get_trained_checkpoints(_run),
-            log_table=f"results/{_run}/index-{{index}}/train_log.csv",
-            metadata=f"results/{_run}/index-{{index}}/train_metadata.json",
+            log_table=layout.train_log(_run),
+            metadata=layout.train_metadata(_run),
         log:
-            f"results/{_run}/logs/train/index-{{index}}.log",
+            layout.log("train", _run, index="{index}"),
         benchmark:
-            f"results/{_run}/benchmarks/train/index-{{index}}.tsv"
+            layout.benchmark("train", _run, index="{index}")
         conda:
             "../envs/epochlens.yaml"
         resources:
             **get_train_resources(),
         params:
-            run=get_run_params(_run),
-            device=config["device"],
+            run=run_config.run_params(config["runs"][_run]),
         script:
             "../scripts/train.py"

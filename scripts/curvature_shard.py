@@ -31,7 +31,7 @@ def main() -> None:
     execution = snakemake.config["runs"][snakemake.wildcards.run]["curvature"]
     settings = CurvatureSettings(**p.settings, batch_size=execution["batch_size"])
     processes = execution["processes"]
-    device = resolve_device(p.device)
+    device = resolve_device(snakemake.config["device"])
 
     n = len(data.train_labels)
     lo, hi = shard_range(n, shard, nshards)

@@ -19,7 +19,7 @@ def main() -> None:
     schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
     model = build_model(run["model"]["name"], data.num_classes, data.train_images.shape[1])
     load_into(model, snakemake.input.checkpoint)
-    device = resolve_device(snakemake.params.device)
+    device = resolve_device(snakemake.config["device"])
     table = evaluate_checkpoint(model, data, schedule, epoch, run["evaluation"]["batch_size"], device)
     table.insert(0, "index", int(snakemake.wildcards.index))
     table.insert(0, "run", snakemake.wildcards.run)

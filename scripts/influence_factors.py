@@ -56,7 +56,7 @@ def main() -> None:
     # Batch sizes do not change results: read from the config, not params (changing them reruns nothing).
     execution = snakemake.config["runs"][w.run]["influence"]
     settings = influence_settings(p.config["settings"], execution)
-    device = resolve_device(p.device)
+    device = resolve_device(snakemake.config["device"])
     trained = np.flatnonzero(~data.holdout)  # the images the checkpoint was trained on (active ones)
     x, y = data.normalized("train", trained), data.train_labels[trained]
     key = factor_cache_key(

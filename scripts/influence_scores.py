@@ -29,7 +29,7 @@ def main() -> None:
     data = read_dataset(inp.dataset)
     schedule = schedule_from_config(cfg["schedule"], inp.class_order)
     active = schedule.active_classes(epoch)
-    device = resolve_device(p.device)
+    device = resolve_device(snakemake.config["device"])
 
     def model_at(checkpoint):
         model = build_model(cfg["model"], data.num_classes, data.train_images.shape[1])

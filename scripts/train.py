@@ -23,7 +23,7 @@ def main() -> None:
     in_channels = data.train_images.shape[1]
     model = build_model(run["model"]["name"], data.num_classes, in_channels, seed=settings.seed)
     folder = Path(snakemake.output.checkpoints[0]).parent
-    device = resolve_device(snakemake.params.device)
+    device = resolve_device(snakemake.config["device"])
     log.info(
         "training index %d on %s: %d tasks x %d epochs",
         index,

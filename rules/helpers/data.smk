@@ -1,0 +1,26 @@
+# Helpers of rules/data.smk: input functions, params and targets.
+
+from epochlens.data import cifar100_files
+
+
+def get_data_source_files(wildcards):
+    """The user's data files (so replacing them rebuilds dataset.h5); none for bundled digits."""
+    data = get_run(wildcards)["data"]
+    if data["source"] == "cifar100":
+        return [str(p) for p in cifar100_files(data["path"])]
+    if data["source"] == "npz":
+        return [data["path"]]
+    return []
+
+
+def get_user_class_order(wildcards):
+    spec = get_run(wildcards)["class_order"]
+    if spec["source"] != "file":
+        return []
+    path = Path(spec["path"].format(index=int(wildcards.index)))
+    if not path.is_file():
+        raise WorkflowError(
+            f"{path}: class order file not found (run {wildcards.run}, index {wildcards.index}). "
+            "Fix class_order.path in the config or use class_order.source: seed."
+        )
+    return [str(path)]

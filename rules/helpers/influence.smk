@@ -1,0 +1,99 @@
+# Helpers of rules/influence.smk: input functions, params and targets.
+
+from types import SimpleNamespace
+
+from epochlens.influence.settings import FACTOR_METHODS
+
+INFLUENCE_FIGURES = ("poison_roc", "top_influential_images", "influence_conditioning")
+
+
+@cache
+def get_influence_epochs(run):
+    return run_config.influence_epochs(run, config["runs"][run])
+
+
+def influence_runs():
+    """Runs whose influence is computed at one epoch or more."""
+    return [run for run in config["runs"] if get_influence_epochs(run)]
+
+
+def get_influence_factor_params(wildcards):
+    return run_config.influence_factor_params(get_run(wildcards), wildcards.method)
+
+
+def get_influence_score_params(wildcards):
+    return run_config.influence_score_params(
+        wildcards.run, get_run(wildcards), wildcards.method, int(wildcards.epoch)
+    )
+
+
+def get_influence_tracin_checkpoints(wildcards):
+    """Checkpoints of the TracIn sum (none for the other methods)."""
+    return [
+        get_checkpoint(
+            SimpleNamespace(run=wildcards.run, index=wildcards.index, epoch=f"{e:04d}")
+        )
+        for e in get_influence_score_params(wildcards)["tracin_epochs"]
+    ]
+
+
+def get_influence_factors(wildcards):
+    """factors.pt of (run, index, epoch, method); none for identity and tracin."""
+    if wildcards.method not in FACTOR_METHODS:
+        return []
+    w = wildcards
+    return [layout.influence_file("factors.pt", w.run, w.index, w.epoch, w.method)]
+
+
+def influence_jobs(run):
+    """(index, epoch, method) of every influence_scores job of ``run``, index-major."""
+    spec = config["runs"][run]["influence"]
+    return [
+        {"index": index, "epoch": epoch, "method": method}
+        for index in config["runs"][run]["indices"]
+        for epoch in get_influence_epochs(run)
+        for method in spec["methods"]
+    ]
+
+
+def get_run_influence_jobs(wildcards):
+    return influence_jobs(wildcards.run)
+
+
+def influence_files(run, name):
+    return [layout.influence_file(name, run, **job) for job in influence_jobs(run)]
+
+
+def get_run_influence_scores(wildcards):
+    return influence_files(wildcards.run, "scores.npz")
+
+
+def get_run_influence_diagnostics(wildcards):
+    return influence_files(wildcards.run, "diagnostics.csv")
+
+
+def get_poison_detection_params(wildcards):
+    return run_config.poison_detection_params(get_run(wildcards))
+
+
+def get_corruption(wildcards):
+    return run_config.corruption(get_run(wildcards))
+
+
+def influence_figures():
+    return [
+        path
+        for run in influence_runs()
+        for name in INFLUENCE_FIGURES
+        for path in layout.figures(name, run)
+    ]
+
+
+def influence_targets():
+    """Every influence result: per-epoch scores, the study's tables and figures of every run."""
+    return [
+        path
+        for run in influence_runs()
+        for path in influence_files(run, "metadata.json")
+        + [layout.table("poison_detection", run)]
+    ] + influence_figures()

@@ -1,0 +1,51 @@
+# Helpers of rules/probes.smk: input functions, params and targets.
+
+
+@cache
+def get_probe_epochs(run):
+    return run_config.probe_epochs(run, config["runs"][run])
+
+
+def get_probe_params(wildcards):
+    return run_config.probe_params(get_run(wildcards))
+
+
+def get_probe_curvature(wildcards):
+    """per_image_curvature.npy of (run, index, epoch) where the curvature target is asked for and
+    curvature is computed at that epoch; none otherwise (the probes skip the target and say so).
+    """
+    if "curvature" not in get_run(wildcards)["probes"]["targets"]:
+        return []
+    if int(wildcards.epoch) not in get_curvature_epochs(wildcards.run):
+        return []
+    return [
+        layout.curvature_array(
+            "curvature", wildcards.run, wildcards.index, wildcards.epoch
+        )
+    ]
+
+
+def get_run_probe_tables(wildcards):
+    run = wildcards.run
+    return per_checkpoint(run, layout.probe_table, get_probe_epochs(run))
+
+
+def probe_figures():
+    return [
+        path
+        for run in config["runs"]
+        if get_probe_epochs(run)
+        for path in layout.figures("probe_accuracy", run)
+    ]
+
+
+def probe_targets():
+    """Every probe result: per-epoch tables, the run's table and its figure."""
+    return [
+        path
+        for run in config["runs"]
+        if get_probe_epochs(run)
+        for path in per_checkpoint(run, layout.probe_table, get_probe_epochs(run))
+        + [layout.table("probes", run)]
+        + layout.figures("probe_accuracy", run)
+    ]
