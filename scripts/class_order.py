@@ -1,14 +1,17 @@
-"""Rule class_order: the replicate's class order, from a seed or from the user's .npy file."""
+"""Rule class_order: the replicate's class order, from a seed or from the user's .npy file.
+
+By hand, from the run's working directory: python scripts/class_order.py run=digits index=0
+"""
+
+from _helpers import run_script
 
 from epochlens.atomic import save_npy
 from epochlens.data import read_dataset
-from epochlens.runner import log, run_step
+from epochlens.runner import log
 from epochlens.schedule import load_class_order, make_class_order
 
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
-
-def main() -> None:
+def main(snakemake) -> None:
     spec = snakemake.params.spec
     num_classes = read_dataset(snakemake.input.dataset).num_classes
     if spec["source"] == "file":
@@ -19,4 +22,5 @@ def main() -> None:
     log.info("class order: %s", order.tolist())
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "class_order", globals().get("snakemake"))

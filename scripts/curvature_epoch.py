@@ -1,16 +1,19 @@
-"""Rule curvature_epoch: merge one epoch's curvature shards into the per-image files."""
+"""Rule curvature_epoch: merge one epoch's curvature shards into the per-image files.
+
+By hand, from the run's working directory:
+    python scripts/curvature_epoch.py run=digits index=0 epoch=0030
+"""
+
+from _helpers import run_script
 
 from epochlens.curvature.io import merge_shards
-from epochlens.runner import log, run_step
-
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
+from epochlens.runner import log
 
 
-def main() -> None:
+def main(snakemake) -> None:
     out = snakemake.output
-    meta = merge_shards(
-        snakemake.input.shards, {key: out[key] for key in out.keys()}, snakemake.params.config
-    )
+    outputs = {key: out[key] for key in out.keys()}
+    meta = merge_shards(snakemake.input.shards, outputs, snakemake.params.config)
     stats = meta["stats"]
     log.info(
         "epoch %d: %d active samples, curvature mean %s, median %s",
@@ -21,4 +24,5 @@ def main() -> None:
     )
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "curvature_epoch", globals().get("snakemake"))

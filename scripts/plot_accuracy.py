@@ -1,17 +1,20 @@
-"""Rule plot_accuracy: accuracy of each task cohort and of old vs new classes over checkpoints."""
+"""Rule plot_accuracy: accuracy of each task cohort and of old vs new classes over checkpoints.
+
+By hand, from the run's working directory: python scripts/plot_accuracy.py run=digits
+"""
 
 import pandas as pd
+from _helpers import run_script
 
-from epochlens.plotting.common import plot_accuracy_by_cohort, save_figure
-from epochlens.runner import run_step
-
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
+from epochlens.plotting.accuracy import plot_accuracy_by_cohort
+from epochlens.plotting.common import save_figure
 
 
-def main() -> None:
+def main(snakemake) -> None:
     cohorts = pd.read_csv(snakemake.input.cohorts)
     fig = plot_accuracy_by_cohort(cohorts, snakemake.params.epochs_per_task, snakemake.wildcards.run)
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "plot_accuracy", globals().get("snakemake"))

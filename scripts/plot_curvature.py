@@ -1,19 +1,20 @@
-"""Rule plot_curvature: curvature by cohort over epochs, its distribution, and vs loss / CSL."""
+"""Rule plot_curvature: curvature by cohort over epochs, its distribution, and vs loss / CSL.
+
+By hand, from the run's working directory: python scripts/plot_curvature.py run=digits
+"""
 
 import pandas as pd
+from _helpers import run_script
 
-from epochlens.plotting.common import (
+from epochlens.plotting.common import save_figure
+from epochlens.plotting.curvature import (
     plot_curvature_by_cohort,
     plot_curvature_distribution,
     plot_curvature_vs_loss,
-    save_figure,
 )
-from epochlens.runner import run_step
-
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
-def main() -> None:
+def main(snakemake) -> None:
     inp, out, run = snakemake.input, snakemake.output, snakemake.wildcards.run
     cohorts = pd.read_csv(inp.cohorts)
     figures = {
@@ -25,4 +26,5 @@ def main() -> None:
         save_figure(fig, [out[f"{name}_png"], out[f"{name}_pdf"]])
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "plot_curvature", globals().get("snakemake"))

@@ -1,29 +1,31 @@
-"""Rule plot_influence: ROC curves per method, the top-ranked training images, per-layer conditioning."""
+"""Rule plot_influence: ROC curves per method, the top-ranked training images, per-layer conditioning.
+
+By hand, from the run's working directory: python scripts/plot_influence.py run=digits_noisy
+"""
 
 import pandas as pd
+from _helpers import run_script
 
 from epochlens.data import read_dataset
-from epochlens.plotting.common import (
+from epochlens.plotting.common import save_figure
+from epochlens.plotting.influence import (
     plot_influence_conditioning,
     plot_poison_roc,
     plot_top_influential_images,
-    save_figure,
 )
-from epochlens.runner import run_step
-
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
-def main() -> None:
+def main(snakemake) -> None:
     inp, out, run = snakemake.input, snakemake.output, snakemake.wildcards.run
     detection = pd.read_csv(inp.detection)
     data = read_dataset(inp.dataset)
     kind = snakemake.params.corruption["kind"]
     title = run if kind == "none" else f"{run} ({kind.replace('_', ' ')})"
+    top = pd.read_csv(inp.top)
     figures = {
         "roc": plot_poison_roc(pd.read_csv(inp.roc), detection, title),
         "top": plot_top_influential_images(
-            pd.read_csv(inp.top), detection, data.train_images, data.scale, title, data.class_names
+            top, detection, data.train_images, data.scale, title, data.class_names
         ),
         "conditioning": plot_influence_conditioning(pd.read_csv(inp.conditioning), title),
     }
@@ -31,4 +33,5 @@ def main() -> None:
         save_figure(fig, [out[f"{name}_png"], out[f"{name}_pdf"]])
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "plot_influence", globals().get("snakemake"))

@@ -1,16 +1,19 @@
-"""Rule plot_probes: probe accuracy heatmaps (layer x epoch) per target and representation."""
+"""Rule plot_probes: probe accuracy heatmaps (layer x epoch) per target and representation.
+
+By hand, from the run's working directory: python scripts/plot_probes.py run=digits
+"""
 
 import pandas as pd
+from _helpers import run_script
 
-from epochlens.plotting.common import plot_probe_accuracy, save_figure
-from epochlens.runner import run_step
-
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
+from epochlens.plotting.common import save_figure
+from epochlens.plotting.probes import plot_probe_accuracy
 
 
-def main() -> None:
+def main(snakemake) -> None:
     fig = plot_probe_accuracy(pd.read_csv(snakemake.input.summary), snakemake.wildcards.run)
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "plot_probes", globals().get("snakemake"))

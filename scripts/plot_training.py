@@ -1,22 +1,21 @@
-"""Rule plot_training: training loss and holdout accuracy per epoch, every replicate index."""
+"""Rule plot_training: training loss and holdout accuracy per epoch, every replicate index.
+
+By hand, from the run's working directory: python scripts/plot_training.py run=digits
+"""
 
 import pandas as pd
+from _helpers import run_script
 
-from epochlens.plotting.common import plot_training_curves, save_figure
-from epochlens.runner import run_step
-
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
+from epochlens.plotting.accuracy import plot_training_curves
+from epochlens.plotting.common import save_figure
 
 
-def main() -> None:
-    logs = pd.concat(
-        [
-            pd.read_csv(p).assign(index=i)
-            for i, p in zip(snakemake.params.indices, snakemake.input.logs, strict=True)
-        ]
-    )
+def main(snakemake) -> None:
+    indices, paths = snakemake.params.indices, snakemake.input.logs
+    logs = pd.concat([pd.read_csv(p).assign(index=i) for i, p in zip(indices, paths, strict=True)])
     fig = plot_training_curves(logs, snakemake.params.epochs_per_task, snakemake.wildcards.run)
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "plot_training", globals().get("snakemake"))

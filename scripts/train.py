@@ -1,29 +1,34 @@
-"""Rule train_<run>: class-incremental training of one replicate, checkpoints at task boundaries."""
+"""Rule train_<run>: class-incremental training of one replicate, checkpoints at task boundaries.
+
+By hand, from the run's working directory: python scripts/train.py run=digits index=0
+"""
 
 from pathlib import Path
+
+from _helpers import run_script
 
 from epochlens.atomic import write_atomic, write_json
 from epochlens.data import read_dataset
 from epochlens.device import resolve_device
+from epochlens.layout import epoch_name
 from epochlens.models.networks import build_model
 from epochlens.provenance import provenance
-from epochlens.runner import log, run_step
+from epochlens.runner import log
 from epochlens.schedule import schedule_from_config
 from epochlens.training import TrainSettings, train_incremental
 
-snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
-
-def main() -> None:
+def main(snakemake) -> None:
     run = snakemake.params.run
     index = int(snakemake.wildcards.index)
     data = read_dataset(snakemake.input.dataset)
     schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
     settings = TrainSettings(**{**run["train"], "seed": run["train"]["seed"] + index})
-    in_channels = data.train_images.shape[1]
-    model = build_model(run["model"]["name"], data.num_classes, in_channels, seed=settings.seed)
+    model = build_model(
+        run["model"]["name"], data.num_classes, data.train_images.shape[1], seed=settings.seed
+    )
     folder = Path(snakemake.output.checkpoints[0]).parent
-    device = resolve_device(snakemake.config["device"])
+    device = resolve_device(snakemake.config["device"])  # execution setting: recorded, not a param
     log.info(
         "training index %d on %s: %d tasks x %d epochs",
         index,
@@ -36,7 +41,7 @@ def main() -> None:
         data,
         schedule,
         settings,
-        checkpoint_path=lambda epoch: folder / f"epoch_{epoch:04d}.pt",
+        checkpoint_path=lambda epoch: folder / f"{epoch_name(epoch)}.pt",
         save_every=run["checkpoints"].get("save_every"),
         device=device,
     )
@@ -53,4 +58,5 @@ def main() -> None:
     )
 
 
-run_step(main, snakemake.log[0])
+if __name__ == "__main__":
+    run_script(main, "train_{run}", globals().get("snakemake"))

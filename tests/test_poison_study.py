@@ -14,10 +14,10 @@ from epochlens.study.poison import (
     influence_settings,
     reduce_query_influence,
     roc_table,
-    select_queries,
     study_signals,
     top_ranked,
 )
+from epochlens.study.queries import select_queries
 
 
 class Fixed(nn.Module):

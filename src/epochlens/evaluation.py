@@ -8,17 +8,19 @@ part of the restricted output).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import torch
-from torch import nn
 
 from epochlens.data import Dataset
-from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.schedule import ClassSchedule, task_at_epoch
 
+if TYPE_CHECKING:  # torch is imported by the functions that run a model: the tables need none
+    import torch
+    from torch import nn
 
-@torch.no_grad()
+
 def predict(
     model: nn.Module,
     images: torch.Tensor,
@@ -28,15 +30,20 @@ def predict(
     device: torch.device | str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample correctness (bool) and cross-entropy over the restricted logits, eval mode."""
+    import torch
+
+    from epochlens.models.networks import restrict_logits
+
     model.eval().to(device)
     correct, losses = [], []
     t = torch.as_tensor(targets)
-    for start in range(0, len(images), batch_size):
-        xb = images[start : start + batch_size].to(device)
-        yb = t[start : start + batch_size].to(device)
-        logits = restrict_logits(model(xb), active_classes)
-        losses.append(nn.functional.cross_entropy(logits, yb, reduction="none").cpu())
-        correct.append((logits.argmax(1) == yb).cpu())
+    with torch.no_grad():
+        for start in range(0, len(images), batch_size):
+            xb = images[start : start + batch_size].to(device)
+            yb = t[start : start + batch_size].to(device)
+            logits = restrict_logits(model(xb), active_classes)
+            losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none").cpu())
+            correct.append((logits.argmax(1) == yb).cpu())
     if not correct:
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=np.float32)
     return torch.cat(correct).numpy(), torch.cat(losses).numpy()
@@ -55,6 +62,8 @@ def evaluate_checkpoint(
     Columns: epoch, split, class_id, class_name, position (in the class order), cohort (task that
     introduced it), n, n_correct, accuracy, mean_loss.
     """
+    from epochlens.models.networks import positions_in
+
     active = schedule.active_classes(epoch)
     cohort = schedule.task_of_class()
     position = np.argsort(schedule.class_order)

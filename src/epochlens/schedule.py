@@ -90,6 +90,13 @@ class ClassSchedule:
         """Class ids (in order of introduction) the model at checkpoint ``epoch`` was trained on."""
         return self.class_order[: self.num_active(epoch)].copy()
 
+    def new_classes(self, epoch: int) -> np.ndarray:
+        """Active classes of the task most recently trained at checkpoint ``epoch`` (the "new"
+        cohort; the other active classes are "old")."""
+        active = self.active_classes(epoch)
+        newest = int(task_at_epoch(epoch, self.epochs_per_task))
+        return active[self.task_of_class()[active] == newest]
+
     def task_of_class(self) -> np.ndarray:
         """Array indexed by class id giving the task (cohort) in which the class was introduced."""
         position = np.empty(self.num_classes, dtype=np.int64)

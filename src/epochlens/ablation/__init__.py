@@ -17,6 +17,8 @@ _EXPORTS = {
     "unit_means": "ablate",
     "ablated": "ablate",
     "ablation_table": "ablate",
+    "evaluation_images": "ablate",
+    "reference_images": "ablate",
     "ablation_summary": "summary",
 }
 __getattr__, __dir__, __all__ = attach(__name__, _EXPORTS)

@@ -41,6 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from epochlens.ablation.settings import MODES, AblationSettings
+from epochlens.data import Dataset
 from epochlens.device import model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.layers import check_finite_weights, resolve_layers
@@ -318,3 +319,33 @@ def ablation_table(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def evaluation_images(data: Dataset, split: str, run: str = "<run>") -> tuple[torch.Tensor, np.ndarray]:
+    """Normalised images and labels the ablations are measured on: the test split or the holdout.
+
+    Raises:
+        ConfigError: ``split: holdout`` for a data set without a holdout (naming the keys to fix).
+    """
+    if split == "test":
+        return data.normalized("test"), data.test_labels
+    held = np.flatnonzero(data.holdout)
+    if len(held) == 0:
+        raise ConfigError(
+            f"runs.{run}.ablation.split: holdout, but the data set has no holdout; set "
+            f"runs.{run}.data.holdout_per_class or ablation.split: test."
+        )
+    return data.normalized("train", held), data.train_labels[held]
+
+
+def reference_images(
+    data: Dataset, active_classes: np.ndarray, mean_samples: int | None
+) -> torch.Tensor | None:
+    """Images whose mean activations the mean ablation uses: training images the model was trained
+    on (outside the holdout, of the active classes), evenly spaced, at most ``mean_samples`` of
+    them; None without mean ablation (``mean_samples`` None or 0)."""
+    if not mean_samples:
+        return None
+    pool = np.flatnonzero(~data.holdout & np.isin(data.train_labels, active_classes))
+    take = np.unique(np.linspace(0, len(pool) - 1, min(mean_samples, len(pool))).round())
+    return data.normalized("train", pool[take.astype(np.int64)])

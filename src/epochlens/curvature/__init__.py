@@ -20,6 +20,7 @@ _EXPORTS = {
     "rademacher_directions": "estimator",
     "full_fp32_precision": "estimator",
     "parallel_curvature": "distributed",
+    "curvature_shard": "distributed",
     "shard_range": "io",
     "write_shard": "io",
     "read_shard": "io",
@@ -27,5 +28,6 @@ _EXPORTS = {
     "read_epoch": "io",
     "sample_dynamics": "dynamics",
     "cohort_curvature": "dynamics",
+    "run_tables": "dynamics",
 }
 __getattr__, __dir__, __all__ = attach(__name__, _EXPORTS)

@@ -15,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +35,11 @@ from epochlens.curvature.estimator import per_sample_curvature
 from epochlens.curvature.io import shard_range
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.errors import ConfigError, EpochlensError
+
+if TYPE_CHECKING:
+    from epochlens.job import CheckpointJob
+
+log = logging.getLogger("epochlens")
 
 
 def free_port() -> int:
@@ -112,6 +120,49 @@ def parallel_curvature(
                 raise EpochlensError(f"curvature with {processes} processes: " + "; ".join(json.load(f)))
         with np.load(os.path.join(tmp, "result.npz")) as z:
             return {key: z[key] for key in z.files}
+
+
+def curvature_shard(
+    job: CheckpointJob,
+    settings: CurvatureSettings,
+    shard: int,
+    nshards: int,
+    processes: int = 1,
+    progress: bool = False,
+) -> tuple[int, int, dict[str, np.ndarray], dict]:
+    """Curvature of shard ``shard`` of ``nshards`` (a contiguous range of the training samples) at
+    the job's checkpoint: ``(lo, hi, arrays, header)`` for :func:`epochlens.curvature.io.write_shard`.
+
+    The header records what the values depend on (epoch, active classes, estimator, inputs'
+    hashes), the device and the compute time.
+    """
+    data = job.data
+    n = len(data.train_labels)
+    lo, hi = shard_range(n, shard, nshards)
+    idx = np.arange(lo, hi)
+    log.info(
+        "epoch %d shard %d of %d: samples %d..%d, %d active classes, %d process(es) on %s",
+        job.epoch, shard, nshards, lo, hi, len(job.active), processes, job.device,
+    )  # fmt: skip
+    start = time.perf_counter()
+    results = parallel_curvature(
+        job.model, data.normalized("train", idx), data.train_labels[idx], idx, job.active, settings,
+        job.device, processes, progress=progress,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    results.update(labels=data.train_labels[idx], holdout=data.holdout[idx])
+    header = {
+        "epoch": job.epoch,
+        "allowed_classes": [int(c) for c in job.active],
+        "estimator": settings.estimator_metadata(),
+        "n_samples": n,
+        "nshards": nshards,
+        "device": str(job.device),
+        "compute_time_seconds": elapsed,
+        "inputs": job.input_hashes(),
+    }
+    log.info("%d samples in %.1f s", hi - lo, elapsed)
+    return lo, hi, results, header
 
 
 @contextlib.contextmanager

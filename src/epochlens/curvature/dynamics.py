@@ -21,13 +21,19 @@ were analysed; csl_mean does not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from epochlens.curvature.io import read_epoch
 from epochlens.errors import EpochlensError
-from epochlens.schedule import task_at_epoch
+from epochlens.schedule import schedule_from_config, task_at_epoch
+from epochlens.stats import over_replicates
+
+log = logging.getLogger("epochlens")
 
 #: Quantiles of the per-cohort curvature table (enough for box plots: whiskers at 5%/95%).
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -161,3 +167,62 @@ def cohort_curvature(
             row["accuracy"] = float(np.asarray(res["correct"])[mask].mean())
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def run_tables(
+    run: str,
+    indices: Sequence[int],
+    epochs: Sequence[int],
+    folders: Sequence[str | Path],
+    class_orders: Sequence[str | Path],
+    schedule: Mapping,
+    epochs_per_task: int,
+) -> dict[str, pd.DataFrame]:
+    """The curvature tables of one run from its merged epoch folders.
+
+    Args:
+        run: the run's name (first column of every table).
+        indices: replicate indices, in the order of ``class_orders``.
+        epochs: the analysed epochs of each index.
+        folders: the merged epoch folders, index-major (``len(indices) * len(epochs)``).
+        class_orders: each index's ``class_order.npy``.
+        schedule: the config's ``schedule`` section.
+        epochs_per_task: epochs between task boundaries.
+
+    Returns:
+        ``samples`` (:func:`sample_dynamics` per index), ``cohorts`` (:func:`cohort_curvature` per
+        index), ``distribution`` (the images of every index pooled, for box plots) and ``summary``
+        (mean and Student-t 95% interval over indices).
+    """
+    samples, cohorts, pooled_results, pooled_tasks = [], [], [], []
+    for k, (index, class_order) in enumerate(zip(indices, class_orders, strict=True)):
+        task_of_class = schedule_from_config(schedule, class_order).task_of_class()
+        results = [read_epoch(folder)[1] for folder in folders[k * len(epochs) : (k + 1) * len(epochs)]]
+        table = sample_dynamics(epochs, results, task_of_class, epochs_per_task)
+        samples.append(table.assign(index=index))
+        sample_task = task_of_class[results[0]["labels"]]
+        cohorts.append(cohort_curvature(epochs, results, sample_task, epochs_per_task).assign(index=index))
+        pooled_results.append(results)
+        pooled_tasks.append(sample_task)
+        learned = table["learning_time"].notna().mean()
+        log.info("index %s: %d samples, %.0f%% learned by the last epoch", index, len(table), 100 * learned)
+
+    # Distribution over the images of every index together (box plots): concatenate per epoch.
+    per_epoch = [
+        {key: np.concatenate([res[k][key] for res in pooled_results]) for key in pooled_results[0][k]}
+        for k in range(len(epochs))
+    ]
+    pooled = cohort_curvature(epochs, per_epoch, np.concatenate(pooled_tasks), epochs_per_task)
+
+    def first(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+        df.insert(0, "run", run)
+        return df[["run", *cols, *[c for c in df.columns if c not in ("run", *cols)]]]
+
+    tables = {
+        "samples": first(pd.concat(samples, ignore_index=True), "index", "sample"),
+        "cohorts": first(pd.concat(cohorts, ignore_index=True), "index", "epoch"),
+        "distribution": first(pooled, "epoch"),
+    }
+    metrics = ["n", "curvature_mean", "curvature_q50", "loss_mean", "accuracy"]
+    tables["summary"] = over_replicates(tables["cohorts"], ["run", "epoch", "group", "cohort"], metrics)
+    return tables

@@ -35,6 +35,7 @@ reduces the seeds to mean, standard deviation and a 95% t-interval half-width.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -49,6 +50,8 @@ from tqdm.auto import tqdm
 from epochlens.device import resolve_device
 from epochlens.errors import ProbeError
 from epochlens.probes.settings import ProbeSettings
+
+log = logging.getLogger("epochlens")
 
 # ---------------------------------------------------------------------------------------------
 # Training
@@ -361,3 +364,45 @@ def probe_features(
             for row in probe_seeds(x, y, fit_mask, eval_masks, settings, device):
                 rows.append({**(context or {}), "layer": layer, "representation": rep, "target": name, **row})
     return pd.DataFrame(rows)
+
+
+def probe_checkpoint(
+    features: object,
+    targets: Mapping[str, Mapping[str, np.ndarray]],
+    skipped: Mapping[str, str],
+    holdout: np.ndarray,
+    settings: ProbeSettings,
+    context: Mapping[str, object],
+    device: torch.device | str | None = "auto",
+    progress: bool = False,
+) -> pd.DataFrame:
+    """The probe table of one checkpoint: :func:`probe_features` rows with ``status`` ok, and one
+    row per (layer, representation) of each skipped target with its reason as ``status`` (counts
+    empty, not 0)."""
+    parts = []
+    if targets:
+        table = probe_features(
+            features, targets, holdout, settings, context=context, device=device, progress=progress
+        )
+        parts.append(table.assign(status="ok"))
+        holdout_rows = table[table["eval_split"] == "holdout"]
+        for name, acc in holdout_rows.groupby("target", sort=False)["accuracy"]:
+            log.info(
+                "epoch %s, target %s: holdout accuracy %.3f .. %.3f over layers",
+                context.get("epoch"),
+                name,
+                acc.min(),
+                acc.max(),
+            )
+    pairs = [(layer, rep) for layer in features.layers for rep in features.representations]
+    if skipped:
+        rows = [
+            {**context, "layer": layer, "representation": rep, "target": name, "status": why}
+            for name, why in skipped.items()
+            for layer, rep in pairs
+        ]
+        parts.append(pd.DataFrame(rows))
+    out = pd.concat(parts, ignore_index=True)
+    counts = ["seed", "n_features", "n_classes", "n_fit", "n_stop", "n_eval", "best_epoch", "epochs_run"]
+    out[counts] = out.reindex(columns=counts).astype("Int64")  # skipped rows: empty, not 0.0
+    return out

@@ -83,3 +83,45 @@ def standard_targets(
             )
         targets[f"curvature_q{curvature_bins}"] = {"train": quantile_target(curvature, curvature_bins)}
     return targets
+
+
+def select_targets(
+    labels: Mapping[str, np.ndarray],
+    active_classes: np.ndarray,
+    new_classes: np.ndarray,
+    wanted: list[str],
+    curvature: np.ndarray | None,
+    curvature_bins: int,
+    fit: np.ndarray,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, str]]:
+    """The targets of the config's ``probes.targets`` that can be probed at a checkpoint, and why
+    the others are skipped.
+
+    Args:
+        labels: ``labels[split]`` of the features file.
+        active_classes, new_classes: the checkpoint's classes and its newest task's.
+        wanted: the config's targets (class, cohort, curvature).
+        curvature: (N_train,) per-image curvature at this epoch, or None where not computed.
+        curvature_bins: quantile bins of the curvature target.
+        fit: (N_train,) bool, the training images probes are fitted on.
+
+    Returns:
+        ``(targets, skipped)``: :func:`standard_targets` restricted to ``wanted`` and to targets
+        with two values or more among the fit images; ``{target: reason}`` for the rest.
+    """
+    targets = standard_targets(
+        labels, active_classes, new_classes if "cohort" in wanted else None, curvature, curvature_bins
+    )
+    skipped = {}
+    if "class" not in wanted:
+        del targets["class"]
+    if "cohort" in wanted and "cohort" not in targets:
+        skipped["cohort"] = "skipped: no old classes yet (first task)"
+    if "curvature" in wanted and curvature is None:
+        skipped[f"curvature_q{curvature_bins}"] = "skipped: curvature not computed at this epoch"
+    for name in list(targets):
+        y = targets[name]["train"][fit]
+        if len(np.unique(y[y >= 0])) < 2:
+            skipped[name] = "skipped: fewer than two target values among the fit images"
+            del targets[name]
+    return targets, skipped

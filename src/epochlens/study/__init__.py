@@ -3,8 +3,9 @@
 * :mod:`.corruption`  corrupted training data on purpose (label flips, a backdoor trigger) and
   query transforms;
 * :mod:`.settings`    query and transform settings (torch-free);
-* :mod:`.poison`      queries, TracIn over a class schedule, per-image signals, the scores of one
-  checkpoint and method (:func:`influence_scores`);
+* :mod:`.queries`     the test images whose predictions are attributed;
+* :mod:`.poison`      TracIn over a class schedule, per-image signals and the detection tables
+  (torch-free);
 * :mod:`.detection`   how well each signal finds the corrupted images (AUROC, precision at k).
 
 The names below are imported on first use (PEP 562): importing the package loads no torch.
@@ -13,17 +14,19 @@ The names below are imported on first use (PEP 562): importing the package loads
 from epochlens._lazy import attach
 
 _EXPORTS = {
+    "corrupt": "corruption",
     "flip_labels": "corruption",
     "plant_trigger": "corruption",
     "apply_trigger": "corruption",
     "transform_queries": "corruption",
     "QuerySettings": "settings",
     "QueryTransformSettings": "settings",
-    "select_queries": "poison",
+    "select_queries": "queries",
     "accumulate_tracin": "poison",
     "study_signals": "poison",
     "roc_table": "poison",
     "top_ranked": "poison",
+    "detection_tables": "poison",
     "detection_table": "detection",
     "baseline_signals": "detection",
     "transform_agreement": "detection",

@@ -158,6 +158,26 @@ def plant_trigger(
     return _with_train(dataset, images, new_labels, note), idx
 
 
+def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:
+    """Apply the config's ``data.corruption`` (kind none, label_flip or trigger).
+
+    Returns:
+        The (possibly) corrupted data set and the sorted int64 positions of the corrupted training
+        samples (empty for kind none).
+    """
+    spec = spec or {"kind": "none"}
+    kind = spec["kind"]
+    if kind == "label_flip":
+        return flip_labels(dataset, spec["fraction"], spec["seed"])
+    if kind == "trigger":
+        return plant_trigger(
+            dataset, spec["fraction"], spec["target_class"], spec["seed"], spec["patch_size"], spec["corner"]
+        )
+    if kind != "none":
+        raise ConfigError(f"data.corruption.kind={kind!r} must be none, label_flip or trigger.")
+    return dataset, np.zeros(0, dtype=np.int64)
+
+
 def transform_queries(
     images: torch.Tensor,
     kind: str,

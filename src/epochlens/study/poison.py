@@ -3,11 +3,9 @@
 A run trains on a training set of which some images were corrupted on purpose
 (:mod:`epochlens.study.corruption`); at a checkpoint, influence scores rank the training images, and
 :mod:`epochlens.study.detection` measures how well each ranking finds the corrupted ones. This module
-holds the steps between the two:
+holds the steps between the two (torch-free: the detection tables run without it; the queries are
+chosen by :mod:`epochlens.study.queries`):
 
-* :func:`select_queries`: the test images whose predictions are attributed (by default those the
-  checkpoint gets wrong, scored under the predicted label), optionally with the trigger patch of a
-  backdoor study stamped on them;
 * :func:`accumulate_tracin`: TracIn's sum over checkpoints where each image counts only at the
   checkpoints at which its class had been trained (class-incremental schedules);
 * :func:`study_signals`: the per-image signals of one method (self-influence, influence on the
@@ -17,139 +15,22 @@ holds the steps between the two:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from sklearn.metrics import roc_curve
-from torch import nn
 
-from epochlens.data import Dataset
 from epochlens.errors import ConfigError
 from epochlens.influence.settings import InfluenceSettings
-from epochlens.models.networks import restrict_logits
-from epochlens.study.corruption import apply_trigger, trigger_value
-from epochlens.study.detection import query_signal
-from epochlens.study.settings import QUERY_LABELS, QUERY_REDUCTIONS, QUERY_SELECTIONS
-
-
-@dataclasses.dataclass
-class QuerySet:
-    """Queries of the influence study.
-
-    Attributes:
-        test_indices: (Q,) int64 positions in the test split.
-        images: (Q, C, H, W) float32 normalised images (trigger stamped where ``triggered``).
-        labels: (Q,) int64 labels whose loss each query measures (predicted or correct).
-        true_labels, predicted: (Q,) int64 the test set's labels and the checkpoint's predictions.
-        triggered: whether the trigger patch was stamped on the queries.
-        sign: +1 when the labels are the predictions (images that push a wrong prediction have
-            positive influence), -1 for the correct labels; see
-            :func:`epochlens.study.detection.query_signal`.
-        candidates: test images that qualified before the ``max_count`` subset.
-    """
-
-    test_indices: np.ndarray
-    images: torch.Tensor
-    labels: np.ndarray
-    true_labels: np.ndarray
-    predicted: np.ndarray
-    triggered: bool
-    sign: float
-    candidates: int
-
-
-@torch.no_grad()
-def predict(
-    model: nn.Module,
-    images: torch.Tensor,
-    active_classes: np.ndarray,
-    device: torch.device,
-    batch_size: int = 512,
-) -> np.ndarray:
-    """Predicted class ids (N,) int64 among ``active_classes`` (restricted logits, eval mode)."""
-    was_training = model.training
-    model.eval().to(device)
-    active = np.asarray(active_classes, np.int64)
-    out = []
-    for start in range(0, len(images), batch_size):
-        logits = restrict_logits(model(images[start : start + batch_size].to(device)), active)
-        out.append(active[logits.argmax(1).cpu().numpy()])
-    model.train(was_training)
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
-
-
-def select_queries(
-    model: nn.Module,
-    data: Dataset,
-    active_classes: np.ndarray,
-    device: torch.device,
-    select: str = "misclassified",
-    max_count: int = 50,
-    labels: str = "correct",
-    seed: int = 0,
-    trigger: Mapping | None = None,
-) -> QuerySet:
-    """The test images to attribute, and the labels they are scored under.
-
-    Args:
-        model: the checkpoint's model.
-        data: the run's data set (its test split).
-        active_classes: classes the checkpoint was trained on; only their test images qualify.
-        device: where the forward pass runs.
-        select: ``misclassified`` (the checkpoint's prediction differs from the label) or ``all``.
-        max_count: at most this many queries: a seeded subset (sorted) when more qualify.
-        labels: ``correct`` (the test set's label: training images with negative influence raise
-            the query's loss, the "harmful" images of Koh & Liang 2017) or ``predicted`` (images with
-            positive influence support the prediction, e.g. a backdoor's target).
-        seed: seed of the subset.
-        trigger: ``{"target_class", "patch_size", "corner"}`` to stamp the backdoor's patch on the
-            test images of the other active classes (the target's own images do not qualify); None:
-            the images as they are.
-
-    Returns:
-        :class:`QuerySet` (possibly empty: a checkpoint without mistakes has no misclassified queries).
-    """
-    if select not in QUERY_SELECTIONS:
-        raise ConfigError(f"queries.select={select!r} must be one of {list(QUERY_SELECTIONS)}")
-    if labels not in QUERY_LABELS:
-        raise ConfigError(f"queries.labels={labels!r} must be one of {list(QUERY_LABELS)}")
-    active = np.asarray(active_classes, np.int64)
-    eligible = np.isin(data.test_labels, active)
-    if trigger is not None:
-        target = int(trigger["target_class"])
-        if target not in active:
-            raise ConfigError(
-                f"queries with a trigger: target class {target} is not trained at this checkpoint "
-                f"(active classes {active.tolist()}); pick a later influence epoch or set "
-                "queries.trigger: false."
-            )
-        eligible &= data.test_labels != target
-        stamped = apply_trigger(
-            data.test_images, int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
-        )
-        data = dataclasses.replace(data, test_images=stamped)
-    candidates = np.flatnonzero(eligible)
-    images = data.normalized("test", candidates)
-    predicted = predict(model, images, active, device)
-    true = data.test_labels[candidates]
-    keep = predicted != true if select == "misclassified" else np.ones(len(candidates), bool)
-    rows = np.flatnonzero(keep)
-    n_qualified = len(rows)
-    if len(rows) > max_count:
-        rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_count, replace=False))
-    return QuerySet(
-        test_indices=candidates[rows].astype(np.int64),
-        images=images[torch.as_tensor(rows, dtype=torch.long)],
-        labels=(predicted if labels == "predicted" else true)[rows].astype(np.int64),
-        true_labels=true[rows].astype(np.int64),
-        predicted=predicted[rows].astype(np.int64),
-        triggered=trigger is not None,
-        sign=1.0 if labels == "predicted" else -1.0,
-        candidates=n_qualified,
-    )
+from epochlens.study.detection import (
+    baseline_signals,
+    detection_table,
+    query_signal,
+    transform_agreement,
+)
+from epochlens.study.settings import QUERY_REDUCTIONS
 
 
 def accumulate_tracin(parts: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
@@ -287,3 +168,74 @@ def influence_settings(settings: Mapping, execution: Mapping | None = None) -> I
         if execution and k in execution:
             kwargs[k] = int(execution[k])
     return InfluenceSettings(**kwargs)
+
+
+def detection_tables(
+    run: str,
+    jobs: Sequence[Mapping],
+    scores: Sequence[str | Path],
+    diagnostics: Sequence[str | Path],
+    corrupted: np.ndarray,
+    labels: np.ndarray,
+    seed: int,
+    top_k: int,
+    reduce: str = "max",
+) -> dict[str, pd.DataFrame]:
+    """The study's tables of one run from the scores of each (index, epoch, method) job.
+
+    Args:
+        run: the run's name (first column of every table but ``detection``).
+        jobs: ``{"index", "epoch", "method"}`` of each job, in the order of ``scores``.
+        scores, diagnostics: each job's ``scores.npz`` and ``diagnostics.csv``.
+        corrupted: int64 positions of the corrupted training images.
+        labels: (N,) the labels trained on.
+        seed: seed of the random baseline (plus the index).
+        top_k: top-ranked images kept per signal.
+        reduce: how query influence is reduced per image (:func:`reduce_query_influence`).
+
+    Returns:
+        ``detection`` (columns :data:`epochlens.study.detection.DETECTION_COLUMNS`), ``agreement``
+        (rankings across query transforms), ``roc``, ``top`` and ``conditioning`` (per layer).
+    """
+    detection, agreement, roc, top, conditioning = [], [], [], [], []
+    baselines_done = set()
+    for job, scores_path, diag_path in zip(jobs, scores, diagnostics, strict=True):
+        index, epoch, method = int(job["index"]), int(job["epoch"]), job["method"]
+        key = {"index": index, "epoch": epoch}
+        with np.load(scores_path) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        transforms = [name.removeprefix("pairwise_") for name in arrays if name.startswith("pairwise_")]
+        pairwise = {t: arrays[f"pairwise_{t}"] for t in transforms}
+        signals = study_signals(
+            method, arrays["self_influence"], pairwise, float(arrays["query_sign"]), reduce
+        )
+        if (index, epoch) not in baselines_done:  # the loss and random baselines once per checkpoint
+            baselines_done.add((index, epoch))
+            signals.update(baseline_signals(arrays["loss"], seed=seed + index))
+        detection.append(detection_table(signals, corrupted, epoch, index))
+        roc.append(roc_table(signals, corrupted).assign(**key))
+        top.append(top_ranked(signals, corrupted, labels, top_k).assign(**key))
+        if len(transforms) > 1:
+            per_transform = {t: signals[(method, query_signal_name(t))] for t in transforms}
+            agree = transform_agreement(per_transform).assign(scores="query_signal")
+            flat = transform_agreement({t: pairwise[t] for t in transforms}).assign(scores="pairwise")
+            agreement.append(pd.concat([agree, flat]).assign(method=method, **key))
+        conditioning.append(pd.read_csv(diag_path).assign(method=method, **key))
+
+    def first(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+        df = df.copy()
+        df.insert(0, "run", run)
+        return df[["run", *cols, *[c for c in df.columns if c not in ("run", *cols)]]]
+
+    agreement_cols = ["index", "epoch", "method", "scores", "transform_a", "transform_b", "spearman", "n"]
+    return {
+        "detection": pd.concat(detection, ignore_index=True),
+        "agreement": first(pd.concat(agreement, ignore_index=True), *agreement_cols[:4])
+        if agreement
+        else pd.DataFrame(columns=["run", *agreement_cols]),
+        "roc": first(pd.concat(roc, ignore_index=True), "index", "epoch", "method", "signal"),
+        "top": first(pd.concat(top, ignore_index=True), "index", "epoch", "method", "signal"),
+        "conditioning": first(
+            pd.concat(conditioning, ignore_index=True), "index", "epoch", "method", "layer"
+        ),
+    }

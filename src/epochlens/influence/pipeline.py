@@ -1,0 +1,269 @@
+"""Influence at one checkpoint of a run, for the data-quality study: what the workflow's influence
+jobs do, as functions of a :class:`~epochlens.job.CheckpointJob`.
+
+* :func:`fit_checkpoint_factors`: the curvature factors of one method, fitted on the training
+  images the checkpoint was trained on, and their per-layer spectrum (:func:`factor_spectrum`);
+* :func:`checkpoint_scores`: self-influence of every training image and influence on the queries
+  (:mod:`epochlens.study.queries`, one (Q, N) matrix per query transform); for TracIn the sum over
+  checkpoints (:func:`epochlens.study.poison.accumulate_tracin`); holdout images (not trained on)
+  get NaN; and the metadata that says what was computed, how and from what.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from epochlens.influence.factors import InfluenceFactors, fit_factors
+from epochlens.influence.io import factor_cache_key, load_factors
+from epochlens.influence.scores import pairwise_influence, self_influence
+from epochlens.job import CheckpointJob
+from epochlens.provenance import file_sha256, provenance
+from epochlens.study.corruption import transform_queries
+from epochlens.study.poison import accumulate_tracin, influence_settings
+from epochlens.study.queries import select_queries
+
+log = logging.getLogger("epochlens")
+
+
+def factor_spectrum(factors: InfluenceFactors) -> pd.DataFrame:
+    """Per layer: the undamped curvature's eigenvalue range and the factor solves (no damping)."""
+    rows = []
+    for name, lf in factors.layers.items():
+        eig = lf.eigenvalues(factors.method).clamp_min(0.0)
+        positive = eig[eig > 0]
+        rows.append(
+            {
+                "layer": name,
+                "kind": lf.kind,
+                "out_dim": lf.out_dim,
+                "in_dim": lf.in_dim,
+                "n_samples": lf.n_samples,
+                "min_eig": float(eig.min()),
+                "max_eig": float(eig.max()),
+                "mean_eig": float(eig.mean()),
+                "zero_eig_share": float((eig == 0).double().mean()),
+                "cond_positive": float(positive.max() / positive.min()) if len(positive) else np.nan,
+                "activation_min_raw": lf.min_raw.get("A", np.nan),
+                "gradient_min_raw": lf.min_raw.get("S", np.nan),
+                "solver": "; ".join(f"{k}: {v}" for k, v in lf.solver.items()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _trained(job: CheckpointJob):
+    """The training images the checkpoint was trained on (outside the holdout): (x, y, positions)."""
+    trained = np.flatnonzero(~job.data.holdout)
+    return job.data.normalized("train", trained), job.data.train_labels[trained], trained
+
+
+def fit_checkpoint_factors(
+    job: CheckpointJob, settings: Mapping, execution: Mapping, progress: bool = False
+) -> tuple[InfluenceFactors, pd.DataFrame]:
+    """The factors of ``settings["method"]`` at the job's checkpoint (timings only in the log) and
+    their spectrum; ``execution`` holds the batch sizes (they change no result)."""
+    settings = influence_settings(settings, execution)
+    x, y, trained = _trained(job)
+    key = factor_cache_key(
+        job.model, x, y, job.active, settings, trained, checkpoint_sha256=job.checkpoint_sha256
+    )
+    log.info(
+        "epoch %d %s: fitting on %d images, %d active classes, %s",
+        job.epoch,
+        settings.method,
+        len(trained),
+        len(job.active),
+        job.device,
+    )
+    factors = fit_factors(
+        job.model, x, y, job.active, settings, trained, device=job.device, key=key, progress=progress
+    )
+    table = factor_spectrum(factors)
+    log.info(
+        "%d layers, %d samples (%d skipped), timings %s; largest undamped condition number %.3g",
+        len(table),
+        factors.n_samples,
+        len(factors.skipped),
+        {k: round(v, 2) for k, v in factors.timings.items()},
+        table["cond_positive"].max(),
+    )
+    # Timings go to the log, not the file: the same inputs give the same bytes.
+    return dataclasses.replace(factors, timings={}), table
+
+
+@dataclasses.dataclass
+class CheckpointScores:
+    """What :func:`checkpoint_scores` computed: ``arrays`` (the ``scores.npz`` contents),
+    ``diagnostics`` (per-layer conditioning) and ``metadata`` (``metadata.json``)."""
+
+    arrays: dict[str, np.ndarray]
+    diagnostics: pd.DataFrame
+    metadata: dict
+
+
+def checkpoint_scores(
+    job: CheckpointJob,
+    method: str,
+    params: Mapping,
+    execution: Mapping,
+    factors_path: str | Path | None = None,
+    tracin_checkpoints: Sequence[str | Path] = (),
+    progress: bool = False,
+) -> CheckpointScores:
+    """Self-influence and influence on the queries of one method at the job's checkpoint.
+
+    Args:
+        job: the checkpoint job (with its class schedule).
+        method: ekfac, kfac, diagonal, identity or tracin.
+        params: what the scores depend on (:func:`epochlens.config.influence_score_params`:
+            settings, tracin_epochs, corruption, model, schedule); hashed into the provenance.
+        execution: the run's influence section (batch sizes).
+        factors_path: the fitted factors (methods with factors).
+        tracin_checkpoints: TracIn's checkpoints, one per ``params["tracin_epochs"]``.
+        progress: progress bars.
+    """
+    spec, corruption = params["settings"], params["corruption"]
+    settings = influence_settings({**spec, "method": "identity" if method == "tracin" else method}, execution)
+    data, epoch, active, device = job.data, job.epoch, job.active, job.device
+    n = len(data.train_labels)
+    x, y, trained = _trained(job)  # holdout images were not trained on: NaN scores
+    q = spec["queries"]
+    trigger = q["trigger"] if q["trigger"] is not None else corruption["kind"] == "trigger"
+    queries = select_queries(
+        job.model,
+        data,
+        active,
+        device,
+        q["select"],
+        q["max_count"],
+        q["labels"],
+        q["seed"],
+        trigger=corruption if trigger else None,
+    )
+    log.info(
+        "epoch %d %s: %d training images, %d queries (%d %s test images%s), transforms %s, %s",
+        epoch,
+        method,
+        len(trained),
+        len(queries.labels),
+        queries.candidates,
+        q["select"],
+        " with the trigger" if queries.triggered else "",
+        spec["transforms"],
+        device,
+    )
+    query_images = {
+        t: transform_queries(queries.images, t, spec["transform_seed"], spec["noise_std"], spec["crop_pad"])
+        for t in spec["transforms"]
+    }
+    inputs = job.input_hashes()
+    factors = None
+    if factors_path is not None:
+        key = factor_cache_key(
+            job.model, x, y, active, settings, trained, checkpoint_sha256=inputs["checkpoint"]
+        )
+        factors = load_factors(factors_path, expected_key=key)
+        inputs["factors"] = file_sha256(factors_path)
+    # (epoch, model, active classes) per checkpoint: one for every method but TracIn, which sums
+    # the gradient dot products of several.
+    if method == "tracin":
+        paths = dict(zip(params["tracin_epochs"], tracin_checkpoints, strict=True))
+        models = [(e, job.build_model(path), job.active_at(e)) for e, path in paths.items()]
+        inputs["tracin_checkpoints"] = {str(e): file_sha256(path) for e, path in paths.items()}
+    else:
+        models = [(epoch, job.model, active)]
+
+    timings = {}
+    start = time.perf_counter()
+    self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in query_images}, None, None
+    skipped = set()
+    for e, net, act in models:
+        suffix = f"_{e}" if method == "tracin" else ""
+        t0 = time.perf_counter()
+        s = self_influence(net, factors, x, y, act, settings, trained, device, progress=progress)
+        timings["self" + suffix] = time.perf_counter() - t0
+        self_parts.append(s.scores)
+        skipped.update(s.skipped.tolist())
+        diagnostics = s.diagnostics
+        if e == epoch:
+            losses = s.losses
+        for t, images in query_images.items():
+            if len(queries.labels) == 0:
+                pair_parts[t].append(np.zeros((0, len(trained))))
+                continue
+            t0 = time.perf_counter()
+            pair = pairwise_influence(
+                net,
+                factors,
+                x,
+                y,
+                images,
+                queries.labels,
+                act,
+                settings,
+                trained,
+                queries.test_indices,
+                device,
+                progress=progress,
+            )
+            timings[f"pairwise_{t}{suffix}"] = time.perf_counter() - t0
+            pair_parts[t].append(pair.scores)
+    if losses is None:  # TracIn without the influence epoch's own checkpoint
+        losses = self_influence(job.model, None, x, y, active, settings, trained, device).losses
+    elapsed = time.perf_counter() - start
+
+    def full(values):  # (..., len(trained)) -> (..., N) with NaN for the holdout
+        out = np.full((*values.shape[:-1], n), np.nan, dtype=values.dtype)
+        out[..., trained] = values
+        return out
+
+    arrays = {
+        "self_influence": full(accumulate_tracin(self_parts)),
+        "loss": full(np.asarray(losses, np.float64)),
+        "query_test_indices": queries.test_indices,
+        "query_labels": queries.labels,
+        "query_true_labels": queries.true_labels,
+        "query_predicted": queries.predicted,
+        "query_sign": np.float64(queries.sign),
+    }
+    for t, parts in pair_parts.items():
+        arrays[f"pairwise_{t}"] = full(accumulate_tracin(parts)).astype(np.float32)
+    finite = np.isfinite(arrays["self_influence"])
+    metadata = {
+        "epoch": epoch,
+        "method": method,
+        "allowed_classes": [int(c) for c in active],
+        "settings": {**{k: v for k, v in vars(settings).items()}, "method": method},
+        "tracin_epochs": params["tracin_epochs"] or None,
+        "queries": {
+            "n": len(queries.labels),
+            "qualified": queries.candidates,
+            "select": q["select"],
+            "labels": q["labels"],
+            "triggered": queries.triggered,
+            "max_count": q["max_count"],
+        },
+        "transforms": list(spec["transforms"]),
+        "corruption": corruption,
+        "n_train": int(n),
+        "n_scored": int(finite.sum()),
+        "skipped": sorted(int(i) for i in skipped),
+        "device": str(device),
+        "compute_time_seconds": elapsed,
+        "timings": timings,
+        "stats": {
+            "self_influence_median": float(np.nanmedian(arrays["self_influence"])) if finite.any() else None,
+            "max_cond": float(diagnostics["cond"].max()) if len(diagnostics) else None,
+            "damping_steps": int(diagnostics["damping_steps"].sum()) if len(diagnostics) else 0,
+        },
+        "provenance": provenance(dict(params), inputs),
+    }
+    log.info("%d scored of %d training images in %.1f s (%s)", finite.sum(), n, elapsed, timings)
+    return CheckpointScores(arrays, diagnostics, metadata)

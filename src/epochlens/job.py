@@ -1,0 +1,126 @@
+"""One checkpoint job: what every per-checkpoint stage (evaluation, curvature, features, ablation,
+influence) works from, loaded in one place.
+
+:func:`load_checkpoint_job` reads the run's data set and class order, derives the classes the
+checkpoint was trained on (``active``) and those of its newest task (``new``), resolves the device
+(an execution setting: it never changes results, so it is read from the config and recorded in
+the results' metadata) and builds the model with the checkpoint's weights when first asked for
+(a features cache hit never loads it). :meth:`CheckpointJob.input_hashes` gives the hashes that
+results record as provenance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from epochlens.checkpoints import load_into
+from epochlens.data import Dataset, read_dataset
+from epochlens.device import resolve_device
+from epochlens.models.networks import build_model
+from epochlens.provenance import file_sha256
+from epochlens.schedule import ClassSchedule, schedule_from_config
+
+
+@dataclass
+class CheckpointJob:
+    """A checkpoint of a run with its data, classes and device.
+
+    Attributes:
+        data: the run's data set (``dataset.h5``).
+        epoch: the checkpoint's epoch.
+        model_name: the config's ``model.name``.
+        checkpoint: the checkpoint file.
+        device: where the job computes (resolved from the config's ``device``).
+        schedule: the class schedule of this replicate (None without a class order).
+        class_order: the replicate's ``class_order.npy`` (None when the job needs no classes).
+        active: (A,) int64 classes trained at ``epoch``, in order of introduction (None likewise).
+        new: int64 classes of the newest task at ``epoch`` (a subset of ``active``).
+    """
+
+    data: Dataset
+    epoch: int
+    model_name: str
+    checkpoint: Path
+    device: torch.device
+    schedule: ClassSchedule | None = None
+    class_order: Path | None = None
+    active: np.ndarray | None = field(default=None, repr=False)
+    new: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.data.train_images.shape[1])
+
+    def build_model(self, checkpoint: str | Path | None = None) -> nn.Module:
+        """The model with the weights of ``checkpoint`` (default: the job's), on the CPU."""
+        model = build_model(self.model_name, self.data.num_classes, self.in_channels)
+        return load_into(model, checkpoint or self.checkpoint)
+
+    @cached_property
+    def model(self) -> nn.Module:
+        """The job's model with its checkpoint loaded (built on first use)."""
+        return self.build_model()
+
+    @cached_property
+    def checkpoint_sha256(self) -> str:
+        return file_sha256(self.checkpoint)
+
+    def active_at(self, epoch: int) -> np.ndarray:
+        """Classes trained at another checkpoint of the same replicate (TracIn)."""
+        assert self.schedule is not None, "a job without a class order has no schedule"
+        return self.schedule.active_classes(epoch)
+
+    def input_hashes(self) -> dict[str, str]:
+        """Provenance of the inputs: the data set's content hash, class order and checkpoint SHA-256."""
+        hashes = {"dataset": self.data.content_hash}
+        if self.class_order is not None:
+            hashes["class_order"] = file_sha256(self.class_order)
+        hashes["checkpoint"] = self.checkpoint_sha256
+        return hashes
+
+
+def load_checkpoint_job(
+    dataset: str | Path,
+    checkpoint: str | Path,
+    model: str,
+    epoch: int | str,
+    device: str = "auto",
+    class_order: str | Path | None = None,
+    schedule: dict | None = None,
+) -> CheckpointJob:
+    """Load the checkpoint job of one (run, index, epoch).
+
+    Args:
+        dataset: the run's ``dataset.h5``.
+        checkpoint: the checkpoint file.
+        model: the config's ``model.name``.
+        epoch: the checkpoint's epoch (an int or the ``{epoch}`` wildcard's digits).
+        device: the config's ``device`` (``auto``, ``cpu``, ``cuda:1``, ...).
+        class_order: the replicate's ``class_order.npy``; with ``schedule`` (the config's
+            ``schedule`` section) it gives the active and new classes.
+        schedule: the config's ``schedule`` section.
+
+    Raises:
+        DataError, ClassOrderError, ConfigError: unreadable inputs or an unavailable device,
+        naming the file or key.
+    """
+    epoch = int(epoch)
+    job = CheckpointJob(
+        data=read_dataset(dataset),
+        epoch=epoch,
+        model_name=model,
+        checkpoint=Path(checkpoint),
+        device=resolve_device(device),
+    )
+    if class_order is not None and schedule is not None:
+        job.class_order = Path(class_order)
+        job.schedule = schedule_from_config(schedule, class_order)
+        job.active = job.schedule.active_classes(epoch)
+        job.new = job.schedule.new_classes(epoch)
+    return job

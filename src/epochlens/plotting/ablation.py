@@ -1,0 +1,84 @@
+"""Ablation effect heatmaps (unit group x epoch) on old and new classes."""
+
+from __future__ import annotations
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from epochlens.plotting.common import heatmap_panel
+
+
+def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta_accuracy") -> plt.Figure:
+    """Heatmaps of the effect of ablating each unit group, unit group x epoch, on the old and the
+    new classes (columns of panels) for each ablation mode (rows of panels).
+
+    ``summary`` is :func:`epochlens.ablation.summary.ablation_summary`; cells are ``{metric}_mean``
+    (ablated minus intact; red: the ablation hurts accuracy). The colour scale is symmetric and
+    saturates at the 98th percentile of the absolute effects of the channel groups (of the whole
+    blocks where there are no groups), so that the small channel-group effects stay visible next to
+    whole-block ablations, which mostly saturate; written values are in percentage points.
+    """
+    cohorts = [c for c in ("old", "new") if c in set(summary["cohort"])]
+    modes = list(pd.unique(summary["mode"]))
+    groups = list(dict.fromkeys(zip(summary["block"], summary["group"], strict=True)))
+    rows = [f"{block} {group}" for block, group in groups]
+    epochs = sorted(int(e) for e in summary["epoch"].unique())
+    column = f"{metric}_mean"
+    shown = summary[summary["cohort"].isin(cohorts)]
+    if (shown["group"] != "all").any():
+        shown = shown[shown["group"] != "all"]
+    values = shown[column].abs().dropna()
+    vlim = max(float(np.percentile(values, 98)) if len(values) else 0.0, 0.02)
+    norm = matplotlib.colors.Normalize(-vlim, vlim)
+    cmap = "RdBu" if "accuracy" in metric else "RdBu_r"  # red: worse
+    annotate = len(epochs) <= 12 and len(rows) <= 24
+    width = min(max(0.45 * len(epochs) + 2.0, 3.6), 9.0)
+    height = 0.26 * len(rows) + 1.0
+    fig, axes = plt.subplots(
+        len(modes),
+        len(cohorts),
+        figsize=(width * len(cohorts) + 1.2, height * len(modes) + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
+    image = None
+    block_ends = [k for k in range(1, len(groups)) if groups[k][0] != groups[k - 1][0]]
+    for i, mode in enumerate(modes):
+        for j, cohort in enumerate(cohorts):
+            sub = summary[(summary["mode"] == mode) & (summary["cohort"] == cohort)]
+            table = sub.pivot_table(index=["block", "group"], columns="epoch", values=column, aggfunc="mean")
+            table = table.reindex(index=pd.MultiIndex.from_tuples(groups), columns=epochs)
+            matrix = table.to_numpy(float)
+            ax = axes[i, j]
+            scale = 100.0 if "accuracy" in metric else 1.0
+            image = heatmap_panel(
+                ax, matrix * scale, rows, epochs, cmap, _scaled(norm, scale), "{:+.0f}", annotate, j == 0
+            )
+            for k in block_ends:
+                ax.axhline(k - 0.5, color="k", lw=0.6)
+            ax.set_title(f"{mode} ablation, {cohort} classes", fontsize=9)
+            if i == len(modes) - 1:
+                ax.set_xlabel("checkpoint epoch", fontsize=8)
+    unit = "percentage points" if "accuracy" in metric else "nats"
+    fig.colorbar(image, ax=axes, shrink=0.8, extend="both", label=f"{metric} ({unit}; ablated - intact)")
+    split = summary["split"].iloc[0] if "split" in summary and len(summary) else "test"
+    n_idx = int(summary["n_indices"].max()) if len(summary) else 0
+    fig.suptitle(
+        f"{title}: effect of ablating each unit group on {split} {metric.removeprefix('delta_')} "
+        f"(mean of {n_idx} index(es); grey: no such classes yet)",
+        fontsize=10,
+    )
+    return fig
+
+
+def _scaled(norm: matplotlib.colors.Normalize, scale: float) -> matplotlib.colors.Normalize:
+    return matplotlib.colors.Normalize(norm.vmin * scale, norm.vmax * scale)
+
+
+# ------------------------------------------------------------------------------------------------
+# Influence and the data-quality study (tables of scripts/poison_detection.py)
+# ------------------------------------------------------------------------------------------------
+
+#: Colours of the influence methods and baselines, the same in every influence figure.

@@ -1,0 +1,137 @@
+"""The queries of the data-quality study: the test images whose predictions are attributed.
+
+:func:`select_queries` picks them (by default those the checkpoint gets wrong), with the labels
+they are scored under and, for a backdoor study, the trigger patch stamped on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from epochlens.data import Dataset
+from epochlens.errors import ConfigError
+from epochlens.models.networks import restrict_logits
+from epochlens.study.corruption import apply_trigger, trigger_value
+from epochlens.study.settings import QUERY_LABELS, QUERY_SELECTIONS
+
+
+@dataclasses.dataclass
+class QuerySet:
+    """Queries of the influence study.
+
+    Attributes:
+        test_indices: (Q,) int64 positions in the test split.
+        images: (Q, C, H, W) float32 normalised images (trigger stamped where ``triggered``).
+        labels: (Q,) int64 labels whose loss each query measures (predicted or correct).
+        true_labels, predicted: (Q,) int64 the test set's labels and the checkpoint's predictions.
+        triggered: whether the trigger patch was stamped on the queries.
+        sign: +1 when the labels are the predictions (images that push a wrong prediction have
+            positive influence), -1 for the correct labels; see
+            :func:`epochlens.study.detection.query_signal`.
+        candidates: test images that qualified before the ``max_count`` subset.
+    """
+
+    test_indices: np.ndarray
+    images: torch.Tensor
+    labels: np.ndarray
+    true_labels: np.ndarray
+    predicted: np.ndarray
+    triggered: bool
+    sign: float
+    candidates: int
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    images: torch.Tensor,
+    active_classes: np.ndarray,
+    device: torch.device,
+    batch_size: int = 512,
+) -> np.ndarray:
+    """Predicted class ids (N,) int64 among ``active_classes`` (restricted logits, eval mode)."""
+    was_training = model.training
+    model.eval().to(device)
+    active = np.asarray(active_classes, np.int64)
+    out = []
+    for start in range(0, len(images), batch_size):
+        logits = restrict_logits(model(images[start : start + batch_size].to(device)), active)
+        out.append(active[logits.argmax(1).cpu().numpy()])
+    model.train(was_training)
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def select_queries(
+    model: nn.Module,
+    data: Dataset,
+    active_classes: np.ndarray,
+    device: torch.device,
+    select: str = "misclassified",
+    max_count: int = 50,
+    labels: str = "correct",
+    seed: int = 0,
+    trigger: Mapping | None = None,
+) -> QuerySet:
+    """The test images to attribute, and the labels they are scored under.
+
+    Args:
+        model: the checkpoint's model.
+        data: the run's data set (its test split).
+        active_classes: classes the checkpoint was trained on; only their test images qualify.
+        device: where the forward pass runs.
+        select: ``misclassified`` (the checkpoint's prediction differs from the label) or ``all``.
+        max_count: at most this many queries: a seeded subset (sorted) when more qualify.
+        labels: ``correct`` (the test set's label: training images with negative influence raise
+            the query's loss, the "harmful" images of Koh & Liang 2017) or ``predicted`` (images with
+            positive influence support the prediction, e.g. a backdoor's target).
+        seed: seed of the subset.
+        trigger: ``{"target_class", "patch_size", "corner"}`` to stamp the backdoor's patch on the
+            test images of the other active classes (the target's own images do not qualify); None:
+            the images as they are.
+
+    Returns:
+        :class:`QuerySet` (possibly empty: a checkpoint without mistakes has no misclassified queries).
+    """
+    if select not in QUERY_SELECTIONS:
+        raise ConfigError(f"queries.select={select!r} must be one of {list(QUERY_SELECTIONS)}")
+    if labels not in QUERY_LABELS:
+        raise ConfigError(f"queries.labels={labels!r} must be one of {list(QUERY_LABELS)}")
+    active = np.asarray(active_classes, np.int64)
+    eligible = np.isin(data.test_labels, active)
+    if trigger is not None:
+        target = int(trigger["target_class"])
+        if target not in active:
+            raise ConfigError(
+                f"queries with a trigger: target class {target} is not trained at this checkpoint "
+                f"(active classes {active.tolist()}); pick a later influence epoch or set "
+                "queries.trigger: false."
+            )
+        eligible &= data.test_labels != target
+        stamped = apply_trigger(
+            data.test_images, int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
+        )
+        data = dataclasses.replace(data, test_images=stamped)
+    candidates = np.flatnonzero(eligible)
+    images = data.normalized("test", candidates)
+    predicted = predict(model, images, active, device)
+    true = data.test_labels[candidates]
+    keep = predicted != true if select == "misclassified" else np.ones(len(candidates), bool)
+    rows = np.flatnonzero(keep)
+    n_qualified = len(rows)
+    if len(rows) > max_count:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_count, replace=False))
+    return QuerySet(
+        test_indices=candidates[rows].astype(np.int64),
+        images=images[torch.as_tensor(rows, dtype=torch.long)],
+        labels=(predicted if labels == "predicted" else true)[rows].astype(np.int64),
+        true_labels=true[rows].astype(np.int64),
+        predicted=predicted[rows].astype(np.int64),
+        triggered=trigger is not None,
+        sign=1.0 if labels == "predicted" else -1.0,
+        candidates=n_qualified,
+    )
