@@ -23,30 +23,20 @@ Usage (on a machine shared with other jobs, --threads 1 keeps their load out of 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
-import math
-import platform
-import sys
-import threading
-import time
-from pathlib import Path
 
+import _common
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from epochlens.curvature.estimator import (  # noqa: E402
+from epochlens.curvature.estimator import (
     default_max_batch,
     full_fp32_precision,
     per_sample_curvature,
     rademacher_directions,
 )
-from epochlens.curvature.settings import CurvatureSettings  # noqa: E402
-from epochlens.device import resolve_device  # noqa: E402
-from epochlens.models.networks import build_model, positions_in, restrict_logits  # noqa: E402
+from epochlens.curvature.settings import CurvatureSettings
+from epochlens.models.networks import build_model, positions_in, restrict_logits
 
 # (in_channels, side, num_classes, active classes) of the benchmark input per model.
 SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}
@@ -94,88 +84,6 @@ def reference_curvature(
     return np.concatenate(curvature), np.concatenate(eig)
 
 
-class PeakMemory:
-    """Peak memory of a block: CUDA allocator peak, or the process's peak RSS on the CPU.
-
-    On Linux the kernel's RSS high-water mark is reset through /proc/self/clear_refs; elsewhere a
-    thread samples the RSS every 2 ms. Reported as the increase over the RSS at entry (MiB). Memory
-    that the allocator kept from an earlier run would hide the next run's allocations, so glibc
-    hands free memory back to the kernel first (malloc_trim).
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.peak_mib = math.nan
-
-    def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-            return self
-        _malloc_trim()
-        self._base = _rss_bytes()
-        self._hwm = _reset_hwm()
-        if not self._hwm:
-            self._stop = threading.Event()
-            self._sampled = self._base
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self._sampled = max(self._sampled, _rss_bytes())
-
-    def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device)
-        elif self._hwm:
-            peak = _status_kib("VmHWM") * 1024
-        else:
-            self._stop.set()
-            self._thread.join()
-            peak = self._sampled
-        self.peak_mib = (peak - self._base) / 2**20
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def _rss_bytes() -> int:
-    try:
-        return _status_kib("VmRSS") * 1024
-    except (OSError, KeyError):
-        import psutil  # not a dependency: only where /proc is missing
-
-        return psutil.Process().memory_info().rss
-
-
-def _malloc_trim() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-def _reset_hwm() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     channels, side, num_classes, n_active = SHAPES[name]
     torch.manual_seed(args.seed)
@@ -206,33 +114,18 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     def run_engine() -> dict[str, np.ndarray]:
         return per_sample_curvature(model, images, labels, indices, active, settings, device)
 
-    times: dict[str, list[float]] = {"reference": [], "engine": []}
-    memory = {"reference": 0.0, "engine": 0.0}
-    results: dict[str, object] = {}
-    for rep in range(args.repeats):
-        # Alternate the order so that neither side always runs on a warmer machine.
-        order = ("reference", "engine") if rep % 2 == 0 else ("engine", "reference")
-        for side_name in order:
-            fn = run_reference if side_name == "reference" else run_engine
-            with PeakMemory(device) as mem:
-                _sync(device)
-                t0 = time.perf_counter()
-                results[side_name] = fn()
-                _sync(device)
-                times[side_name].append(time.perf_counter() - t0)
-            memory[side_name] = max(memory[side_name], mem.peak_mib)
+    times, results, memory = _common.interleaved(
+        {"reference": run_reference, "engine": run_engine}, args.repeats, device, memory=True
+    )
 
     ref_curv, ref_eig = results["reference"]
     eng = results["engine"]
     rel = np.abs(eng["curvature"] - ref_curv) / np.abs(ref_curv)
     eig_scale = np.abs(ref_eig).max()
-    t_ref, t_eng = min(times["reference"]), min(times["engine"])
+    t_ref, t_eng = times["reference"], times["engine"]
     report = {
         "model": name,
-        "device": str(device),
-        "device_name": _device_name(device),
-        "torch": torch.__version__,
-        "cpu_threads": torch.get_num_threads(),
+        **_common.environment(device),
         "n_samples": args.n_samples,
         "n_directions": args.n_directions,
         "h": args.h,
@@ -278,48 +171,17 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     return report
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["small_cnn", "resnet18_lop", "both"], default="both")
+    parser = _common.parser(__doc__)
     parser.add_argument("--n-samples", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64, help="samples per batch (both)")
     parser.add_argument("--n-directions", type=int, default=10)
     parser.add_argument("--h", type=float, default=1e-3)
     parser.add_argument("--max-batch", type=int, default=None, help="engine rows per pass")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=2, help="timings: the fastest repeat")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
     parser.add_argument(
         "--float64-samples", type=int, default=4, help="samples for the float64 floor (0: skip)"
     )
-    parser.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    names = ["small_cnn", "resnet18_lop"] if args.model == "both" else [args.model]
-    reports = {}
-    for name in names:
-        if not args.json:
-            print(f"benchmarking {name} on {device} ...", file=sys.stderr, flush=True)
-        reports[name] = bench_model(name, args, device)
-    print(json.dumps(reports[names[0]] if len(names) == 1 else reports, indent=2))
-    return 0
+    return _common.run(parser, bench_model, argv)
 
 
 if __name__ == "__main__":

@@ -21,29 +21,24 @@ other jobs' load out of the timings):
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _common
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from epochlens.data import Dataset  # noqa: E402
-from epochlens.device import resolve_device  # noqa: E402
-from epochlens.features.cache import load_or_extract  # noqa: E402
-from epochlens.features.extract import extract_features  # noqa: E402
-from epochlens.features.representations import spectral_method_for  # noqa: E402
+from epochlens.data import Dataset
+from epochlens.features.cache import load_or_extract
+from epochlens.features.extract import extract_features
+from epochlens.features.representations import spectral_method_for
 from epochlens.features.settings import (
-    FeatureSettings,  # noqa: E402
-    RepresentationSettings,  # noqa: E402
+    FeatureSettings,
+    RepresentationSettings,
 )
-from epochlens.models.layers import resolve_layers  # noqa: E402
-from epochlens.models.networks import build_model  # noqa: E402
+from epochlens.models.layers import resolve_layers
+from epochlens.models.networks import build_model
 
 # (in_channels, side, num_classes, default train images) per model; test split = train / 4.
 SHAPES = {"small_cnn": (1, 8, 10, 4096), "resnet18_lop": (3, 32, 100, 512)}
@@ -66,15 +61,6 @@ def random_dataset(channels: int, side: int, num_classes: int, n_train: int, see
     )
 
 
-def best_of(repeats: int, fn) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, result
-
-
 def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     channels, side, num_classes, default_n = SHAPES[name]
     n_train = args.n_samples or default_n
@@ -86,14 +72,14 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     layers = resolve_layers(model, None)
 
     extract_features(model, images[: args.batch_size], batch_size=args.batch_size, device=device)  # warm-up
-    t_all, feats = best_of(
+    t_all, feats = _common.best_of(
         args.repeats,
         lambda: extract_features(
             model, images, settings=settings.representations, batch_size=args.batch_size, device=device
         ),
     )
     pooled = RepresentationSettings(names=("pooled",))
-    t_pooled, _ = best_of(
+    t_pooled, _ = _common.best_of(
         args.repeats,
         lambda: extract_features(model, images, settings=pooled, batch_size=args.batch_size, device=device),
     )
@@ -119,10 +105,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     n_total = n_train + len(data.test_labels)
     return {
         "model": name,
-        "device": str(device),
-        "device_name": _device_name(device),
-        "torch": torch.__version__,
-        "cpu_threads": torch.get_num_threads(),
+        **_common.environment(device),
         "input_shape": [channels, side, side],
         "layers": layers,
         "activation_shapes": {layer: list(shapes[layer]) for layer in layers},
@@ -147,41 +130,12 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     }
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["small_cnn", "resnet18_lop", "both"], default="both")
+    parser = _common.parser(__doc__)
     parser.add_argument("--n-samples", type=int, default=None, help="train images (default per model)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=2, help="timings: the fastest repeat")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    names = ["small_cnn", "resnet18_lop"] if args.model == "both" else [args.model]
-    reports = {}
-    for name in names:
-        if not args.json:
-            print(f"benchmarking {name} on {device} ...", file=sys.stderr, flush=True)
-        reports[name] = bench_model(name, args, device)
-    print(json.dumps(reports[names[0]] if len(names) == 1 else reports, indent=2))
-    return 0
+    return _common.run(parser, bench_model, argv)
 
 
 if __name__ == "__main__":

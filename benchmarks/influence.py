@@ -17,50 +17,26 @@ Usage (on a machine shared with other jobs, --threads 1 keeps their load out of 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
-import sys
-import time
 import warnings
-from pathlib import Path
 
+import _common
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from epochlens.device import resolve_device  # noqa: E402
-from epochlens.influence import (  # noqa: E402
+from epochlens.influence import (
     InfluenceSettings,
     fit_factors,
     pairwise_influence,
     self_influence,
 )
-from epochlens.models.networks import build_model  # noqa: E402
+from epochlens.models.networks import build_model
 
 # (in_channels, side, num_classes, active classes) of the benchmark input per model.
 SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> dict:
+def bench_once(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     channels, side, num_classes, n_active = SHAPES[name]
     torch.manual_seed(args.seed)
     model = build_model(name, num_classes, channels).to(device).eval()
@@ -79,28 +55,19 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
         query_batch_size=args.query_batch_size,
         precondition_dtype=args.precondition_dtype,
     )
-    _sync(device)
-    t0 = time.perf_counter()
-    factors = fit_factors(model, x, y, active, settings, device=device)
-    _sync(device)
-    t_fit = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    selfs = self_influence(model, factors, x, y, active, settings, device=device)
-    _sync(device)
-    t_self = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    pair = pairwise_influence(model, factors, x, y, xq, yq, active, settings, device=device)
-    _sync(device)
-    t_pair = time.perf_counter() - t0
+    t_fit, factors = _common.timed(lambda: fit_factors(model, x, y, active, settings, device=device), device)
+    t_self, selfs = _common.timed(
+        lambda: self_influence(model, factors, x, y, active, settings, device=device), device
+    )
+    t_pair, pair = _common.timed(
+        lambda: pairwise_influence(model, factors, x, y, xq, yq, active, settings, device=device), device
+    )
     diag = pair.diagnostics
     dims = [max(lf.in_dim, lf.out_dim) for lf in factors.layers.values()]
     finite = diag["cond"][np.isfinite(diag["cond"])]
     return {
         "model": name,
-        "device": str(device),
-        "device_name": _device_name(device),
-        "torch": torch.__version__,
-        "cpu_threads": torch.get_num_threads(),
+        **_common.environment(device),
         "method": args.method,
         "fisher": args.fisher,
         "n_train": args.n_train,
@@ -134,17 +101,22 @@ def _rates(seconds: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def _load_average() -> float | None:
-    """1-minute load average: other jobs on a shared machine slow every stage."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """:func:`bench_once` ``--repeats`` times: each stage's fastest time."""
+    runs = []
+    for _ in range(args.repeats):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore" if args.json else "default")
+            runs.append(bench_once(name, args, device))
+    report = runs[-1]
+    report["repeats"] = args.repeats
+    report["seconds"] = {k: min(r["seconds"][k] for r in runs) for k in report["seconds"]}
+    report["train_samples_per_s"] = _rates(report["seconds"], args)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["small_cnn", "resnet18_lop", "both"], default="both")
+    parser = _common.parser(__doc__, repeats=1)
     parser.add_argument("--n-train", type=int, default=64)
     parser.add_argument("--n-query", type=int, default=8)
     parser.add_argument("--method", choices=["ekfac", "kfac", "diagonal", "identity"], default="ekfac")
@@ -153,33 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="factor and training batches")
     parser.add_argument("--query-batch-size", type=int, default=16)
     parser.add_argument("--precondition-dtype", choices=["float64", "float32"], default="float64")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--repeats", type=int, default=1, help="timings: the fastest repeat per stage")
-    parser.add_argument("--json", action="store_true", help="print only the JSON object")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    names = ["small_cnn", "resnet18_lop"] if args.model == "both" else [args.model]
-    reports = {}
-    for name in names:
-        if not args.json:
-            print(f"benchmarking {name} on {device} ...", file=sys.stderr, flush=True)
-        runs = []
-        for _ in range(args.repeats):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore" if args.json else "default")
-                runs.append(bench_model(name, args, device))
-        report = runs[-1]
-        report["repeats"] = args.repeats
-        report["seconds"] = {k: min(r["seconds"][k] for r in runs) for k in report["seconds"]}
-        report["train_samples_per_s"] = _rates(report["seconds"], args)
-        report["load_average_1min"] = _load_average()
-        reports[name] = report
-    print(json.dumps(reports[names[0]] if len(names) == 1 else reports, indent=2))
-    return 0
+    return _common.run(parser, bench_model, argv)
 
 
 if __name__ == "__main__":

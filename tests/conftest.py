@@ -1,9 +1,20 @@
-"""Shared fixtures for the unit tests: small, seeded and fast (two CPU cores)."""
+"""Shared fixtures: small, seeded and fast (two CPU cores).
+
+Layout: ``unit/<area>/`` mirrors the library's packages (maths against exact answers, no
+Snakemake), ``workflow/`` drives Snakemake on tiny runs (one factory: :func:`wfutil.tiny_run`),
+``cluster/`` runs the workflow on a local SLURM cluster. ``wfutil`` (next to this file) is shared
+by the workflow and cluster tests.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # wfutil, for tests in any subfolder
 
 from epochlens.data import Dataset
 

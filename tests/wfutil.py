@@ -6,11 +6,14 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import yaml
+
+from epochlens.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "src", "profiles", "envs", "report")
@@ -119,3 +122,71 @@ def write_cifar100_folder(folder: Path, train_per_class: int, test_per_class: in
     }
     with open(folder / "meta", "wb") as f:
         pickle.dump(meta, f, protocol=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The tiny run: one factory for every workflow test.
+# digits, 10 classes, 4 initial +3 every 2 epochs -> checkpoints at epochs 0, 2, 4, 6, read from a
+# folder of random SmallCNN checkpoints (as a user with their own training run would).
+
+TINY_EPOCHS = (0, 2, 4, 6)
+
+
+def tiny_config(ckpt_dir: Path, **overrides) -> dict:
+    """The tiny run's config (``overrides`` replace whole run sections)."""
+    run = {
+        "data": {"source": "digits", "holdout_per_class": 5},
+        "model": {"name": "small_cnn"},
+        "schedule": {"initial_classes": 4, "increment": 3, "epochs_per_task": 2},
+        "indices": [0],
+        "checkpoints": {"source": "folder", "path": str(ckpt_dir / "index-{index}_epoch-{epoch}.pt")},
+    }
+    run.update(overrides)
+    return {"device": "cpu", "runs": {"tiny": run}}
+
+
+def write_random_checkpoints(folder: Path, epochs=TINY_EPOCHS, index: int = 0) -> Path:
+    """Random SmallCNN checkpoints (10 classes), seeded by epoch, as the user's folder."""
+    from epochlens.models.networks import SmallCNN
+
+    for epoch in epochs:
+        save_random_checkpoint(
+            SmallCNN, folder / f"index-{index}_epoch-{epoch}.pt", seed=epoch, num_classes=10
+        )
+    return folder
+
+
+@dataclass
+class TinyRun:
+    """A workflow copy, its working directory, the config file and the checkpoint folder; ``paths``
+    is the results layout under ``work`` (``run.paths.table("probes", "tiny")``)."""
+
+    wf: Path
+    work: Path
+    cfg: Path
+    ckpts: Path
+
+    @property
+    def paths(self) -> Layout:
+        return Layout(self.work / "results")
+
+    def __iter__(self):  # wf, work, cfg, ckpts = tiny_run(...)
+        return iter((self.wf, self.work, self.cfg, self.ckpts))
+
+
+def tiny_run(
+    root: Path, config: dict | None = None, *targets: str, run: bool = True, name: str = "tiny"
+) -> TinyRun:
+    """The one tiny-run factory: copy the workflow under ``root``, write random checkpoints and
+    ``config`` (default :func:`tiny_config`; a function of the checkpoint folder also works) and,
+    with ``run``, run the workflow on ``targets`` (default: everything)."""
+    wf = copy_workflow(root / "wf")
+    work = root / "work"
+    work.mkdir(exist_ok=True)
+    ckpts = write_random_checkpoints(root / "model_parameters")
+    if callable(config):
+        config = config(ckpts)
+    cfg = write_config(root / f"{name}.yaml", config if config is not None else tiny_config(ckpts))
+    if run:
+        snakemake(wf, work, *targets, configfile=cfg)
+    return TinyRun(wf, work, cfg, ckpts)

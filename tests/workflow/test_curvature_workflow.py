@@ -1,6 +1,6 @@
 """Curvature in the workflow: shard/gather job lists, shard invariance, class partition, resume.
 
-The tiny run of test_workflow.py (digits, 4 initial classes +3 every 2 epochs, random checkpoints
+The tiny run (wfutil.tiny_config: digits, 4 initial classes +3 every 2 epochs, random checkpoints
 at epochs 0, 2, 4, 6 read from a folder), with curvature at epochs 2 (4 classes) and 6 (all 10).
 """
 
@@ -11,15 +11,23 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from test_workflow import EPOCHS, tiny_config
-from wfutil import copy_workflow, planned_jobs, save_random_checkpoint, snakemake, write_config
+from wfutil import (
+    TINY_EPOCHS,
+    copy_workflow,
+    planned_jobs,
+    snakemake,
+    tiny_config,
+    write_config,
+    write_random_checkpoints,
+)
 
 from epochlens.curvature.io import merged_names
 from epochlens.data import read_dataset
-from epochlens.models.networks import SmallCNN
+from epochlens.layout import RESULTS
 
 pytestmark = pytest.mark.workflow
 
+EPOCHS = TINY_EPOCHS
 CURV_EPOCHS = (2, 6)
 
 
@@ -29,7 +37,7 @@ def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS, **curvature) -> dict:
 
 
 def epoch_rel(epoch: int) -> str:
-    return f"results/tiny/index-0/curvature/epoch_{epoch:04d}"
+    return RESULTS.curvature_dir("tiny", 0, epoch)
 
 
 def epoch_dir(work, epoch: int):
@@ -46,15 +54,13 @@ def runs(tmp_path_factory):
     processes (torch.distributed, gloo; curvature files only)."""
     root = tmp_path_factory.mktemp("curvature")
     wf = copy_workflow(root / "wf")
-    ckpts = root / "model_parameters"
-    for epoch in EPOCHS:
-        save_random_checkpoint(SmallCNN, ckpts / f"index-0_epoch-{epoch}.pt", seed=epoch, num_classes=10)
+    ckpts = write_random_checkpoints(root / "model_parameters")
     work = {}
     for shards in (1, 2):
         work[shards] = root / f"work{shards}"
         work[shards].mkdir()
         cfg = write_config(root / f"shards{shards}.yaml", curv_config(ckpts, shards, processes=3 - shards))
-        targets = [] if shards == 2 else [f"{epoch_rel(e)}/metadata.json" for e in CURV_EPOCHS]
+        targets = [] if shards == 2 else [RESULTS.curvature_metadata("tiny", 0, e) for e in CURV_EPOCHS]
         snakemake(wf, work[shards], *targets, configfile=cfg)
     return wf, work, root / "shards2.yaml"
 
@@ -70,7 +76,7 @@ def test_dry_run_job_counts_with_shards(tmp_path):
     assert jobs["curvature_epoch"] == len(EPOCHS)
 
     # One epoch's metadata builds that epoch's shards and merge, plus the data and class order.
-    one = "results/tiny/index-0/curvature/epoch_0004/metadata.json"
+    one = RESULTS.curvature_metadata("tiny", 0, 4)
     assert planned_jobs(tmp_path / "wf", tmp_path, one, configfile=cfg) == {
         "prepare_data": 1,
         "class_order": 1,
@@ -82,16 +88,6 @@ def test_dry_run_job_counts_with_shards(tmp_path):
     off = tiny_config(ckpts, curvature={"enabled": False, "shards": 2})
     jobs = planned_jobs(tmp_path / "wf", tmp_path, configfile=write_config(tmp_path / "off.yaml", off))
     assert "curvature_shard" not in jobs and "curvature_epoch" not in jobs
-
-
-def test_epoch_not_analysed_is_a_config_error(tmp_path):
-    wf = copy_workflow(tmp_path / "wf")
-    cfg = curv_config(tmp_path / "model_parameters", shards=1, epochs=[3])
-    proc = snakemake(
-        wf, tmp_path, "--dry-run", configfile=write_config(tmp_path / "c.yaml", cfg), check=False
-    )
-    assert proc.returncode != 0
-    assert "runs.tiny.curvature.epochs: [3] are not analysed epochs" in proc.stdout
 
 
 def test_shard_and_process_invariance(runs):
@@ -106,8 +102,8 @@ def test_shard_and_process_invariance(runs):
 def test_nan_exactly_for_inactive_classes(runs):
     _, work, _ = runs
     work = work[2]
-    data = read_dataset(work / "results/tiny/data/dataset.h5")
-    order = np.load(work / "results/tiny/index-0/class_order.npy")
+    data = read_dataset(work / RESULTS.dataset("tiny"))
+    order = np.load(work / RESULTS.class_order("tiny", 0))
     for epoch, n_active in zip(CURV_EPOCHS, (4, 10), strict=True):
         arrays = merged_arrays(work, epoch)
         meta = json.loads((epoch_dir(work, epoch) / "metadata.json").read_text())
@@ -177,33 +173,36 @@ def test_resume_recomputes_only_the_missing_shard(runs):
 def test_tables_figures_and_target(runs):
     wf, work, cfg = runs
     work = work[2]
-    data = read_dataset(work / "results/tiny/data/dataset.h5")
+    data = read_dataset(work / RESULTS.dataset("tiny"))
     n = len(data.train_labels)
-    samples = pd.read_csv(work / "results/tiny/tables/sample_dynamics.csv")
+    samples = pd.read_csv(work / RESULTS.table("sample_dynamics", "tiny"))
     assert len(samples) == n and samples["sample"].tolist() == list(range(n))
     np.testing.assert_array_equal(samples["label"], data.train_labels)
     loss = {e: merged_arrays(work, e)["loss"].astype(np.float64) for e in CURV_EPOCHS}
     np.testing.assert_allclose(samples["csl"], np.nansum([loss[2], loss[6]], 0), rtol=1e-6)
-    order = np.load(work / "results/tiny/index-0/class_order.npy")
+    order = np.load(work / RESULTS.class_order("tiny", 0))
     first_task = np.isin(data.train_labels, order[:4])
     assert (samples.loc[first_task, "n_epochs"] == 2).all() and (
         samples.loc[~first_task, "n_epochs"] == 1
     ).all()
-    cohorts = pd.read_csv(work / "results/tiny/tables/curvature_per_cohort.csv")
+    cohorts = pd.read_csv(work / RESULTS.table("curvature_per_cohort", "tiny"))
     assert set(cohorts["epoch"]) == set(CURV_EPOCHS) and (cohorts["run"] == "tiny").all()
     for name in ("by_cohort", "distribution", "vs_loss"):
         for ext in ("png", "pdf"):
-            assert (work / f"results/tiny/figures/curvature_{name}.{ext}").stat().st_size > 1000
+            assert (work / RESULTS.figure(f"curvature_{name}", ext, "tiny")).stat().st_size > 1000
     assert planned_jobs(wf, work, "curvature", configfile=cfg) == {}
 
 
 def test_execution_settings_rerun_nothing(runs, tmp_path):
-    """batch_size and processes change how the work is split, not the results."""
+    """batch_size, processes and the device change how the work is done, not the results: no job
+    of any stage reruns (the jobs read the device from the config and record it)."""
     wf, work, _ = runs
     ckpts = work[2].parent / "model_parameters"
     changed = curv_config(ckpts, 2, batch_size=7, processes=2)
     cfg = write_config(tmp_path / "changed.yaml", changed)
     assert planned_jobs(wf, work[2], configfile=cfg) == {}
+    other_device = {**curv_config(ckpts, 2), "device": "auto"}
+    assert planned_jobs(wf, work[2], configfile=write_config(tmp_path / "auto.yaml", other_device)) == {}
     # while the estimator settings do rerun every curvature job
     other_h = write_config(tmp_path / "h.yaml", curv_config(ckpts, 2, h=2e-3))
     jobs = planned_jobs(wf, work[2], configfile=other_h)

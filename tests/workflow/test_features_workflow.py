@@ -13,26 +13,29 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from test_workflow import EPOCHS, tiny_config
 from wfutil import (
+    TINY_EPOCHS,
     copy_workflow,
     planned_jobs,
     planned_wildcards,
     save_random_checkpoint,
     snakemake,
+    tiny_config,
     write_config,
 )
+from wfutil import tiny_run as make_tiny_run
 
 from epochlens.data import read_dataset
 from epochlens.features.cache import FeatureSet, load_or_extract
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
+from epochlens.layout import RESULTS
 from epochlens.models.networks import SmallCNN
 from epochlens.provenance import file_sha256
 
 pytestmark = pytest.mark.workflow
 
 CURV_EPOCHS = (2, 6)
-RESULTS = "results/tiny"
+EPOCHS = TINY_EPOCHS
 PER_EPOCH = {"features_epoch": 4, "probes_epoch": 4, "ablation_epoch": 4}
 RUN_TABLES = {"probe_tables": 1, "plot_probes": 1, "ablation_tables": 1, "plot_ablation": 1}
 PROBE_COLUMNS = [
@@ -70,16 +73,7 @@ def touch_checkpoints(folder):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """(workflow copy, workdir, configfile, checkpoint folder) after a whole run."""
-    root = tmp_path_factory.mktemp("features")
-    wf = copy_workflow(root / "wf")
-    ckpts = root / "model_parameters"
-    for epoch in EPOCHS:
-        save_random_checkpoint(SmallCNN, ckpts / f"index-0_epoch-{epoch}.pt", seed=epoch, num_classes=10)
-    work = root / "work"
-    work.mkdir()
-    cfg = write_config(root / "tiny.yaml", feature_config(ckpts))
-    snakemake(wf, work, configfile=cfg)
-    return wf, work, cfg, ckpts
+    return tuple(make_tiny_run(tmp_path_factory.mktemp("features"), feature_config))
 
 
 def test_dry_run_job_counts(tmp_path):
@@ -128,14 +122,12 @@ def test_dry_run_job_counts(tmp_path):
 @pytest.mark.parametrize(
     ("sections", "message"),
     [
-        ({"features": {"epochs": [3]}}, "runs.tiny.features.epochs: [3] are not analysed epochs"),
-        ({"features": {"enabled": False}}, "runs.tiny.probes.enabled: probes need the features"),
         ({"features": {"layers": ["b9"]}}, "runs.tiny.features.layers: small_cnn has no module(s) ['b9']"),
-        ({"ablation": {"blocks": ["fc.weight"]}}, "runs.tiny.ablation.blocks: small_cnn has no module(s)"),
         ({"probes": {"seed": [0]}}, "runs.tiny.probes: Additional properties are not allowed ('seed'"),
     ],
 )  # fmt: skip
 def test_config_errors_name_the_key(tmp_path, sections, message):
+    """Through Snakemake, before any job; every other check: tests/unit/config (no Snakemake)."""
     wf = copy_workflow(tmp_path / "wf")
     cfg = write_config(tmp_path / "bad.yaml", feature_config(tmp_path / "model_parameters", **sections))
     proc = snakemake(wf, tmp_path, "--dry-run", configfile=cfg, check=False)
@@ -146,8 +138,8 @@ def test_config_errors_name_the_key(tmp_path, sections, message):
 
 def test_features_file_and_cache_key(tiny_run):
     _, work, _, ckpts = tiny_run
-    data = read_dataset(work / RESULTS / "data/dataset.h5")
-    path = work / RESULTS / "index-0/features/epoch_0004.h5"
+    data = read_dataset(work / RESULTS.dataset("tiny"))
+    path = work / RESULTS.features("tiny", 0, 4)
     features = FeatureSet(path)
     assert features.layers == ["block1", "block2", "block3"]
     assert features.representations == ["pooled", "stats", "spectral"]
@@ -175,7 +167,7 @@ def test_features_file_and_cache_key(tiny_run):
 
 def test_probe_tables(tiny_run):
     _, work, _, _ = tiny_run
-    per_epoch = {e: pd.read_csv(work / RESULTS / f"index-0/probes/epoch_{e:04d}.csv") for e in EPOCHS}
+    per_epoch = {e: pd.read_csv(work / RESULTS.probe_table("tiny", 0, e)) for e in EPOCHS}
     for epoch, table in per_epoch.items():
         assert list(table.columns) == PROBE_COLUMNS
         ok = table[table["status"] == "ok"]
@@ -193,7 +185,7 @@ def test_probe_tables(tiny_run):
         active = {0: 4, 2: 4, 4: 7, 6: 10}[epoch]
         assert set(ok.loc[ok["target"] == "class", "n_classes"]) == {active}
         assert set(ok.loc[ok["target"] == "cohort", "n_classes"]) <= {2}
-    summary = pd.read_csv(work / RESULTS / "tables/probes.csv")
+    summary = pd.read_csv(work / RESULTS.table("probes", "tiny"))
     assert {"accuracy_mean", "accuracy_seed_std", "accuracy_index_std", "accuracy_ci95", "chance"} <= set(
         summary.columns
     )
@@ -214,7 +206,7 @@ def test_probe_tables(tiny_run):
 def test_ablation_tables_and_figures(tiny_run):
     wf, work, cfg, _ = tiny_run
     for epoch in EPOCHS:
-        table = pd.read_csv(work / RESULTS / f"index-0/ablation/epoch_{epoch:04d}.csv")
+        table = pd.read_csv(work / RESULTS.ablation_table("tiny", 0, epoch))
         assert list(table.columns) == ABLATION_COLUMNS
         # 3 blocks x (whole block + 4 channel groups) x 2 modes, per cohort present
         cohorts = ["new", "all"] if epoch < 4 else ["old", "new", "all"]
@@ -222,14 +214,14 @@ def test_ablation_tables_and_figures(tiny_run):
         assert len(table) == 3 * 5 * 2 * len(cohorts)
         assert set(table["group"]) >= {"all", "ch0-3", "ch12-15", "ch48-63"}
         np.testing.assert_allclose(table["delta_accuracy"], table["accuracy"] - table["accuracy_base"])
-    summary = pd.read_csv(work / RESULTS / "tables/ablation.csv")
+    summary = pd.read_csv(work / RESULTS.table("ablation", "tiny"))
     assert {"delta_accuracy_mean", "delta_accuracy_ci95", "delta_loss_mean", "n_indices"} <= set(
         summary.columns
     )
     assert set(summary["epoch"]) == set(EPOCHS)
     for name in ("probe_accuracy", "ablation_effect"):
         for ext in ("png", "pdf"):
-            assert (work / RESULTS / f"figures/{name}.{ext}").stat().st_size > 10_000
+            assert (work / RESULTS.figure(name, ext, "tiny")).stat().st_size > 10_000
     assert planned_jobs(wf, work, "probes", "ablation", "features", configfile=cfg) == {}
 
 
@@ -261,7 +253,7 @@ def test_what_reruns(tiny_run, tmp_path):
 
     # A new checkpoint at epoch 4 (no curvature there): that epoch's jobs and the run's tables.
     cfg = write_config(tmp_path / "tiny.yaml", feature_config(ckpts))
-    before = {e: (work / RESULTS / f"index-0/features/epoch_{e:04d}.h5").stat().st_mtime_ns for e in EPOCHS}
+    before = {e: (work / RESULTS.features("tiny", 0, e)).stat().st_mtime_ns for e in EPOCHS}
     save_random_checkpoint(SmallCNN, ckpts / "index-0_epoch-4.pt", seed=99, num_classes=10)
     assert planned_jobs(wf, work, configfile=cfg) == {
         "evaluate_checkpoint": 1,
@@ -274,8 +266,8 @@ def test_what_reruns(tiny_run, tmp_path):
     for rule in ("features_epoch", "ablation_epoch"):
         assert planned_wildcards(wf, work, rule, configfile=cfg) == ["run=tiny, index=0, epoch=0004"]
     snakemake(wf, work, configfile=cfg)
-    after = {e: (work / RESULTS / f"index-0/features/epoch_{e:04d}.h5").stat().st_mtime_ns for e in EPOCHS}
+    after = {e: (work / RESULTS.features("tiny", 0, e)).stat().st_mtime_ns for e in EPOCHS}
     assert [e for e in EPOCHS if after[e] != before[e]] == [4]
-    rebuilt = FeatureSet(work / RESULTS / "index-0/features/epoch_0004.h5")
+    rebuilt = FeatureSet(work / RESULTS.features("tiny", 0, 4))
     assert rebuilt.attrs["checkpoint_sha256"] == file_sha256(ckpts / "index-0_epoch-4.pt")
     assert planned_jobs(wf, work, configfile=cfg) == {}

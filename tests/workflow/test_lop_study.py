@@ -5,6 +5,7 @@ experiment saves them (bare state_dicts named index-{i}_epoch-{e}.pt)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ from wfutil import (
     write_config,
 )
 
+from epochlens.layout import Layout
 from epochlens.models.networks import ResNet18LoP
 
 pytestmark = pytest.mark.workflow
@@ -107,10 +109,10 @@ def test_study_runs_on_real_formats(tmp_path):
     work.mkdir()
     snakemake(wf, work, configfile=path)
 
-    results = work / "results/cifar100_lop"
-    order = np.load(results / "index-0/class_order.npy")
+    paths = Layout(work / "results")
+    order = np.load(paths.class_order("cifar100_lop", 0))
     assert np.array_equal(order, np.load(tmp_path / "lop/class_order/index-0.npy"))
-    per_class = pd.read_csv(results / "tables/accuracy_per_class.csv")
+    per_class = pd.read_csv(paths.table("accuracy_per_class", "cifar100_lop"))
     test = per_class[per_class["split"] == "test"]
     # Checkpoint 200 holds the model trained on the first 5 classes; 400 on the first 10.
     active = test.groupby("epoch")["class_id"].apply(lambda s: sorted(s)).to_dict()
@@ -118,11 +120,11 @@ def test_study_runs_on_real_formats(tmp_path):
     assert (test["n"] == 2).all()
     holdout = per_class[per_class["split"] == "holdout"]
     assert (holdout["n"] == 1).all()
-    assert (results / "figures/accuracy_by_cohort.png").exists()
+    assert Path(paths.figure("accuracy_by_cohort", "png", "cifar100_lop")).exists()
     blocks = [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
-    probes = pd.read_csv(results / "tables/probes.csv")
+    probes = pd.read_csv(paths.table("probes", "cifar100_lop"))
     assert list(pd.unique(probes["layer"])) == blocks
-    ablation = pd.read_csv(results / "tables/ablation.csv")
+    ablation = pd.read_csv(paths.table("ablation", "cifar100_lop"))
     assert list(pd.unique(ablation["block"])) == blocks and set(ablation["group"]) == {"all"}
     for name in ("probe_accuracy", "ablation_effect"):
-        assert (results / f"figures/{name}.png").exists()
+        assert Path(paths.figure(name, "png", "cifar100_lop")).exists()

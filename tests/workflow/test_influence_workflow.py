@@ -1,7 +1,7 @@
 """Influence and the data-quality study in the workflow: job lists, the detection table and figures
 of a tiny trained run with flipped labels, and what a config change reruns.
 
-The tiny run of test_workflow.py (digits, 4 initial classes +3 every 2 epochs), trained by the
+The tiny run (wfutil.tiny_config: digits, 4 initial classes +3 every 2 epochs), trained by the
 pipeline (6 epochs, seconds) on data with 10% of the training labels flipped, influence at the last
 checkpoint (epoch 6) by EK-FAC, identity and TracIn (epochs 2, 4, 6).
 """
@@ -14,17 +14,16 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
-from test_workflow import tiny_config
-from wfutil import copy_workflow, planned_jobs, snakemake, write_config
+from wfutil import copy_workflow, planned_jobs, snakemake, tiny_config, write_config
+from wfutil import tiny_run as make_tiny_run
 
 from epochlens.data import holdout_mask, load_digits, read_dataset
+from epochlens.layout import RESULTS
 from epochlens.study.detection import DETECTION_COLUMNS
 
 pytestmark = pytest.mark.workflow
 
 OFF = {"enabled": False}
-RESULTS = "results/tiny"
-SCORES = f"{RESULTS}/index-0/influence/epoch_0006"
 
 
 def influence_config(tmp_path, influence=None, corruption=None, **run) -> dict:
@@ -51,13 +50,9 @@ def tiny_run(tmp_path_factory):
     """(workflow copy, workdir, config dict, configfile) after the tiny study's `influence` target
     (no evaluation, accuracy tables or their figures: not needed here)."""
     root = tmp_path_factory.mktemp("influence")
-    wf = copy_workflow(root / "wf")
-    work = root / "work"
-    work.mkdir()
     cfg = influence_config(root)
-    path = write_config(root / "influence.yaml", cfg)
-    snakemake(wf, work, "influence", configfile=path)
-    return wf, work, cfg, path
+    run = make_tiny_run(root, cfg, "influence", name="influence")
+    return run.wf, run.work, cfg, run.cfg
 
 
 def test_dry_run_job_counts(tmp_path):
@@ -74,7 +69,7 @@ def test_dry_run_job_counts(tmp_path):
     assert jobs["train_tiny"] == 2
 
     # One method's scores need that checkpoint's factors only (and TracIn its checkpoints).
-    one = "results/tiny/index-1/influence/epoch_0004/kfac/metadata.json"
+    one = RESULTS.influence_file("metadata.json", "tiny", 1, 4, "kfac")
     assert planned_jobs(wf, tmp_path, one, configfile=tmp_path / "all.yaml") == {
         "prepare_data": 1,
         "class_order": 1,
@@ -92,13 +87,11 @@ def test_dry_run_job_counts(tmp_path):
 @pytest.mark.parametrize(
     ("influence", "corruption", "message"),
     [
-        ({"epochs": [3]}, None, "runs.tiny.influence.epochs: [3] are not analysed epochs"),
-        ({"queries": {"trigger": True}}, None, "influence.queries.trigger: true needs a trigger"),
         ({}, {"kind": "trigger", "target_class": 12}, "corruption.target_class: 12 is not a class"),
-        ({"methods": ["tracin"], "tracin_epochs": [7]}, None, "tracin_epochs: [7] are not analysed"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, influence, corruption, message):
+    """Through Snakemake, before any job; every other check: tests/unit/config (no Snakemake)."""
     wf = copy_workflow(tmp_path / "wf")
     cfg = influence_config(tmp_path, influence=influence, corruption=corruption)
     proc = snakemake(
@@ -110,8 +103,8 @@ def test_config_errors_name_the_key(tmp_path, influence, corruption, message):
 
 def test_labels_flipped_outside_the_holdout(tiny_run):
     _, work, _, _ = tiny_run
-    data = read_dataset(work / RESULTS / "data/dataset.h5")
-    corrupted = np.load(work / RESULTS / "data/corrupted_indices.npy")
+    data = read_dataset(work / RESULTS.dataset("tiny"))
+    corrupted = np.load(work / RESULTS.corrupted_indices("tiny"))
     clean = load_digits()
     clean_holdout = holdout_mask(clean.train_labels, 5)
     changed = np.flatnonzero(data.train_labels != clean.train_labels)
@@ -124,7 +117,7 @@ def test_labels_flipped_outside_the_holdout(tiny_run):
 
 def test_detection_table_and_figures(tiny_run):
     _, work, _, _ = tiny_run
-    table = pd.read_csv(work / RESULTS / "tables/poison_detection.csv")
+    table = pd.read_csv(work / RESULTS.table("poison_detection", "tiny"))
     assert tuple(table.columns) == DETECTION_COLUMNS
     rows = set(zip(table["method"], table["signal"], strict=True))
     signals = {"self_influence", "query_influence", "query_influence_hflip"}
@@ -138,26 +131,26 @@ def test_detection_table_and_figures(tiny_run):
     self_rows = table[table["signal"] == "self_influence"]
     assert (self_rows["auroc"] > 0.7).all(), table
 
-    agreement = pd.read_csv(work / RESULTS / "tables/influence_transform_agreement.csv")
+    agreement = pd.read_csv(work / RESULTS.table("influence_transform_agreement", "tiny"))
     assert set(agreement["method"]) == {"ekfac", "identity", "tracin"}
     assert set(zip(agreement["transform_a"], agreement["transform_b"], strict=True)) == {("none", "hflip")}
     assert agreement["spearman"].between(-1, 1).all()
-    top = pd.read_csv(work / RESULTS / "tables/influence_top_ranked.csv")
+    top = pd.read_csv(work / RESULTS.table("influence_top_ranked", "tiny"))
     assert top.groupby(["method", "signal"])["rank"].max().eq(6).all()
-    conditioning = pd.read_csv(work / RESULTS / "tables/influence_conditioning.csv")
+    conditioning = pd.read_csv(work / RESULTS.table("influence_conditioning", "tiny"))
     ekfac = conditioning[conditioning["method"] == "ekfac"]
     assert list(ekfac["layer"]) == ["block1.0", "block2.0", "block3.0", "fc"]
     assert (ekfac["cond"] >= 1).all() and (ekfac["damping"] > 0).all()
     for name in ("poison_roc", "top_influential_images", "influence_conditioning"):
-        assert (work / RESULTS / f"figures/{name}.png").stat().st_size > 10_000, name
-        assert (work / RESULTS / f"figures/{name}.pdf").exists()
+        assert (work / RESULTS.figure(name, "png", "tiny")).stat().st_size > 10_000, name
+        assert (work / RESULTS.figure(name, "pdf", "tiny")).exists()
 
 
 def test_scores_files(tiny_run):
     _, work, _, _ = tiny_run
-    data = read_dataset(work / RESULTS / "data/dataset.h5")
+    data = read_dataset(work / RESULTS.dataset("tiny"))
     for method in ("ekfac", "identity", "tracin"):
-        folder = work / SCORES / method
+        folder = work / RESULTS.influence_dir("tiny", 0, 6, method)
         with np.load(folder / "scores.npz") as npz:
             self_scores, pairwise = npz["self_influence"], npz["pairwise_none"]
             queries, true, labels = npz["query_test_indices"], npz["query_true_labels"], npz["query_labels"]
@@ -172,13 +165,12 @@ def test_scores_files(tiny_run):
             meta["method"] == method and meta["epoch"] == 6 and meta["queries"]["select"] == "misclassified"
         )
         assert set(meta["provenance"]["inputs"]) >= {"dataset", "class_order", "checkpoint"}
-    meta = json.loads((work / SCORES / "tracin/metadata.json").read_text())
+    meta = json.loads((work / RESULTS.influence_file("metadata.json", "tiny", 0, 6, "tracin")).read_text())
     assert meta["tracin_epochs"] == [2, 4, 6]
-    assert (
-        "factors" in json.loads((work / SCORES / "ekfac/metadata.json").read_text())["provenance"]["inputs"]
-    )
-    assert (work / SCORES / "ekfac/factors.pt").exists()
-    assert not (work / SCORES / "identity/factors.pt").exists()
+    ekfac = json.loads((work / RESULTS.influence_file("metadata.json", "tiny", 0, 6, "ekfac")).read_text())
+    assert "factors" in ekfac["provenance"]["inputs"]
+    assert (work / RESULTS.influence_file("factors.pt", "tiny", 0, 6, "ekfac")).exists()
+    assert not (work / RESULTS.influence_file("factors.pt", "tiny", 0, 6, "identity")).exists()
 
 
 def test_what_config_changes_rerun(tiny_run):

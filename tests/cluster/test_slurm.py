@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from wfutil import REPO, copy_workflow, write_config
 
+from epochlens.layout import Layout
+
 pytestmark = [pytest.mark.cluster, pytest.mark.workflow, pytest.mark.slow]
 
 CLUSTER_SCRIPTS = REPO / "tests" / "cluster"
@@ -190,12 +192,12 @@ def test_pipeline_on_slurm(slurm, tmp_path):
                 assert (job["ReqMem"], job["Timelimit"]) == ("4000M", "01:00:00"), where
 
     # The results are there, and a second run has nothing to do.
-    results = work / "results" / RUN
-    assert len(list((results / "index-0/checkpoints").glob("epoch_*.pt"))) == 3
-    assert (results / "figures/accuracy_by_cohort.png").stat().st_size > 10_000
-    assert (results / "figures/training_curves.png").exists()
-    assert (results / "index-0/curvature/epoch_0002/per_image_curvature.npy").exists()
-    assert (results / "index-0/curvature/epoch_0002/metadata.json").exists()
+    paths = Layout(work / "results")
+    assert len(list(Path(paths.checkpoint(RUN, 0, 0)).parent.glob("epoch_*.pt"))) == 3
+    assert Path(paths.figure("accuracy_by_cohort", "png", RUN)).stat().st_size > 10_000
+    assert Path(paths.figure("training_curves", "png", RUN)).exists()
+    assert Path(paths.curvature_array("curvature", RUN, 0, 2)).exists()
+    assert Path(paths.curvature_metadata(RUN, 0, 2)).exists()
     dry = subprocess.run(
         [sys.executable, "-m", "snakemake", "--snakefile", str(wf / "Snakefile"), "--directory", str(work)]
         + ["--profile", "slurm", "--configfile", str(cfg), "--dry-run"],

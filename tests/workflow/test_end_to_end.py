@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from wfutil import REPO, copy_workflow, planned_jobs, snakemake
 
 from epochlens.checkpoints import load_into
+from epochlens.layout import Layout
 from epochlens.models.networks import SmallCNN
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
@@ -20,55 +22,54 @@ def test_embedded_default(tmp_path):
     work.mkdir()
     cfg = REPO / "config/config.yaml"
     snakemake(wf, work, configfile=cfg)
-    results = work / "results/digits"
+    paths = Layout(work / "results")
 
     for index in (0, 1):
-        ckpts = sorted((results / f"index-{index}/checkpoints").glob("epoch_*.pt"))
+        ckpts = sorted(Path(paths.checkpoint("digits", index, 0)).parent.glob("epoch_*.pt"))
         assert len(ckpts) == 26  # 0..75 every 3 epochs
         load_into(SmallCNN(num_classes=10), ckpts[-1])
-        log = pd.read_csv(results / f"index-{index}/train_log.csv")
+        log = pd.read_csv(paths.train_log("digits", index))
         assert list(log["epoch"]) == list(range(1, 76))
         assert list(log.groupby("task")["num_active"].first()) == [2, 4, 6, 8, 10]
-        meta = json.loads((results / f"index-{index}/train_metadata.json").read_text())
+        meta = json.loads(Path(paths.train_metadata("digits", index)).read_text())
         assert meta["provenance"]["packages"]["torch"]
 
-    cohorts = pd.read_csv(results / "tables/accuracy_per_cohort.csv")
+    cohorts = pd.read_csv(paths.table("accuracy_per_cohort", "digits"))
     test = cohorts[cohorts["split"] == "test"]
     # The untrained model guesses between the 2 first classes; trained models learn every task.
     assert test[(test["epoch"] == 0) & (test["group"] == "new")]["accuracy"].between(0.2, 0.8).all()
     final = test[(test["epoch"] == 75) & test["group"].str.startswith("cohort")]
     assert len(final) == 10 and (final["accuracy"] > 0.8).all()
     for ext in ("png", "pdf"):
-        assert (results / f"figures/accuracy_by_cohort.{ext}").stat().st_size > 10_000
+        assert Path(paths.figure("accuracy_by_cohort", ext, "digits")).stat().st_size > 10_000
 
     # Curvature at every checkpoint (config/config.yaml), one shard per epoch. The checkpoint at a
     # task boundary holds the model trained on the classes before it; mid-task ones the current task.
     active_at = {0: 2, 3: 2, 15: 2, 18: 4, 30: 4, 45: 6, 60: 8, 72: 10, 75: 10}
     for index in (0, 1):
         for epoch, n_active in active_at.items():
-            folder = results / f"index-{index}/curvature/epoch_{epoch:04d}"
-            meta = json.loads((folder / "metadata.json").read_text())
+            meta = json.loads(Path(paths.curvature_metadata("digits", index, epoch)).read_text())
             assert meta["shards"] == 1 and meta["epoch"] == epoch
             assert meta["stats"]["n_active"] + meta["stats"]["n_inactive"] == meta["stats"]["n_samples"]
             assert len(meta["allowed_classes"]) == n_active
-    samples = pd.read_csv(results / "tables/sample_dynamics.csv")
+    samples = pd.read_csv(paths.table("sample_dynamics", "digits"))
     assert len(samples) == 2 * meta["stats"]["n_samples"]
     # digits is easy: nearly every training image ends up learned for good
     assert samples["learning_time"].notna().mean() > 0.9
     assert (samples["n_epochs"] == 26).sum() == (samples["task"] == 0).sum()  # task 0: every checkpoint
     for name in ("by_cohort", "distribution", "vs_loss"):
-        assert (results / f"figures/curvature_{name}.png").stat().st_size > 10_000
+        assert Path(paths.figure(f"curvature_{name}", "png", "digits")).stat().st_size > 10_000
 
     # The data-quality study (digits_noisy, 10% flipped labels): every method is reported and the
     # best self-influence finds the flipped images about as well as their loss or better (AUROC
     # 0.9925 vs 0.9913 on the reference machine: on digits the loss is already near perfect).
-    detection = pd.read_csv(work / "results/digits_noisy/tables/poison_detection.csv")
+    detection = pd.read_csv(paths.table("poison_detection", "digits_noisy"))
     auroc = detection.set_index(["method", "signal"])["auroc"]
     assert set(detection["method"]) == {"ekfac", "kfac", "diagonal", "identity", "tracin", "loss", "random"}
     best = auroc.xs("self_influence", level="signal").max()
     assert best > 0.95 and best >= auroc[("loss", "loss")] - 0.005, detection
     assert 0.35 < auroc[("random", "random")] < 0.65
     for name in ("poison_roc", "top_influential_images", "influence_conditioning"):
-        assert (work / f"results/digits_noisy/figures/{name}.png").stat().st_size > 10_000
+        assert Path(paths.figure(name, "png", "digits_noisy")).stat().st_size > 10_000
 
     assert planned_jobs(wf, work, configfile=cfg) == {}

@@ -1,31 +1,32 @@
 """The workflow as users drive it: job lists, partial rebuilds, staleness, and bad input.
 
-A tiny run reads its checkpoints from a folder, as a user with their own training run would:
-digits, 10 classes, 4 initial +3 every 2 epochs -> checkpoints at epochs 0, 2, 4, 6.
+The tiny run (wfutil.tiny_run) reads its checkpoints from a folder, as a user with their own
+training run would: digits, 10 classes, 4 initial +3 every 2 epochs -> checkpoints at 0, 2, 4, 6.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from wfutil import (
     REPO,
-    copy_workflow,
+    TINY_EPOCHS,
     planned_jobs,
     planned_wildcards,
     save_random_checkpoint,
     snakemake,
+    tiny_config,
+    tiny_run,
     write_config,
 )
 
+from epochlens.layout import RESULTS
 from epochlens.models.networks import ResNet18LoP, SmallCNN
 
 pytestmark = pytest.mark.workflow
 
-EPOCHS = (0, 2, 4, 6)
+EPOCHS = TINY_EPOCHS
 # What one changed checkpoint reruns: its epoch's evaluation, curvature, features, probes and
 # ablations, then the aggregates.
 ONE_EPOCH_AND_AGGREGATES = {
@@ -47,29 +48,10 @@ ONE_EPOCH_AND_AGGREGATES = {
 }
 
 
-def tiny_config(ckpt_dir: Path, **overrides) -> dict:
-    run = {
-        "data": {"source": "digits", "holdout_per_class": 5},
-        "model": {"name": "small_cnn"},
-        "schedule": {"initial_classes": 4, "increment": 3, "epochs_per_task": 2},
-        "indices": [0],
-        "checkpoints": {"source": "folder", "path": str(ckpt_dir / "index-{index}_epoch-{epoch}.pt")},
-    }
-    run.update(overrides)
-    return {"device": "cpu", "runs": {"tiny": run}}
-
-
 @pytest.fixture
 def tiny(tmp_path):
-    """(workflow copy, workdir, configfile) with random checkpoints for every epoch."""
-    wf = copy_workflow(tmp_path / "wf")
-    work = tmp_path / "work"
-    work.mkdir()
-    ckpts = tmp_path / "model_parameters"
-    for epoch in EPOCHS:
-        save_random_checkpoint(SmallCNN, ckpts / f"index-0_epoch-{epoch}.pt", seed=epoch, num_classes=10)
-    cfg = write_config(tmp_path / "tiny.yaml", tiny_config(ckpts))
-    return wf, work, cfg, ckpts
+    """(workflow copy, workdir, configfile, checkpoint folder), nothing run yet."""
+    return tiny_run(tmp_path, run=False)
 
 
 def test_default_config_job_list(tmp_path):
@@ -108,7 +90,7 @@ def test_partial_rebuilds(tiny):
     wf, work, cfg, ckpts = tiny
 
     # One epoch's output builds only what that epoch needs.
-    one = "results/tiny/index-0/eval/epoch_0004.csv"
+    one = RESULTS.eval_table("tiny", 0, 4)
     assert planned_jobs(wf, work, one, configfile=cfg) == {
         "prepare_data": 1,
         "class_order": 1,
@@ -116,8 +98,8 @@ def test_partial_rebuilds(tiny):
     }
 
     snakemake(wf, work, configfile=cfg)
-    assert (work / "results/tiny/figures/accuracy_by_cohort.png").stat().st_size > 10_000
-    assert (work / "results/tiny/figures/accuracy_by_cohort.pdf").exists()
+    assert (work / RESULTS.figure("accuracy_by_cohort", "png", "tiny")).stat().st_size > 10_000
+    assert (work / RESULTS.figure("accuracy_by_cohort", "pdf", "tiny")).exists()
 
     # A second run does nothing.
     assert planned_jobs(wf, work, configfile=cfg) == {}
@@ -161,13 +143,13 @@ def test_partial_rebuilds(tiny):
 def test_results_of_tiny_run(tiny):
     wf, work, cfg, _ = tiny
     snakemake(wf, work, configfile=cfg)
-    per_class = pd.read_csv(work / "results/tiny/tables/accuracy_per_class.csv")
+    per_class = pd.read_csv(work / RESULTS.table("accuracy_per_class", "tiny"))
     test = per_class[per_class["split"] == "test"]
     # Classes evaluated per checkpoint follow the schedule: 4, 4, 7, 10.
     assert test.groupby("epoch")["class_id"].nunique().to_dict() == {0: 4, 2: 4, 4: 7, 6: 10}
-    order = np.load(work / "results/tiny/index-0/class_order.npy")
+    order = np.load(work / RESULTS.class_order("tiny", 0))
     assert sorted(test[test["epoch"] == 2]["class_id"]) == sorted(order[:4])
-    cohorts = pd.read_csv(work / "results/tiny/tables/accuracy_per_cohort.csv")
+    cohorts = pd.read_csv(work / RESULTS.table("accuracy_per_cohort", "tiny"))
     at6 = cohorts[(cohorts["epoch"] == 6) & (cohorts["split"] == "test")].set_index("group")
     assert set(at6.index) == {"cohort 0", "cohort 1", "cohort 2", "old", "new"}
     assert at6.loc["new", "n"] == at6.loc["cohort 2", "n"]
@@ -213,12 +195,12 @@ def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
     assert proc.returncode != 0
     assert str(bad) in proc.stdout
     assert "truncated or corrupt" in proc.stdout
-    evals = work / "results/tiny/index-0/eval"
+    evals = (work / RESULTS.eval_table("tiny", 0, 0)).parent
     assert sorted(p.name for p in evals.glob("*.csv")) == [
         "epoch_0000.csv",
         "epoch_0004.csv",
         "epoch_0006.csv",
-    ]
+    ]  # the files users have on disk
     # Fixing the file and rerunning computes only what is missing.
     save_random_checkpoint(SmallCNN, bad, seed=2, num_classes=10)
     assert planned_jobs(wf, work, configfile=cfg) == ONE_EPOCH_AND_AGGREGATES
@@ -227,7 +209,7 @@ def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
 def test_checkpoint_of_another_architecture_lists_keys(tiny):
     wf, work, cfg, ckpts = tiny
     save_random_checkpoint(ResNet18LoP, ckpts / "index-0_epoch-0.pt", seed=0, num_classes=10)
-    proc = snakemake(wf, work, "results/tiny/index-0/eval/epoch_0000.csv", configfile=cfg, check=False)
+    proc = snakemake(wf, work, RESULTS.eval_table("tiny", 0, 0), configfile=cfg, check=False)
     assert proc.returncode != 0
     assert "does not fit model SmallCNN" in proc.stdout
     assert "unexpected keys ['bn1.bias'" in proc.stdout
@@ -242,7 +224,7 @@ def test_class_order_that_is_not_a_permutation(tiny, tmp_path):
         ckpts, class_order={"source": "file", "path": str(tmp_path / "class_order/index-{index}.npy")}
     )
     path = write_config(work / "order.yaml", cfg)
-    proc = snakemake(wf, work, "results/tiny/index-0/class_order.npy", configfile=path, check=False)
+    proc = snakemake(wf, work, RESULTS.class_order("tiny", 0), configfile=path, check=False)
     assert proc.returncode != 0
     assert str(order_file) in proc.stdout
     assert "not a permutation" in proc.stdout and "repeated [8]" in proc.stdout
@@ -255,7 +237,7 @@ def test_data_folder_in_the_wrong_layout(tiny, tmp_path):
     (folder / "img_0.png").write_bytes(b"\x89PNG")
     cfg = tiny_config(ckpts, data={"source": "cifar100", "path": str(folder)})
     path = write_config(work / "layout.yaml", cfg)
-    proc = snakemake(wf, work, "--dry-run", "results/tiny/data/dataset.h5", configfile=path, check=False)
+    proc = snakemake(wf, work, "--dry-run", RESULTS.dataset("tiny"), configfile=path, check=False)
     assert proc.returncode != 0
     assert f"{folder}: not a cifar-100-python folder" in proc.stdout
     assert "found ['img_0.png']" in proc.stdout

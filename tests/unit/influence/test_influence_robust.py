@@ -7,8 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from scipy.stats import spearmanr
-from test_influence_exact import (
+from exact_influence import (
     MLP,
     LinearSoftmax,
     assert_matches,
@@ -18,6 +17,7 @@ from test_influence_exact import (
     exact_scores,
     explicit_quantities,
 )
+from scipy.stats import spearmanr
 from torch import nn
 
 from epochlens.errors import ConfigError

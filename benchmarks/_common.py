@@ -1,0 +1,215 @@
+"""What the benchmarks share: the library on the path, command-line options, thread settings, the
+machine's description, interleaved A/B timing that keeps the best repeat, peak memory, and the
+JSON report.
+
+A benchmark defines ``bench_model(name, args, device) -> dict`` and an argument parser made by
+:func:`parser`, then calls :func:`run`. Timings are taken on a machine that other jobs may share:
+:func:`interleaved` alternates the order of the sides (A B, B A, ...) so that neither always runs
+on a warmer or quieter machine, and keeps each side's fastest repeat; ``--threads 1`` keeps other
+jobs' load out of the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import platform
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from epochlens.device import resolve_device  # noqa: E402
+
+MODELS = ("small_cnn", "resnet18_lop")
+
+
+def parser(doc: str, repeats: int = 2) -> argparse.ArgumentParser:
+    """An argument parser with the options every benchmark has (model, device, seed, repeats,
+    threads, json); ``doc`` is the benchmark's module docstring."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--model", choices=[*MODELS, "both"], default="both")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=repeats, help="timings: the fastest repeat")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    return p
+
+
+def run(p: argparse.ArgumentParser, bench_model: Callable, argv: list[str] | None = None) -> int:
+    """Parse the options, set the threads, benchmark each model and print the JSON report."""
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    names = list(MODELS) if args.model == "both" else [args.model]
+    reports = {}
+    for name in names:
+        if not args.json:
+            print(f"benchmarking {name} on {device} ...", file=sys.stderr, flush=True)
+        reports[name] = bench_model(name, args, device)
+    print(json.dumps(reports[names[0]] if len(names) == 1 else reports, indent=2))
+    return 0
+
+
+def environment(device: torch.device) -> dict:
+    """Where the timings were taken: device, its name, torch version, CPU threads, load average."""
+    return {
+        "device": str(device),
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "cpu_threads": torch.get_num_threads(),
+        "load_average_1min": load_average(),
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> float | None:
+    """1-minute load average: other jobs on a shared machine slow every stage."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable, device: torch.device) -> tuple[float, object]:
+    """``(seconds, fn())``, the device synchronised before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    result = fn()
+    sync(device)
+    return time.perf_counter() - t0, result
+
+
+def best_of(repeats: int, fn: Callable, device: torch.device | None = None) -> tuple[float, object]:
+    """The fastest of ``repeats`` calls of ``fn`` and the last result."""
+    best, result = math.inf, None
+    for _ in range(repeats):
+        seconds, result = timed(fn, device or torch.device("cpu"))
+        best = min(best, seconds)
+    return best, result
+
+
+def interleaved(
+    sides: dict[str, Callable], repeats: int, device: torch.device, memory: bool = False
+) -> tuple[dict[str, float], dict[str, object], dict[str, float]]:
+    """Time each side ``repeats`` times, alternating their order (A B, B A, ...).
+
+    Returns:
+        ``(best seconds, last result, peak memory in MiB)`` per side (memory NaN unless asked).
+    """
+    names = list(sides)
+    times = {n: math.inf for n in names}
+    results: dict[str, object] = {}
+    peaks = {n: (0.0 if memory else math.nan) for n in names}
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            if memory:
+                with PeakMemory(device) as mem:
+                    seconds, results[name] = timed(sides[name], device)
+                peaks[name] = max(peaks[name], mem.peak_mib)
+            else:
+                seconds, results[name] = timed(sides[name], device)
+            times[name] = min(times[name], seconds)
+    return times, results, peaks
+
+
+class PeakMemory:
+    """Peak memory of a block: CUDA allocator peak, or the process's peak RSS on the CPU.
+
+    On Linux the kernel's RSS high-water mark is reset through /proc/self/clear_refs; elsewhere a
+    thread samples the RSS every 2 ms. Reported as the increase over the RSS at entry (MiB). Memory
+    that the allocator kept from an earlier run would hide the next run's allocations, so glibc
+    hands free memory back to the kernel first (malloc_trim).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak_mib = math.nan
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+            return self
+        _malloc_trim()
+        self._base = _rss_bytes()
+        self._hwm = _reset_hwm()
+        if not self._hwm:
+            self._stop = threading.Event()
+            self._sampled = self._base
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self._sampled = max(self._sampled, _rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self._hwm:
+            peak = _status_kib("VmHWM") * 1024
+        else:
+            self._stop.set()
+            self._thread.join()
+            peak = self._sampled
+        self.peak_mib = (peak - self._base) / 2**20
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _rss_bytes() -> int:
+    try:
+        return _status_kib("VmRSS") * 1024
+    except (OSError, KeyError):
+        import psutil  # not a dependency: only where /proc is missing
+
+        return psutil.Process().memory_info().rss
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _reset_hwm() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False

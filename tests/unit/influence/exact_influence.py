@@ -1,0 +1,192 @@
+"""Exact influence from explicit matrices on tiny float64 models: the ground truth of the influence
+tests (shared by test_influence_exact.py and test_influence_robust.py).
+
+Ground truth: with θ the tracked layers' weights and biases (each layer as its (out, in+1) gradient
+matrix, bias last, flattened row-major), J_n = ∂z_n/∂θ the Jacobian of sample n's active-class
+logits, p_n = softmax(z_n) and H_n = diag(p_n) − p_n p_nᵀ the cross-entropy's Hessian in z,
+
+    GGN = 1/N Σ_n J_nᵀ H_n J_n,   g_n = J_nᵀ (p_n − e_{y_n}),
+    exact pairwise[q, n] = g_qᵀ (GGN + λI)⁻¹ g_n,   exact self[n] = g_nᵀ (GGN + λI)⁻¹ g_n,
+
+with the damping λ the engine reports per layer (block-diagonal GGN when layers differ in λ).
+The "expected" Fisher is used because its expectation over labels is exactly this GGN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+from torch import nn
+from torch.func import functional_call, jacrev, vmap
+
+from epochlens.influence import (
+    select_layers,
+)
+from epochlens.models.networks import positions_in
+
+
+# ---------------------------------------------------------------- explicit ground truth helpers
+def explicit_quantities(
+    model: nn.Module, x: torch.Tensor, y: np.ndarray, active: np.ndarray, layer_names: list[str] | None = None
+) -> dict:
+    """GGN (P, P), per-sample gradients (N, P), Hessian of the mean loss (P, P), layer slices.
+
+    Parameters are the tracked layers' (out, in+1) matrices flattened row-major, in module order.
+    """
+    model = model.eval()
+    layers = select_layers(model, tuple(layer_names or ()))
+    params = {n: t.detach() for n, t in model.named_parameters()}
+    buffers = {n: t.detach() for n, t in model.named_buffers()}
+    slices, start, parts = {}, 0, []
+    for name, info in layers.items():
+        w = params[f"{name}.weight"].reshape(info.out_dim, -1)
+        m = torch.cat([w, params[f"{name}.bias"][:, None]], 1) if info.has_bias else w
+        parts.append(m.reshape(-1))
+        slices[name] = slice(start, start + m.numel())
+        start += m.numel()
+    theta = torch.cat(parts)
+    active_t = torch.as_tensor(active)
+    targets = torch.as_tensor(positions_in(y, active))
+
+    def logits(th: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+        p = dict(params)
+        for name, info in layers.items():
+            m = th[slices[name]].reshape(info.out_dim, info.in_dim)
+            p[f"{name}.weight"] = m[:, : info.in_features].reshape(params[f"{name}.weight"].shape)
+            if info.has_bias:
+                p[f"{name}.bias"] = m[:, -1]
+        out = functional_call(model, {**p, **buffers}, (xi[None],))
+        return out.index_select(1, active_t)[0]  # the active classes, in order
+
+    jac = vmap(jacrev(logits), in_dims=(None, 0))(theta, x)  # (N, A, P)
+    z = vmap(logits, in_dims=(None, 0))(theta, x)
+    prob = torch.softmax(z, 1)
+    h_out = torch.diag_embed(prob) - prob[:, :, None] * prob[:, None, :]
+    ggn = torch.einsum("nap,nab,nbq->pq", jac, h_out, jac) / len(x)
+    resid = prob - torch.nn.functional.one_hot(targets, len(active)).to(prob.dtype)
+    grads = torch.einsum("nap,na->np", jac, resid)
+
+    def mean_loss(th: torch.Tensor) -> torch.Tensor:
+        zz = vmap(logits, in_dims=(None, 0))(th, x)
+        return torch.nn.functional.cross_entropy(zz, targets)
+
+    hessian = torch.func.hessian(mean_loss)(theta)
+    return {"ggn": ggn, "grads": grads, "hessian": hessian, "slices": slices, "prob": prob}
+
+
+def exact_scores(ex: dict, dampings: dict[str, float], block_diagonal: bool = True):
+    """Exact pairwise (N, N) and self (N,) influence with per-layer damping."""
+    ggn = ex["ggn"].clone()
+    if block_diagonal:
+        mask = torch.zeros_like(ggn, dtype=torch.bool)
+        for sl in ex["slices"].values():
+            mask[sl, sl] = True
+        ggn = torch.where(mask, ggn, torch.zeros_like(ggn))
+    lam = torch.zeros(ggn.shape[0], dtype=ggn.dtype)
+    for name, sl in ex["slices"].items():
+        lam[sl] = dampings[name]
+    solved = torch.linalg.solve(ggn + torch.diag(lam), ex["grads"].T)  # (P, N)
+    pair = ex["grads"] @ solved
+    return pair.numpy(), torch.diagonal(pair).numpy().copy()
+
+
+def dampings_of(diagnostics) -> dict[str, float]:
+    return dict(zip(diagnostics["layer"], diagnostics["damping"], strict=True))
+
+
+# ---------------------------------------------------------------- models
+class LinearSoftmax(nn.Module):
+    """z = W x + b on flattened inputs."""
+
+    def __init__(self, d: int, c: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+class ConvSoftmax(nn.Module):
+    """A convolution whose kernel covers the whole image (one output position) -> logits."""
+
+    def __init__(self, c_in: int, side: int, c: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c, side)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).flatten(1)
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, h: int, c: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, h)
+        self.fc2 = nn.Linear(h, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class TinyCNN(nn.Module):
+    """Padded, strided and dilated convolutions (with and without bias), BatchNorm, pooling, Linear."""
+
+    def __init__(self, c: int = 5) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 3, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(3)
+        self.conv2 = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.conv3 = nn.Conv2d(4, 4, (3, 2), padding=(2, 1), dilation=(2, 1))
+        self.fc = nn.Linear(4, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.conv3(torch.relu(self.conv2(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+def constant_output_linear(d: int, c: int, seed: int) -> LinearSoftmax:
+    """W = 0, b random: every input gets the same probabilities p = softmax(b)."""
+    g = torch.Generator().manual_seed(seed)
+    m = LinearSoftmax(d, c).double()
+    with torch.no_grad():
+        m.fc.weight.zero_()
+        m.fc.bias.copy_(torch.randn(c, generator=g, dtype=torch.float64))
+    return m.eval()
+
+
+def constant_output_mlp(d: int, seed: int) -> MLP:
+    """A 2-layer MLP whose output probabilities are the same for every input (see the test doc).
+
+    Hidden units 0-3 depend on x (ReLU patterns vary between samples; unit 3 is always dead),
+    units 4-7 have zero input weights and constant pre-activations (unit 7 dead). fc2 reads only
+    units 4-7, so the logits are constant. With 4 outputs.
+    """
+    g = torch.Generator().manual_seed(seed)
+    m = MLP(d, 8, 4).double()
+    with torch.no_grad():
+        m.fc1.weight.zero_()
+        m.fc1.weight[:4] = torch.randn(4, d, generator=g, dtype=torch.float64)
+        m.fc1.bias.copy_(torch.tensor([0.1, -0.2, 0.3, -50.0, 0.5, 1.0, 1.5, -1.0], dtype=torch.float64))
+        m.fc2.weight.zero_()
+        m.fc2.weight[:, 4:] = torch.randn(4, 4, generator=g, dtype=torch.float64)
+        m.fc2.bias.copy_(torch.randn(4, generator=g, dtype=torch.float64))
+    return m.eval()
+
+
+def data(n: int, shape: tuple[int, ...], classes: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, *shape, generator=g, dtype=torch.float64)
+    y = np.random.default_rng(seed).integers(0, classes, n)
+    return x, y
+
+
+def assert_matches(ours: np.ndarray, exact: np.ndarray, rtol: float = 1e-6) -> None:
+    scale = np.abs(exact).max()
+    np.testing.assert_allclose(ours, exact, rtol=rtol, atol=rtol * scale)
+    # Rank agreement; rounded so that scores tied in exact arithmetic stay tied.
+    rounded = [np.round(a.ravel() / scale, 9) for a in (ours, exact)]
+    assert spearmanr(*rounded).statistic >= 0.99
+
+
+# ---------------------------------------------------------------- tests
