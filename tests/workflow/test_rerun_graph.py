@@ -143,3 +143,28 @@ def test_every_script_imports_without_snakemake():
             assert len(path.read_text().splitlines()) <= 80, f"{path.name}: a script is thin"
     finally:
         sys.path.remove(str(scripts))
+
+
+def test_table_and_figure_scripts_import_no_torch():
+    """Light jobs stay light: the scripts of tables and figures run without importing torch."""
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    light = sorted(
+        p
+        for p in scripts.glob("*.py")
+        if p.stem.startswith("plot_") or p.stem.endswith(("_tables", "_detection"))
+    )
+    assert len(light) == 11
+    code = (
+        "import importlib.util, sys\n"
+        f"sys.path.insert(0, {str(scripts)!r})\n"
+        "for path in sys.argv[1:]:\n"
+        "    spec = importlib.util.spec_from_file_location('s', path)\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(scripts.parent / "src")}
+    out = subprocess.run(
+        [sys.executable, "-c", code, *map(str, light)], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

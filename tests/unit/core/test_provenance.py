@@ -81,3 +81,52 @@ def test_table_provenance_hashes_inputs(tmp_path):
     assert record["inputs"] == file_digests([a])
     assert record["inputs"][str(a)] == "sha256:" + hashlib.sha256(b"x\n1\n").hexdigest()
     assert set(record) >= {"code", "config_hash", "packages"}
+
+
+# Stage packages: a script of one stage never depends on another stage's modules (features and
+# probes are one stage for this purpose), so that editing one stage reruns only its jobs.
+STAGES = {"curvature", "features", "probes", "ablation", "influence"}
+OWN = {
+    "curvature_shard": {"curvature"},
+    "curvature_epoch": {"curvature"},
+    "curvature_tables": {"curvature"},
+    "features_epoch": {"features"},
+    "probes_epoch": {"features", "probes"},
+    "probe_tables": {"probes"},
+    "ablation_epoch": {"ablation"},
+    "ablation_tables": {"ablation"},
+    "influence_factors": {"influence"},
+    "influence_scores": {"influence"},
+    "poison_detection": {"influence"},
+    "evaluate_checkpoint": set(),
+    "accuracy_tables": set(),
+    "train": set(),
+    "prepare_data": set(),
+    "class_order": set(),
+}
+
+
+def test_real_scripts_depend_on_their_own_stage_only():
+    scripts = PACKAGE_DIR.parents[1] / "scripts"
+    assert {p.stem for p in scripts.glob("[!_]*.py") if not p.stem.startswith("plot_")} == set(OWN)
+    for name, own in OWN.items():
+        found = {
+            p.relative_to(PACKAGE_DIR).parts[0]
+            for p in module_sources(scripts / f"{name}.py")
+            if p.is_relative_to(PACKAGE_DIR)
+        }
+        assert not (found & STAGES) - own, f"{name} depends on {sorted((found & STAGES) - own)}"
+        assert own <= found, name
+    for plot in scripts.glob("plot_*.py"):
+        found = {
+            str(p.relative_to(PACKAGE_DIR)) for p in module_sources(plot) if p.is_relative_to(PACKAGE_DIR)
+        }
+        other_figures = {
+            f
+            for f in found
+            if f.startswith("plotting/") and f not in ("plotting/__init__.py", "plotting/common.py")
+        }
+        assert len(other_figures) == 1, (plot.name, other_figures)  # its own stage's figures only
+        assert not {f.split("/")[0] for f in found} & STAGES, plot.name
+    # every script counts the helper module next to it
+    assert scripts / "_helpers.py" in module_sources(scripts / "train.py")
