@@ -9,7 +9,7 @@ from _helpers import execution, job_files, run_script
 
 from epochlens.atomic import write_atomic
 from epochlens.influence.io import save_factors
-from epochlens.influence.pipeline import fit_checkpoint_factors
+from epochlens.influence.study_factors import fit_checkpoint_factors
 from epochlens.job import load_checkpoint_job
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from _helpers import execution, job_files, run_script
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.influence.pipeline import checkpoint_scores
+from epochlens.influence.study_scores import checkpoint_scores
 from epochlens.job import load_checkpoint_job
 
 

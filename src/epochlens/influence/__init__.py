@@ -14,8 +14,8 @@ Modules, one concept each:
 * :mod:`.precondition`  damped inverses per layer and the diagnostics table;
 * :mod:`.scores`        pairwise (Q, N) and self (N,) influence, TracIn over checkpoints;
 * :mod:`.io`            factors files with a cache key;
-* :mod:`.pipeline`      one checkpoint of a run for the data-quality study: factors and their
-  spectrum, scores with queries, TracIn and metadata.
+* :mod:`.study_factors`, :mod:`.study_scores`  one checkpoint of a run for the data-quality
+  study: factors and their spectrum; scores with queries, TracIn and metadata.
 
 Errors are in :mod:`epochlens.errors`. The names below are imported on first use (PEP 562), so
 that ``import epochlens.influence.settings`` does not import torch.
@@ -53,10 +53,10 @@ _EXPORTS = {
     "factor_cache_key": "io",
     "factor_diagnostics": "precondition",
     "fit_factors": "factors",
-    "fit_checkpoint_factors": "pipeline",
-    "factor_spectrum": "pipeline",
-    "checkpoint_scores": "pipeline",
-    "CheckpointScores": "pipeline",
+    "fit_checkpoint_factors": "study_factors",
+    "factor_spectrum": "study_factors",
+    "checkpoint_scores": "study_scores",
+    "CheckpointScores": "study_scores",
     "gradient_to_parameters": "layers",
     "initial_damping": "damping",
     "load_factors": "io",

@@ -128,5 +128,12 @@ def test_real_scripts_depend_on_their_own_stage_only():
         }
         assert len(other_figures) == 1, (plot.name, other_figures)  # its own stage's figures only
         assert not {f.split("/")[0] for f in found} & STAGES, plot.name
+    # fitting factors does not depend on how scores are computed (a score edit refits nothing)
+    factors = {
+        str(p.relative_to(PACKAGE_DIR))
+        for p in module_sources(scripts / "influence_factors.py")
+        if p.is_relative_to(PACKAGE_DIR)
+    }
+    assert "influence/scores.py" not in factors and "influence/study_factors.py" in factors
     # every script counts the helper module next to it
     assert scripts / "_helpers.py" in module_sources(scripts / "train.py")
