@@ -38,13 +38,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.curvature import check_finite_weights
 from epochlens.device import model_device
 from epochlens.errors import ConfigError
 from epochlens.features import LayerError, resolve_layers
 from epochlens.models import positions_in, restrict_logits
+from epochlens.progress import progress_bar
 
 MODES = ("zero", "mean")
 COHORTS = ("old", "new", "all")
@@ -327,7 +327,7 @@ def ablation_table(
     base_correct, base_loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
     rows = []
     jobs = [(g, m) for g in groups for m in settings.modes]
-    for group, mode in tqdm(jobs, desc="ablations", disable=not progress):
+    for group, mode in progress_bar(jobs, desc="ablations", disable=not progress):
         with ablated(net, group, mode, means):
             correct, loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
         for cohort in COHORTS:

@@ -61,11 +61,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models import positions_in, restrict_logits
+from epochlens.progress import progress_bar
 
 #: Identifies how directions are derived from (seed, index); stored in metadata so a change of
 #: scheme is never mistaken for the same estimator.
@@ -312,7 +312,7 @@ def per_sample_curvature(
     active_idx = torch.as_tensor(active_classes, device=device)
     _check_outputs(net, images[torch.as_tensor(active[:1])].to(device, dtype), active_classes)
 
-    bar = tqdm(total=len(active), unit="sample", disable=not progress, desc="curvature")
+    bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
         for start in range(0, len(active), settings.batch_size):
             rows = active[start : start + settings.batch_size]

@@ -44,7 +44,6 @@ import h5py
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 import epochlens
 from epochlens import representations as reps
@@ -53,6 +52,7 @@ from epochlens.curvature import check_finite_weights
 from epochlens.data import Dataset
 from epochlens.device import model_device
 from epochlens.errors import ConfigError, EpochlensError
+from epochlens.progress import progress_bar
 from epochlens.representations import RepresentationSettings
 
 FORMAT = "epochlens-features"
@@ -270,7 +270,7 @@ def iter_feature_batches(
     """
     with _prepared(model, device) as (net, dev):
         capture = _Capture(net, layers, settings)
-        bar = tqdm(total=n_samples, unit="img", disable=not progress, desc=desc)
+        bar = progress_bar(total=n_samples, unit="img", disable=not progress, desc=desc)
         try:
             with torch.no_grad():
                 for lo in range(0, n_samples, batch_size):

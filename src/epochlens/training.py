@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.checkpoints import save_state_dict
 from epochlens.data import Dataset
 from epochlens.models import positions_in, restrict_logits
+from epochlens.progress import progress_bar
 from epochlens.schedule import ClassSchedule
 
 
@@ -102,7 +102,7 @@ def train_incremental(
 
     save_state_dict(model, checkpoint_path(0))
     log = []
-    bar = tqdm(total=schedule.final_epoch, desc="training", disable=not progress)
+    bar = progress_bar(total=schedule.final_epoch, desc="training", disable=not progress)
     for task in range(schedule.num_tasks):
         first_epoch = task * ept + 1
         active = schedule.active_classes(first_epoch)
