@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
-from epochlens.atomic import write_atomic, write_json
+from epochlens.atomic import write_json
 from epochlens.data import read_dataset
 from epochlens.device import resolve_device
 from epochlens.models import build_model
 from epochlens.provenance import provenance
+from epochlens.resume import clear as clear_resume_state
 from epochlens.runner import log, run_step
 from epochlens.schedule import schedule_from_config
 from epochlens.training import TrainSettings, train_incremental
@@ -24,6 +25,8 @@ def main() -> None:
     model = build_model(run["model"]["name"], data.num_classes, in_channels, seed=settings.seed)
     folder = Path(snakemake.output.checkpoints[0]).parent
     device = resolve_device(snakemake.params.device)
+    # Outside the outputs, which Snakemake deletes when the job fails (see epochlens.resume).
+    resume_dir = Path(snakemake.output.log_table).parent / ".resume" / "train"
     log.info(
         "training index %d on %s: %d tasks x %d epochs",
         index,
@@ -39,8 +42,10 @@ def main() -> None:
         checkpoint_path=lambda epoch: folder / f"epoch_{epoch:04d}.pt",
         save_every=run["checkpoints"].get("save_every"),
         device=device,
+        log_path=snakemake.output.log_table,
+        resume_dir=resume_dir,
+        resume_every=snakemake.config.get("resume_every"),
     )
-    write_atomic(snakemake.output.log_table, lambda p: table.to_csv(p, index=False))
     write_json(
         snakemake.output.metadata,
         {
@@ -51,6 +56,7 @@ def main() -> None:
             "provenance": provenance(run, {"dataset": data.content_hash}),
         },
     )
+    clear_resume_state(resume_dir)
 
 
 run_step(main, snakemake.log[0])
