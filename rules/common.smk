@@ -322,12 +322,13 @@ def get_curvature_figures():
 
 def get_train_resources():
     """Resources of a training job on a cluster: one GPU (the standard `gpu` resource, which the
-    SLURM executor requests with --gpus), host memory in MB and wall time in minutes; the same as
-    the GPU rules in profiles/slurm/config.yaml. A profile overrides them per run with
-    set-resources: train_<run>: {...}. Local runs ignore them unless --resources limits one (e.g.
-    --resources gpu=1: one GPU job at a time on a one-GPU machine).
+    SLURM executor requests with --gpus) with 4 CPU cores (--cpus-per-gpu), host memory in MB and
+    wall time in minutes; the same as the GPU rules in profiles/slurm/config.yaml, except that the
+    time does not grow with the attempt: a retried training resumes where it stopped. A profile
+    overrides them per run with set-resources: train_<run>: {...}. Local runs ignore them unless
+    --resources limits one (e.g. --resources gpu=1: one GPU job at a time on a one-GPU machine).
     """
-    return {"gpu": 1, "mem_mb": 16000, "runtime": 240}
+    return {"gpu": 1, "cpus_per_gpu": 4, "mem_mb": 16000, "runtime": 240}
 
 
 # ------------------------------------------------------------------------------------------------
