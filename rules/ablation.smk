@@ -17,6 +17,8 @@ rule ablation_epoch:
         "results/{run}/benchmarks/ablation/index-{index}/epoch_{epoch}.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         ablation=get_ablation_params,
         model=get_model_name,
@@ -37,6 +39,8 @@ rule ablation_tables:
         "results/{run}/benchmarks/ablation_tables.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/ablation_tables.py"
 
@@ -56,7 +60,9 @@ rule plot_ablation:
     log:
         "results/{run}/logs/plot_ablation.log",
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/plot_ablation.py"
 

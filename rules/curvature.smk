@@ -17,6 +17,8 @@ rule curvature_shard:
         "results/{run}/benchmarks/curvature/index-{index}/epoch_{epoch}/shard_{shard}-of-{nshards}.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     threads: get_curvature_threads
     params:
         settings=get_curvature_settings,
@@ -46,6 +48,8 @@ rule curvature_epoch:
         "results/{run}/benchmarks/curvature/index-{index}/epoch_{epoch}/merge.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         config=get_curvature_params,
     script:
@@ -70,6 +74,8 @@ rule curvature_tables:
         "results/{run}/benchmarks/curvature_tables.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         indices=get_indices,
         epochs=get_run_curvature_epochs,
@@ -110,7 +116,9 @@ rule plot_curvature:
     log:
         "results/{run}/logs/plot_curvature.log",
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         epochs_per_task=get_epochs_per_task,
     script:

@@ -11,6 +11,8 @@ rule prepare_data:
         "results/{run}/benchmarks/prepare_data.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         data=get_data_params,
     script:
@@ -28,6 +30,8 @@ rule class_order:
         "results/{run}/logs/class_order/index-{index}.log",
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         spec=get_class_order_params,
     script:

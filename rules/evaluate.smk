@@ -12,6 +12,8 @@ rule evaluate_checkpoint:
         "results/{run}/benchmarks/evaluate/index-{index}/epoch_{epoch}.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         run=get_eval_run,
         device=config["device"],
@@ -32,6 +34,8 @@ rule accuracy_tables:
         "results/{run}/logs/accuracy_tables.log",
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         epochs_per_task=get_epochs_per_task,
     script:

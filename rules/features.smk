@@ -18,6 +18,8 @@ rule features_epoch:
         "results/{run}/benchmarks/features/index-{index}/epoch_{epoch}.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         settings=get_feature_settings,
         model=get_model_name,

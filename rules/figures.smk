@@ -13,7 +13,9 @@ rule plot_accuracy:
     log:
         "results/{run}/logs/plot_accuracy.log",
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         epochs_per_task=get_epochs_per_task,
     script:
@@ -40,7 +42,9 @@ rule plot_training:
     log:
         "results/{run}/logs/plot_training.log",
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         indices=get_indices,
         epochs_per_task=get_epochs_per_task,

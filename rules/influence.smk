@@ -26,6 +26,8 @@ rule influence_factors:
         method="ekfac|kfac|diagonal",
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         config=get_influence_factor_params,
         device=config["device"],
@@ -53,6 +55,8 @@ rule influence_scores:
         method="ekfac|kfac|diagonal|identity|tracin",
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         config=get_influence_score_params,
         device=config["device"],
@@ -79,6 +83,8 @@ rule poison_detection:
         "results/{run}/benchmarks/poison_detection.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         jobs=get_run_influence_jobs,
         study=get_poison_detection_params,
@@ -120,6 +126,8 @@ rule plot_influence:
         "results/{run}/logs/plot_influence.log",
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         corruption=get_corruption,
     script:

@@ -19,6 +19,8 @@ rule probes_epoch:
         "results/{run}/benchmarks/probes/index-{index}/epoch_{epoch}.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         probes=get_probe_params,
         schedule=get_schedule,
@@ -38,6 +40,8 @@ rule probe_tables:
         "results/{run}/benchmarks/probe_tables.tsv"
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/probe_tables.py"
 
@@ -57,7 +61,9 @@ rule plot_probes:
     log:
         "results/{run}/logs/plot_probes.log",
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/plot_probes.py"
 

@@ -23,6 +23,8 @@ for _run in get_trained_runs():
             f"results/{_run}/benchmarks/train/index-{{index}}.tsv"
         conda:
             "../envs/epochlens.yaml"
+        envmodules:
+            *config["envmodules"],
         resources:
             **get_train_resources(),
         params:
