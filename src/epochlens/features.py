@@ -270,7 +270,7 @@ def iter_feature_batches(
     """
     with _prepared(model, device) as (net, dev):
         capture = _Capture(net, layers, settings)
-        bar = progress_bar(total=n_samples, unit="img", disable=not progress, desc=desc)
+        bar = progress_bar(total=n_samples, unit="image", disable=not progress, desc=desc)
         try:
             with torch.no_grad():
                 for lo in range(0, n_samples, batch_size):
