@@ -19,7 +19,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default (digits) only when no --configfile is given: a user's config file is the whole
+# configuration, not an addition to the demo's runs. --config key=value alone still edits the default.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "report/workflow.rst"

@@ -20,6 +20,8 @@ rule ablation_epoch:
         layout.benchmark("ablation", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         ablation=get_ablation_params,
         model=config_provider("model", "name"),
@@ -40,6 +42,8 @@ rule ablation_tables:
         layout.benchmark("ablation_tables")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/ablation_tables.py"
 
@@ -59,7 +63,9 @@ rule plot_ablation:
     log:
         layout.log("plot_ablation"),
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/plot_ablation.py"
 

@@ -24,6 +24,8 @@ rule curvature_shard:
         )
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     threads: get_curvature_threads
     params:
         settings=get_curvature_settings,
@@ -46,6 +48,8 @@ rule curvature_epoch:
         layout.benchmark("curvature", index="{index}", epoch="{epoch}", name="merge")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         config=get_curvature_params,
     script:
@@ -70,6 +74,8 @@ rule curvature_tables:
         layout.benchmark("curvature_tables")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         indices=config_provider("indices"),
         epochs=get_run_curvature_epochs,
@@ -110,7 +116,9 @@ rule plot_curvature:
     log:
         layout.log("plot_curvature"),
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:

@@ -17,6 +17,8 @@ rule prepare_data:
         layout.benchmark("prepare_data")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         data=config_provider("data"),
     script:
@@ -34,6 +36,8 @@ rule class_order:
         layout.log("class_order", index="{index}"),
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         spec=config_provider("class_order"),
     script:

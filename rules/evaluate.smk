@@ -18,6 +18,8 @@ rule evaluate_checkpoint:
         layout.benchmark("evaluate", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         run=get_eval_params,
     script:
@@ -37,6 +39,8 @@ rule accuracy_tables:
         layout.log("accuracy_tables"),
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:

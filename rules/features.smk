@@ -21,6 +21,8 @@ rule features_epoch:
         layout.benchmark("features", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         settings=get_feature_params,
         model=config_provider("model", "name"),

@@ -19,7 +19,9 @@ rule plot_accuracy:
     log:
         layout.log("plot_accuracy"),
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:
@@ -46,7 +48,9 @@ rule plot_training:
     log:
         layout.log("plot_training"),
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         indices=config_provider("indices"),
         epochs_per_task=config_provider("schedule", "epochs_per_task"),

@@ -33,6 +33,8 @@ rule influence_factors:
         method="ekfac|kfac|diagonal",
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         config=get_influence_factor_params,
     script:
@@ -63,6 +65,8 @@ rule influence_scores:
         method="ekfac|kfac|diagonal|identity|tracin",
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         config=get_influence_score_params,
     script:
@@ -88,6 +92,8 @@ rule poison_detection:
         layout.benchmark("poison_detection")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         jobs=get_run_influence_jobs,
         study=get_poison_detection_params,
@@ -129,6 +135,8 @@ rule plot_influence:
         layout.log("plot_influence"),
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         corruption=get_corruption,
     script:

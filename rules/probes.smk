@@ -22,6 +22,8 @@ rule probes_epoch:
         layout.benchmark("probes", index="{index}", epoch="{epoch}")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     params:
         probes=get_probe_params,
         schedule=config_provider("schedule"),
@@ -41,6 +43,8 @@ rule probe_tables:
         layout.benchmark("probe_tables")
     conda:
         "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/probe_tables.py"
 
@@ -60,7 +64,9 @@ rule plot_probes:
     log:
         layout.log("plot_probes"),
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
     script:
         "../scripts/plot_probes.py"
 

@@ -25,6 +25,8 @@ for _run in get_trained_runs():
             layout.benchmark("train", _run, index="{index}")
         conda:
             "../envs/epochlens.yaml"
+        envmodules:
+            *config["envmodules"],
         resources:
             **get_train_resources(),
         params:

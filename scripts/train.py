@@ -7,12 +7,13 @@ from pathlib import Path
 
 from _helpers import run_script
 
-from epochlens.atomic import write_atomic, write_json
+from epochlens.atomic import write_json
 from epochlens.data import read_dataset
 from epochlens.device import resolve_device
-from epochlens.layout import epoch_name
+from epochlens.layout import RESULTS, epoch_name
 from epochlens.models.networks import build_model
 from epochlens.provenance import provenance
+from epochlens.resume import clear as clear_resume_state
 from epochlens.runner import log
 from epochlens.schedule import schedule_from_config
 from epochlens.training import TrainSettings, train_incremental
@@ -29,6 +30,8 @@ def main(snakemake) -> None:
     )
     folder = Path(snakemake.output.checkpoints[0]).parent
     device = resolve_device(snakemake.config["device"])  # execution setting: recorded, not a param
+    # Outside the outputs, which Snakemake deletes when the job fails (see epochlens.resume).
+    resume_dir = RESULTS.resume_dir(snakemake.wildcards.run, index)
     log.info(
         "training index %d on %s: %d tasks x %d epochs",
         index,
@@ -44,8 +47,10 @@ def main(snakemake) -> None:
         checkpoint_path=lambda epoch: folder / f"{epoch_name(epoch)}.pt",
         save_every=run["checkpoints"].get("save_every"),
         device=device,
+        log_path=snakemake.output.log_table,
+        resume_dir=resume_dir,
+        resume_every=snakemake.config.get("resume_every"),
     )
-    write_atomic(snakemake.output.log_table, lambda p: table.to_csv(p, index=False))
     write_json(
         snakemake.output.metadata,
         {
@@ -56,6 +61,7 @@ def main(snakemake) -> None:
             "provenance": provenance(run, {"dataset": data.content_hash}),
         },
     )
+    clear_resume_state(resume_dir)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,11 @@ def snakemake(
 
 def planned_jobs(workflow: Path, workdir: Path, *targets: str, configfile: Path | None = None) -> dict:
     """Dry run: {rule: job count} that Snakemake would run now (empty when up to date)."""
-    out = snakemake(workflow, workdir, "--dry-run", *targets, configfile=configfile).stdout
+    return job_stats(snakemake(workflow, workdir, "--dry-run", *targets, configfile=configfile).stdout)
+
+
+def job_stats(out: str) -> dict:
+    """{rule: job count} from the "Job stats" table of a dry run's output (empty when up to date)."""
     if "Nothing to be done" in out:
         return {}
     table = out.split("Job stats:", 1)[1]

@@ -112,6 +112,11 @@ class Layout:
     def index_dir(self, run: str = "{run}", index: Val = "{index}") -> str:
         return f"{self.run_dir(run)}/{index_name(index)}"
 
+    def resume_dir(self, run: str = "{run}", index: Val = "{index}") -> str:
+        """Where a training job keeps its resume state (not an output: Snakemake does not delete it
+        when the job fails; removed when the job completes)."""
+        return f"{self.index_dir(run, index)}/.resume/train"
+
     def class_order(self, run: str = "{run}", index: Val = "{index}") -> str:
         """int64 permutation of the classes (position p: the class introduced p-th)."""
         return f"{self.index_dir(run, index)}/class_order.npy"

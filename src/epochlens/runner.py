@@ -1,9 +1,11 @@
 """Running a pipeline step with a log file and errors a user can act on.
 
 The workflow's scripts call :func:`run_step`; it knows nothing of Snakemake, only a log path.
-Everything written to stderr (messages, progress bars, tracebacks) goes to the terminal and to the
-log. A user error (:class:`~epochlens.errors.EpochlensError`) is reported as its message alone,
-without a traceback, and the step exits with status 1 so the workflow manager marks it failed.
+Everything written to stderr (messages, progress lines, tracebacks) goes to the terminal and to the
+log. The copy is not a terminal, so the library's progress bars (:mod:`epochlens.progress`) write a
+plain line per epoch or per 5% of a loop, with rate and ETA, that the log keeps.
+A user error (:class:`~epochlens.errors.EpochlensError`) is reported as its message alone, without
+a traceback, and the step exits with status 1 so the workflow manager marks it failed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ log = logging.getLogger("epochlens")
 
 
 class _Tee:
-    """Copy writes to the terminal and to the log file; progress-bar redraws go to the terminal only."""
+    """Copy writes to the terminal and to the log file; carriage-return redraws (a tqdm bar from
+    code that does not use :func:`epochlens.progress.progress_bar`) go to the terminal only."""
 
     def __init__(self, terminal, logfile):
         self.terminal, self.logfile = terminal, logfile

@@ -11,20 +11,26 @@ task and decays by ``lr_decay`` at fixed fractions of the task (0.3, 0.6, 0.8 of
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
+from epochlens import resume as resume_module
+from epochlens.atomic import write_atomic
 from epochlens.checkpoints import save_state_dict
 from epochlens.data import Dataset
 from epochlens.models.networks import positions_in, restrict_logits
+from epochlens.progress import progress_bar
+from epochlens.resume import ResumeDir, file_digest, fingerprint, rng_state, set_rng_state
 from epochlens.schedule import ClassSchedule
+
+log = logging.getLogger("epochlens")
 
 
 @dataclass
@@ -67,6 +73,72 @@ def accuracy(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, active: n
     return correct / max(len(x), 1)
 
 
+#: Columns of the train log (train_log.csv), in order.
+LOG_COLUMNS = (
+    "epoch",
+    "task",
+    "num_active",
+    "lr",
+    "train_loss",
+    "train_accuracy",
+    "holdout_accuracy",
+)
+
+
+class TrainLog:
+    """The per-epoch train log, written as it grows: a CSV with a header, one row appended (and
+    flushed) per finished epoch, so a person (or a crashed job's post-mortem) sees every epoch so
+    far. Complete, the file is byte for byte ``pd.DataFrame(rows).to_csv(path, index=False)``.
+    Without a path the rows are only kept in memory.
+    """
+
+    def __init__(self, path: str | Path | None, rows: list[dict] | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self.rows: list[dict] = list(rows or [])
+        if self.path is not None:  # (re)start the file from the rows so far, atomically
+            write_atomic(self.path, lambda p: self._frame(self.rows).to_csv(p, index=False))
+
+    @staticmethod
+    def _frame(rows: list[dict]) -> pd.DataFrame:
+        return pd.DataFrame(rows, columns=list(LOG_COLUMNS)) if not rows else pd.DataFrame(rows)
+
+    def append(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.path is not None:
+            with open(self.path, "a", newline="") as f:
+                pd.DataFrame([row]).to_csv(f, header=False, index=False)
+
+    def table(self) -> pd.DataFrame:
+        return self._frame(self.rows)
+
+
+def resume_key(
+    model: nn.Module,
+    data: Dataset,
+    schedule: ClassSchedule,
+    settings: TrainSettings,
+    save_every: int | None,
+) -> str:
+    """Fingerprint of everything a training run's checkpoints depend on: settings, schedule and
+    class order, the data (images, labels, holdout, normalisation), the architecture and the code
+    of this module. A resume state saved under another key is not resumed."""
+    return fingerprint(
+        {
+            "settings": asdict(settings),
+            "schedule": [
+                schedule.class_order,
+                schedule.initial_classes,
+                schedule.increment,
+                schedule.epochs_per_task,
+            ],
+            "checkpoints": schedule.checkpoint_epochs(save_every),
+            "data": [data.content_hash, data.holdout, data.scale, data.mean, data.std],
+            "model": [type(model).__name__, [(k, list(v.shape)) for k, v in model.state_dict().items()]],
+            "code": file_digest(__file__, resume_module.__file__),
+        }
+    )
+
+
 def train_incremental(
     model: nn.Module,
     data: Dataset,
@@ -76,12 +148,22 @@ def train_incremental(
     save_every: int | None = None,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    log_path: str | Path | None = None,
+    resume_dir: str | Path | None = None,
+    resume_every: int | None = None,
 ) -> pd.DataFrame:
     """Train ``model`` through every task of ``schedule``; return the per-epoch training log.
 
     Writes ``checkpoint_path(epoch)`` for every epoch of ``schedule.checkpoint_epochs(save_every)``.
     The log has one row per epoch: epoch, task, num_active, lr, train_loss, train_accuracy,
-    holdout_accuracy.
+    holdout_accuracy; with ``log_path`` it is also written there as it grows (see :class:`TrainLog`).
+
+    With ``resume_dir`` (see :mod:`epochlens.resume`) the job saves its resume state there after
+    every checkpoint and every ``resume_every`` epochs, and starts from the saved state when one
+    of the same settings exists: an interrupted job, run again, ends with the same checkpoints
+    and log, byte for byte, as one that never stopped (same device and software). The folder is
+    left in place; the caller deletes it (:meth:`ResumeDir.clear`) once the job's outputs are all
+    written.
     """
     device = torch.device(device)
     torch.manual_seed(settings.seed)
@@ -99,61 +181,119 @@ def train_incremental(
     holdout = data.holdout
     ept = schedule.epochs_per_task
     milestones = sorted({round(f * ept) for f in settings.lr_milestones if 0 < f < 1})
+    resume = (
+        None
+        if resume_dir is None
+        else ResumeDir(resume_dir, resume_key(model, data, schedule, settings, save_every))
+    )
 
-    save_state_dict(model, checkpoint_path(0))
-    log = []
-    bar = tqdm(total=schedule.final_epoch, desc="training", disable=not progress)
-    for task in range(schedule.num_tasks):
-        first_epoch = task * ept + 1
-        active = schedule.active_classes(first_epoch)
-        in_task = np.isin(labels, active)
-        train_idx = np.flatnonzero(in_task & ~holdout)
-        val_idx = np.flatnonzero(in_task & holdout)
-        targets = torch.as_tensor(positions_in(labels, active), device=device)
-        best_acc, best_state = -1.0, None
-        for epoch_in_task in range(ept):
-            epoch = task * ept + epoch_in_task + 1
-            lr = settings.lr * settings.lr_decay ** sum(epoch_in_task >= m for m in milestones)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            model.train()
-            order = train_idx[torch.randperm(len(train_idx), generator=generator).numpy()]
-            total_loss, total_correct = 0.0, 0
-            for start in range(0, len(order), settings.batch_size):
-                batch = torch.as_tensor(order[start : start + settings.batch_size], device=device)
-                xb, yb = x_all[batch], targets[batch]
-                if settings.augment == "flip_crop":
-                    xb = _augment(xb, generator)
-                logits = restrict_logits(model(xb), active)
-                loss = nn.functional.cross_entropy(logits, yb)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total_loss += float(loss.detach()) * len(batch)
-                total_correct += int((logits.argmax(1) == yb).sum())
-            val_acc = float("nan")
-            if len(val_idx):
-                vi = torch.as_tensor(val_idx, device=device)
-                val_acc = accuracy(model, x_all[vi], targets[vi], active)
-                if settings.early_stopping and val_acc > best_acc:
-                    best_acc, best_state = val_acc, copy.deepcopy(model.state_dict())
-            is_task_end = epoch_in_task == ept - 1
-            if is_task_end and settings.early_stopping and best_state is not None:
-                model.load_state_dict(best_state)
-            if epoch in save_at:
-                save_state_dict(model, checkpoint_path(epoch))
-            log.append(
-                dict(
-                    epoch=epoch,
-                    task=task,
-                    num_active=len(active),
-                    lr=lr,
-                    train_loss=total_loss / max(len(order), 1),
-                    train_accuracy=total_correct / max(len(order), 1),
-                    holdout_accuracy=val_acc,
-                )
+    kept: dict[int, str] = {}  # checkpoint epoch -> file name in the resume folder
+    best_acc, best_state = -1.0, None
+    state = resume.load() if resume is not None else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        best_acc, best_state = state["best_acc"], state["best_state"]
+        set_rng_state(state["rng"], generator)
+        kept = dict(state["checkpoints"])
+        for epoch, name in kept.items():
+            resume.restore(name, checkpoint_path(epoch))
+        first = state["epoch"] + 1
+        log.info(
+            "resuming training at epoch %d of %d (state in %s)", first, schedule.final_epoch, resume.folder
+        )
+    else:
+        first = 1
+    train_log = TrainLog(log_path, state["log"] if state is not None else [])
+
+    def save_state(epoch: int) -> None:
+        resume.save(
+            {
+                "epoch": epoch,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "best_acc": best_acc,
+                "best_state": best_state,
+                "rng": rng_state(generator),
+                "checkpoints": kept,
+                "log": train_log.rows,
+            }
+        )
+
+    def save_checkpoint(epoch: int) -> None:
+        path = checkpoint_path(epoch)
+        save_state_dict(model, path)
+        if resume is not None:
+            kept[epoch] = resume.keep(path)
+
+    if state is None:
+        save_checkpoint(0)
+        if resume is not None:
+            save_state(0)
+    bar = progress_bar(
+        total=schedule.final_epoch,
+        initial=first - 1,
+        desc="training",
+        unit="epoch",
+        disable=not progress,
+        line_every=0,
+    )
+    task_data = None
+    for epoch in range(first, schedule.final_epoch + 1):
+        task, epoch_in_task = divmod(epoch - 1, ept)
+        if task_data is None or task_data[0] != task:
+            active = schedule.active_classes(task * ept + 1)
+            in_task = np.isin(labels, active)
+            train_idx = np.flatnonzero(in_task & ~holdout)
+            val_idx = np.flatnonzero(in_task & holdout)
+            targets = torch.as_tensor(positions_in(labels, active), device=device)
+            task_data = (task, active, train_idx, val_idx, targets)
+        _, active, train_idx, val_idx, targets = task_data
+        if epoch_in_task == 0:
+            best_acc, best_state = -1.0, None
+        lr = settings.lr * settings.lr_decay ** sum(epoch_in_task >= m for m in milestones)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        model.train()
+        order = train_idx[torch.randperm(len(train_idx), generator=generator).numpy()]
+        total_loss, total_correct = 0.0, 0
+        for start in range(0, len(order), settings.batch_size):
+            batch = torch.as_tensor(order[start : start + settings.batch_size], device=device)
+            xb, yb = x_all[batch], targets[batch]
+            if settings.augment == "flip_crop":
+                xb = _augment(xb, generator)
+            logits = restrict_logits(model(xb), active)
+            loss = nn.functional.cross_entropy(logits, yb)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss.detach()) * len(batch)
+            total_correct += int((logits.argmax(1) == yb).sum())
+        val_acc = float("nan")
+        if len(val_idx):
+            vi = torch.as_tensor(val_idx, device=device)
+            val_acc = accuracy(model, x_all[vi], targets[vi], active)
+            if settings.early_stopping and val_acc > best_acc:
+                best_acc, best_state = val_acc, copy.deepcopy(model.state_dict())
+        is_task_end = epoch_in_task == ept - 1
+        if is_task_end and settings.early_stopping and best_state is not None:
+            model.load_state_dict(best_state)
+        train_log.append(
+            dict(
+                epoch=epoch,
+                task=task,
+                num_active=len(active),
+                lr=lr,
+                train_loss=total_loss / max(len(order), 1),
+                train_accuracy=total_correct / max(len(order), 1),
+                holdout_accuracy=val_acc,
             )
-            bar.update(1)
-            bar.set_postfix(task=task, holdout=f"{val_acc:.3f}")
+        )
+        if epoch in save_at:
+            save_checkpoint(epoch)
+        if resume is not None and (epoch in save_at or (resume_every and epoch % resume_every == 0)):
+            save_state(epoch)
+        bar.set_postfix(task=task, holdout=f"{val_acc:.3f}", refresh=False)
+        bar.update(1)
     bar.close()
-    return pd.DataFrame(log)
+    return train_log.table()

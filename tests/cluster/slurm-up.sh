@@ -78,6 +78,10 @@ EOF
 
 NODE=$(hostname -s)
 NCPU=$(nproc)
+# The node claims at least 8 CPUs, so that a GPU job's --cpus-per-gpu=4 (profiles/slurm) fits beside a CPU
+# job on a small machine; slurmd accepts the claim (SlurmdParameters=config_overrides) and nothing
+# binds tasks to cores (TaskPlugin=task/none).
+[ "$NCPU" -ge 8 ] || NCPU=8
 MEM_MB=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 # The node claims at least 64 GB so that the shipped profile's GPU-job memory fits on a small machine;
 # memory is not a consumable here (CR_Core) and nothing enforces it.

@@ -186,6 +186,8 @@ def test_pipeline_on_slurm(slurm, tmp_path):
             assert job["State"] == "COMPLETED" and job["ExitCode"] == "0:0", where
             if GPU_RULES.fullmatch(rule):
                 assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], where
+                # cpus_per_gpu: 4 (sacct records --cpus-per-gpu in the allocation, not the request)
+                assert "cpu=4" in job["AllocTRES"].split(","), where
                 assert (job["ReqMem"], job["Timelimit"]) == ("16000M", "04:00:00"), where
             else:
                 assert "gres/gpu" not in job["ReqTRES"] + job["AllocTRES"], where

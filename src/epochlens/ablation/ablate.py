@@ -38,7 +38,6 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data import Dataset
@@ -46,6 +45,7 @@ from epochlens.device import model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.layers import check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
+from epochlens.progress import progress_bar
 
 COHORTS = ("old", "new", "all")
 
@@ -290,7 +290,7 @@ def ablation_table(
     base_correct, base_loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
     rows = []
     jobs = [(g, m) for g in groups for m in settings.modes]
-    for group, mode in tqdm(jobs, desc="ablations", disable=not progress):
+    for group, mode in progress_bar(jobs, desc="ablations", disable=not progress):
         with ablated(net, group, mode, means):
             correct, loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
         for cohort in COHORTS:

@@ -59,13 +59,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
+from epochlens.progress import progress_bar
 
 RESULT_KEYS = ("curvature", "directional_eig", "loss", "grad_norm", "correct")
 
@@ -231,7 +231,7 @@ def per_sample_curvature(
     active_idx = torch.as_tensor(active_classes, device=device)
     _check_outputs(net, images[torch.as_tensor(active[:1])].to(device, dtype), active_classes)
 
-    bar = tqdm(total=len(active), unit="sample", disable=not progress, desc="curvature")
+    bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
         for start in range(0, len(active), settings.batch_size):
             rows = active[start : start + settings.batch_size]

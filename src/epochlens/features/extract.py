@@ -19,13 +19,13 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.device import model_device
 from epochlens.errors import LayerError
 from epochlens.features import representations as reps
 from epochlens.features.settings import RepresentationSettings
 from epochlens.models.layers import check_finite_weights, resolve_layers
+from epochlens.progress import progress_bar
 
 
 class _Capture:
@@ -105,7 +105,7 @@ def iter_feature_batches(
     """
     with _prepared(model, device) as (net, dev):
         capture = _Capture(net, layers, settings)
-        bar = tqdm(total=n_samples, unit="img", disable=not progress, desc=desc)
+        bar = progress_bar(total=n_samples, unit="image", disable=not progress, desc=desc)
         try:
             with torch.no_grad():
                 for lo in range(0, n_samples, batch_size):

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.device import model_device
 from epochlens.errors import ConfigError, NoFiniteSamplesError
@@ -49,6 +48,7 @@ from epochlens.influence.layers import (
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in
+from epochlens.progress import progress_bar
 
 
 @dataclass
@@ -225,7 +225,7 @@ def fit_factors(
     active_idx = torch.as_tensor(active, device=device)
 
     def batches(desc: str):
-        bar = tqdm(total=len(rows), unit="sample", disable=not progress, desc=desc)
+        bar = progress_bar(total=len(rows), unit="sample", disable=not progress, desc=desc)
         with ActivationCapture(layers) as capture:
             for start in range(0, len(rows), settings.factor_batch_size):
                 sel = rows[start : start + settings.factor_batch_size]

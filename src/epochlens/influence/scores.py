@@ -31,7 +31,6 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from epochlens.device import model_device
 from epochlens.errors import FactorCacheError
@@ -54,6 +53,7 @@ from epochlens.influence.precondition import Preconditioner
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in
+from epochlens.progress import progress_bar
 
 
 @dataclass
@@ -135,7 +135,7 @@ class _Engine:
         """(rows, backprop) per batch; rows are positions in ``images`` with an active label."""
         targets = positions_in(labels, self.active)
         rows = np.flatnonzero(targets >= 0)
-        bar = tqdm(total=len(rows), unit="sample", disable=not progress, desc=desc, leave=False)
+        bar = progress_bar(total=len(rows), unit="sample", disable=not progress, desc=desc, leave=False)
         with ActivationCapture(self.layers) as capture:
             for start in range(0, len(rows), batch_size):
                 sel = rows[start : start + batch_size]

@@ -45,11 +45,11 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from epochlens.device import resolve_device
 from epochlens.errors import ProbeError
 from epochlens.probes.settings import ProbeSettings
+from epochlens.progress import progress_bar
 
 log = logging.getLogger("epochlens")
 
@@ -331,7 +331,7 @@ def probe_features(
     holdout = np.asarray(holdout, dtype=bool)
     rows = []
     pairs = [(layer, r) for layer in layers for r in representations]
-    for layer, rep in tqdm(pairs, desc="probes", disable=not progress):
+    for layer, rep in progress_bar(pairs, desc="probes", disable=not progress):
         arrays = [features.array(s, layer, rep) for s in splits]
         if len(arrays[0]) != n_train:
             raise ProbeError(
