@@ -89,9 +89,22 @@ class InfluenceSettings:
     )
     query_batch_size: int = field(
         default=16,
+        metadata={"help": "queries per forward/backward while computing their preconditioned gradients"},
+    )
+    query_memory_gb: float = field(
+        default=2.0,
         metadata={
-            "help": "queries whose preconditioned gradients are held at once; each query batch "
-            "recomputes the training gradients, so larger is faster and uses more memory"
+            "help": "GiB for the preconditioned query gradients held while the training set is scored: "
+            "all queries fit (Q x parameters x bytes, or the low-rank size) -> one pass over the "
+            "training set; otherwise as many passes as groups of queries that fit"
+        },
+    )
+    query_gradient_rank: int | None = field(
+        default=None,
+        metadata={
+            "help": "keep each layer's preconditioned query gradient as its best rank-r approximation "
+            "(truncated SVD, as kronfluence's query_gradient_rank): r(out + in) numbers instead of "
+            "out x in, approximate scores; None: exact"
         },
     )
     compute_dtype: Literal["auto", "model", "float32", "float64"] = field(
@@ -140,6 +153,10 @@ class InfluenceSettings:
         for name in ("factor_batch_size", "train_batch_size", "query_batch_size", "max_device_eigh_dim"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if not (math.isfinite(self.query_memory_gb) and self.query_memory_gb > 0):
+            problems.append(f"query_memory_gb={self.query_memory_gb} must be a number > 0")
+        if self.query_gradient_rank is not None and self.query_gradient_rank < 1:
+            problems.append(f"query_gradient_rank={self.query_gradient_rank} must be >= 1 (or None: exact)")
         if problems:
             raise ConfigError("influence settings: " + "; ".join(problems) + ". Fix the config.")
 
