@@ -33,7 +33,8 @@ Built-ins:
   t predict token t + 1 (``shift``). Targets are ``labels`` (Hugging Face convention, -100 = ignored,
   e.g. prompt tokens) or, without labels, the input ids where ``attention_mask`` is 1. Per-sample loss:
   the mean NLL of the sample's target tokens. H is block-diagonal over positions,
-  (diag p_t − p_t p_tᵀ)/T_n; the true Fisher draws one token per target position.
+  (diag p_t − p_t p_tᵀ)/T_n; the true Fisher draws one token per target position, its gradient
+  weighted by √T_n (:meth:`Task.fisher_weight`: the mean is 1/T_n times an NLL).
 * :class:`LossFunctionTask` — a user's per-sample loss function ``fn(prediction, targets) -> (B,)``,
   with an optional sampler for the true Fisher; its expected Fisher is the generic one.
 * a user's :class:`Task` subclass or instance, by import path ``"package.module:name"``
@@ -224,6 +225,15 @@ class Task:
             "'true' Fisher needs; use influence fisher 'empirical' or 'expected', or give the task a "
             "sample_targets method."
         )
+
+    def fisher_weight(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> torch.Tensor | None:
+        """(B,) factor on the sampled gradient so that E[w² ∇ℓ(ŷ)∇ℓ(ŷ)ᵀ] = H (None: 1).
+
+        1 when the loss is the predictive distribution's negative log-likelihood. A loss that is c
+        times an NLL (a mean over T tokens: c = 1/T) has H = c·H_NLL but a sampled gradient of
+        covariance c²·H_NLL: w = 1/√c.
+        """
+        return None
 
     def fisher_vectors(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> list[torch.Tensor]:
         """Vectors v_k shaped like ``prediction`` with Σ_k v_k v_kᵀ = H_n per sample (expected Fisher).
@@ -535,6 +545,12 @@ class LanguageModelTask(Task):
         first = torch.full_like(drawn[:, :1], self.ignore_index)
         return torch.cat([first, drawn], dim=1)
 
+    def fisher_weight(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> torch.Tensor | None:
+        """√T_n: the loss is the sequence's NLL divided by its T_n target tokens."""
+        z = self._logits(prediction)
+        _, valid = self.targets_and_mask(targets, inputs, z.shape[1])
+        return valid.sum(1).clamp_min(1).to(torch.float64).sqrt()
+
     def fisher_vectors(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> list[torch.Tensor]:
         """One vector per (target position t, token c): √(p_tc / T_n) (p_t − e_c) at position t."""
         full = prediction.detach().to(torch.float64)
@@ -580,6 +596,7 @@ class LossFunctionTask(Task):
         measurement: optional ``measurement(prediction, targets) -> (B,)`` for queries.
         output: the prediction's field in the model output.
         name: for messages and cache keys.
+        kwargs: keyword arguments of ``fn`` (e.g. ``{"reduction": "none"}``).
     """
 
     def __init__(
@@ -589,13 +606,15 @@ class LossFunctionTask(Task):
         measurement: Callable | None = None,
         output: str | int | None = "logits",
         name: str | None = None,
+        kwargs: Mapping | None = None,
     ) -> None:
         super().__init__(output)
         self.fn, self.sampler, self.measure = fn, sample, measurement
+        self.kwargs = dict(kwargs or {})
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
     def loss(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> torch.Tensor:
-        return self.fn(prediction, targets)
+        return self.fn(prediction, targets, **self.kwargs)
 
     def measurement(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> torch.Tensor:
         return (
@@ -608,6 +627,9 @@ class LossFunctionTask(Task):
         if self.sampler is None:
             return super().sample_targets(prediction, targets, inputs, uniforms)
         return self.sampler(prediction, targets, uniforms)
+
+    def key(self) -> dict:
+        return {"name": self.name, "output": self.output.key(), "kwargs": self.kwargs}
 
 
 # ------------------------------------------------------------------ from a config
@@ -652,9 +674,11 @@ def task_from_config(
     Args:
         spec: None or ``"classification"`` (the default), ``"regression"``, ``"language_model"``, an
             import path ``"package.module:name"`` of a Task subclass, a Task instance or a per-sample
-            loss function, or a mapping ``{"name": ..., "output": ..., "path": ..., **kwargs}`` whose
-            other keys are the task's arguments (for a loss function: ``sample``, ``measurement``,
-            themselves import paths). A Task instance is returned as is.
+            loss function, or a mapping ``{"name": ..., "output": ..., "path": ..., **arguments}``:
+            ``path`` is put on the import path; the other keys are the task class's arguments (a
+            ``kwargs`` mapping is merged into them), or for a loss function ``sample`` and
+            ``measurement`` (import paths too) and ``kwargs`` (the function's keyword arguments).
+            A Task instance is returned as is.
         active_classes: the classes of a classification task (None: all).
 
     Raises:
@@ -677,6 +701,7 @@ def task_from_config(
     if name == "classification":
         kwargs.setdefault("active_classes", active_classes)
     if name in BUILTIN_TASKS:
+        kwargs = {**kwargs, **kwargs.pop("kwargs", {})}
         return _construct(BUILTIN_TASKS[name], kwargs, name)
     if ":" not in name:
         raise ConfigError(
@@ -693,8 +718,8 @@ def task_from_config(
                 f"task {name!r} is a class that does not derive from epochlens.tasks.Task; derive from it "
                 "(override loss, and sample_targets for the true Fisher)."
             )
-        task = _construct(obj, kwargs, name)
-        return task
+        kwargs = {**kwargs, **kwargs.pop("kwargs", {})}
+        return _construct(obj, kwargs, name)
     if callable(obj):
         for k in ("sample", "measurement"):
             if isinstance(kwargs.get(k), str):

@@ -7,8 +7,9 @@ gradient ds for that vector:
 
 * scores and the empirical Fisher: v = ∂ℓ(z, y)/∂z at the sample's targets y (queries: the task's
   measurement instead of its loss);
-* true Fisher: v = ∂ℓ(z, ŷ)/∂z, ŷ drawn by the task from the model's predictive distribution with
-  uniforms that are pure functions of (seed, sample index), so the draw does not depend on batching;
+* true Fisher: v = w ∂ℓ(z, ŷ)/∂z, ŷ drawn by the task from the model's predictive distribution with
+  uniforms that are pure functions of (seed, sample index), so the draw does not depend on batching
+  (w = 1 unless the loss is a multiple of an NLL, e.g. a mean over tokens: Task.fisher_weight);
 * expected Fisher: the task's vectors v_k with Σ_k v_k v_kᵀ = ∂²ℓ/∂z² (classification: √p_c (p − e_c)
   per class), so that the factors reproduce the GGN Jᵀ H J.
 
@@ -243,7 +244,12 @@ def forward_backprop(
             zg = zd.clone().requires_grad_(True)
             value = per_sample_loss(task, zg, tg, inputs, measurement=mode == "measurement")
             (v,) = torch.autograd.grad(value.sum(), zg, allow_unused=True)
-            vectors = [torch.zeros_like(zd) if v is None else v]
+            v = torch.zeros_like(zd) if v is None else v
+            if mode == "true":
+                weight = task.fisher_weight(zd, targets, inputs)
+                if weight is not None:
+                    v = v * weight.to(v).view(-1, *([1] * (v.ndim - 1)))
+            vectors = [v]
         names = list(capture.layers)
         outputs = [out for n in names for _, out in capture.calls[n]]
         inputs_by_layer, positions = {}, {}
