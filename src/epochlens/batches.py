@@ -117,8 +117,9 @@ class SampleSource:
     def __len__(self) -> int:
         if self.inputs is not None:
             return len(self.inputs)
+        ds = self.dataset.dataset if isinstance(self.dataset, DataLoader) else self.dataset
         try:
-            return len(self.dataset)  # type: ignore[arg-type]
+            return len(ds)  # type: ignore[arg-type]
         except TypeError:
             raise DataError(f"{self.what}: the dataset has no length; give a map-style Dataset") from None
 
