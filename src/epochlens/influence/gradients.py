@@ -286,10 +286,11 @@ def forward_backprop(
         nonzero |= (flat != 0).any(1)
     reached = torch.zeros(b, dtype=torch.bool, device=z.device)
     for n in names:
+        a_live = (inputs_by_layer[n] != 0).any(2)  # (B, T)
         valid &= torch.isfinite(inputs_by_layer[n]).flatten(1).all(1)
         for ds in grads_per_vector:
             valid &= torch.isfinite(ds[n]).flatten(1).all(1)
-            reached |= (ds[n] != 0).flatten(1).any(1)
+            reached |= ((ds[n] != 0).any(2) & a_live).any(1)  # some ds_t a_tᵀ is non-zero
     vanished = valid & nonzero & ~reached if z.dtype != torch.float64 else torch.zeros_like(valid)
     return BatchBackprop(inputs_by_layer, grads_per_vector, scales, positions, losses, valid, vanished)
 
