@@ -314,7 +314,7 @@ def fit_factors(
                     positions[n] += bp.positions[n][ok].sum()
                     a = a.reshape(-1, a.shape[-1])
                     a_sum[n] += a.T @ a
-                    for _, d in bp.factored(n, f64, rows=ok):
+                    for d in bp.output_gradients(n, f64, rows=ok):
                         d = d.reshape(-1, d.shape[-1])
                         s_sum[n] += d.T @ d
             _require_samples(n_valid, n_seen)

@@ -168,11 +168,17 @@ class BatchBackprop:
         """(a (B', T, in_dim), ds (B', T, out)) of layer ``name`` in ``dtype``, per backprop vector."""
         a = self.inputs[name] if rows is None else self.inputs[name][rows]
         a = a.to(dtype)
+        return [(a, d) for d in self.output_gradients(name, dtype, rows)]
+
+    def output_gradients(
+        self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """Output gradients ds (B', T, out) of layer ``name`` in ``dtype``, scaled back, per vector."""
         out = []
         for ds, scale in zip(self.output_grads, self.scales, strict=True):
             d = ds[name] if rows is None else ds[name][rows]
             s = scale if rows is None else scale[rows]
-            out.append((a, d.to(dtype) * (1.0 / s).to(dtype)[:, None, None]))
+            out.append(d.to(dtype) * (1.0 / s).to(dtype)[:, None, None])
         return out
 
     def gradients(
