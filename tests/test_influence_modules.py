@@ -28,7 +28,7 @@ from epochlens.influence import (
     self_influence,
 )
 from epochlens.models import SmallCNN
-from epochlens.tasks import LanguageModelTask
+from epochlens.tasks import ClassificationTask, LanguageModelTask
 
 ACTIVE = np.arange(3)
 METHODS = ["ekfac", "kfac", "diagonal", "identity"]
@@ -213,15 +213,31 @@ def test_unsupported_layer_types_named_in_the_config_are_refused_with_the_suppor
         select_layers(m, ("norm",))
     with pytest.raises(LayerSelectionError, match=r"names \['embed'\] of type Embedding.*Conv1D"):
         select_layers(m, ("embed", "head"))
-    with pytest.raises(LayerSelectionError, match=r"MultiheadAttention.*submodules are \['attn.out_proj'\]"):
-        select_layers(m, ("attn",))
-    # A wildcard picks the trackable modules among its matches; the one it selects here is never
-    # called as a module (MultiheadAttention calls F.linear with its weight): refused, not skipped.
-    assert list(select_layers(m, ("attn*",))) == ["attn.out_proj"]
-    ids = torch.randint(0, 7, (5, 6))
-    y = np.arange(5) % 3
-    with pytest.raises(LayerSelectionError, match=r"'attn.out_proj' never ran in the forward pass"):
-        self_influence(m, None, ids, y, settings=InfluenceSettings(method="identity"))
+    # nn.MultiheadAttention applies its out_proj weight with F.linear, so the module never runs: it
+    # is not a candidate by default, and naming it is refused, not skipped.
+    assert list(select_layers(m)) == ["head"]
+    with pytest.raises(LayerSelectionError, match=r"'attn\*' names \['attn', 'attn.out_proj'\].*F.linear"):
+        select_layers(m, ("attn*",))
+    with pytest.raises(LayerSelectionError, match=r"names \['attn.out_proj'\] of type out_proj of nn.Multi"):
+        select_layers(m, ("attn.out_proj",))
+
+
+class HiddenLinear(nn.Module):
+    """Holds a Linear but applies its weight with F.linear: the module itself never runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.linear(x, self.proj.weight, self.proj.bias))
+
+
+def test_a_selected_layer_that_never_runs_is_an_error_not_a_skip() -> None:
+    x, y = data(5, (3,), 3, 54)
+    with pytest.raises(LayerSelectionError, match=r"'proj' never ran in the forward pass"):
+        self_influence(HiddenLinear().double(), None, x, y, settings=InfluenceSettings(method="identity"))
 
 
 def test_integer_inputs_reach_the_embedding_as_ids() -> None:
@@ -347,3 +363,34 @@ def test_mlp_layers_unchanged_by_the_capture_rewrite() -> None:
     m = MLP(3, 4, 3).double().eval()
     x, y = data(5, (3,), 3, 60)
     assert np.isfinite(_scores(m, x, y, "ekfac")[1]).all()
+
+
+class ViTish(nn.Module):
+    """Patch embedding, a PyTorch TransformerEncoderLayer (attention + LayerNorm), mean pool, head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Linear(4, 8)
+        self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(self.patch(x)).mean(1))
+
+
+def test_transformer_encoder_layer_tracks_its_linears_with_exact_gradients() -> None:
+    """nn.TransformerEncoderLayer in eval mode: its MLP Linears are tracked (the attention's out_proj
+    is left out: F.linear), the per-sample gradients are autograd's, EK-FAC scores are finite."""
+    torch.manual_seed(61)
+    m = ViTish().double().eval()
+    assert list(select_layers(m)) == ["patch", "enc.linear1", "enc.linear2", "head"]
+    x, y = data(6, (5, 4), 3, 61)
+    task = ClassificationTask(None)
+    selfs = self_influence(m, None, x, y, settings=InfluenceSettings(method="identity"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # functorch's batching-rule performance note for SDPA
+        ex = explicit_task_quantities(m, task, x, torch.as_tensor(y))
+    np.testing.assert_allclose(selfs.scores, (ex["grads"] ** 2).sum(1).numpy(), rtol=1e-10)
+    settings = InfluenceSettings(method="ekfac")
+    factors = fit_factors(m, x, y, settings=settings)
+    assert np.isfinite(self_influence(m, factors, x, y, settings=settings).scores).all()

@@ -115,7 +115,9 @@ def select_layers(
             modules sharing a weight but not their bias.
     """
     named = dict(model.named_modules())
-    candidates = {n: m for n, m in named.items() if trackable(m)}
+    # nn.MultiheadAttention applies out_proj's weight with F.linear: the module never runs.
+    inert = {f"{n}.out_proj" for n, m in named.items() if isinstance(m, nn.MultiheadAttention)}
+    candidates = {n: m for n, m in named.items() if trackable(m) and n not in inert}
     if not candidates:
         raise LayerSelectionError(
             f"{type(model).__name__} has no module that influence can track ({SUPPORTED}); it needs at "
@@ -126,7 +128,14 @@ def select_layers(
         unsupported = [n for n in matched if n not in candidates]
         explicit = not _has_wildcard(pattern) and pattern in named and pattern not in candidates
         if explicit or (matched and not any(n in candidates for n in matched)):
-            types = sorted({type(named[n]).__name__ for n in unsupported})
+            types = sorted(
+                {
+                    "out_proj of nn.MultiheadAttention (applied with F.linear, never called)"
+                    if n in inert
+                    else type(named[n]).__name__
+                    for n in unsupported
+                }
+            )
             children = [n for n in candidates if n.startswith(f"{unsupported[0]}.")] if unsupported else []
             hint = (
                 f" Its trackable submodules are {_short(children)}: select them with '{unsupported[0]}.*'."
@@ -134,7 +143,7 @@ def select_layers(
                 else ""
             )
             raise LayerSelectionError(
-                f"layer pattern {pattern!r} names {_short(unsupported)} of type {', '.join(types)}, which "
+                f"layer pattern {pattern!r} names {_short(unsupported)} of type {'; '.join(types)}, which "
                 f"influence cannot track; the supported types are {SUPPORTED}.{hint} Fix influence "
                 "layers in the config."
             )
