@@ -149,6 +149,8 @@ def test_bad_data_is_refused_with_the_fix() -> None:
         self_influence(m, None, shuffled, None, np.arange(4), InfluenceSettings(method="identity"))
     with pytest.raises(DataError, match="5 sample indices for 8 samples"):
         fit_factors(m, ds, None, np.arange(4), sample_indices=np.arange(5))
+    with pytest.raises(DataError, match="in-memory inputs must be one array"):
+        self_influence(m, None, {"x": x}, y, np.arange(4), InfluenceSettings(method="identity"))
     with pytest.raises(ValueError, match="labels must be a 1-D integer array"):
         fit_factors(m, x, y.astype(float), np.arange(4))
 

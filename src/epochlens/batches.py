@@ -184,6 +184,11 @@ def sample_source(
         source = SampleSource(dataset=data, what=what)
         n = len(source)
     else:
+        if isinstance(data, (Mapping, tuple, list)):
+            raise DataError(
+                f"{what}: in-memory inputs must be one array (N, ...); for dict or tuple inputs give a "
+                "Dataset whose items are (inputs, target) or a dict (e.g. torch.utils.data.TensorDataset)."
+            )
         x = torch.as_tensor(data)
         if x.ndim < 1:
             raise DataError(f"{what}: inputs must have the samples along the first dimension")
