@@ -182,7 +182,7 @@ def data_source(
     In-memory classification keeps today's contract (labels a 1-D integer array of N class ids).
     """
     if not is_dataset(data) and isinstance(task, ClassificationTask) and labels is not None:
-        x = torch.as_tensor(data)
+        x = sample_source(data, None, None, what).inputs  # refuses dicts and tuples with the fix
         y = np.asarray(labels)
         idx = np.arange(len(x)) if sample_indices is None else np.asarray(sample_indices)
         _check_inputs(x, y, idx, what)
