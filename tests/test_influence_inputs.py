@@ -177,6 +177,8 @@ def test_factor_cache_key_of_a_dataset_follows_its_content_and_the_task() -> Non
     )
     assert key_r["task"] == {"name": "regression", "output": "logits", "reduction": "mean"}
     assert factor_cache_key(m, ds, None, np.arange(4), settings, data_hash="abc")["data"] == "abc"
+    unlabelled = factor_cache_key(m, x, None, np.arange(4), settings)  # the true Fisher needs no labels
+    assert unlabelled["data"] not in (key["data"], factor_cache_key(m, x, y, np.arange(4), settings)["data"])
 
 
 def test_batch_helpers_move_nested_batches_and_cast_only_floating_tensors() -> None:
@@ -193,3 +195,17 @@ def test_batch_helpers_move_nested_batches_and_cast_only_floating_tensors() -> N
         num_samples((torch.zeros(2), torch.zeros(3)))
     src = sample_source(np.zeros((5, 2), np.float32), np.arange(5))
     assert [len(p) for p, _ in src.batches(2)] == [2, 2, 1]
+
+
+def test_the_true_fisher_fits_on_unlabelled_inputs() -> None:
+    """The true Fisher draws its targets from the model: labels are not needed (nor read)."""
+    torch.manual_seed(75)
+    m = MLP(3, 5, 4).double().eval()
+    x, y = data(9, (3,), 4, 75)
+    settings = InfluenceSettings(method="ekfac", fisher="true")
+    labelled = fit_factors(m, x, y, np.arange(4), settings)
+    unlabelled = fit_factors(m, x, None, np.arange(4), settings)
+    for name in ("fc1", "fc2"):
+        torch.testing.assert_close(
+            unlabelled.layers[name].corrected, labelled.layers[name].corrected, rtol=0, atol=0
+        )

@@ -104,10 +104,10 @@ def data_sha256(
         arrays = (np.asarray(source.indices, dtype=np.int64),)
     else:
         x = torch.as_tensor(images).detach().cpu().contiguous()
-        labels = np.asarray(labels)
+        y = np.zeros(0) if labels is None else np.asarray(torch.as_tensor(labels).cpu().numpy())
         arrays = (
             x.numpy(),
-            labels.astype(np.int64) if np.issubdtype(labels.dtype, np.integer) else labels,
+            y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y,
             np.asarray(np.arange(len(x)) if sample_indices is None else sample_indices, dtype=np.int64),
         )
     for arr in arrays:
