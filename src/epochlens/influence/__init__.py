@@ -3,10 +3,12 @@
 Modules, one concept each:
 
 * :mod:`.settings`      ``InfluenceSettings`` (method ekfac|kfac|diagonal|identity, Fisher type,
-  damping, layers, batch sizes, dtypes) and what each choice means;
-* :mod:`.layers`        which modules are tracked (Linear, Conv2d by name patterns), per-sample
-  inputs (KFC unfolded patches, bias as a ones column) and output gradients via hooks;
-* :mod:`.gradients`     the per-sample loss and its back-propagated vectors per Fisher type;
+  damping, layers, batch sizes, query memory, dtypes) and what each choice means;
+* :mod:`.layers`        which modules are tracked (Linear, Conv2d, GPT-2 Conv1D by name patterns;
+  tied and reused modules as one layer), per-sample inputs (KFC unfolded patches, token positions
+  with padding masked, bias as a ones column) and output gradients via hooks;
+* :mod:`.gradients`     the task's per-sample loss and its back-propagated vectors per Fisher type,
+  the model prepared in place (no copy), underflow-safe scaling and flags;
 * :mod:`.factors`       covariance accumulation in float64 (NaN/Inf samples skipped and reported),
   eigendecomposition, EK-FAC eigenvalue correction, diagonal;
 * :mod:`.eigen`         robust symmetric eigendecomposition (finite checks, CPU fallback);
@@ -20,6 +22,10 @@ Modules, one concept each:
 Errors are in :mod:`epochlens.errors`. The names below are imported on first use (PEP 562), so
 that ``import epochlens.influence.settings`` does not import torch.
 
+The loss comes from the run's task (:mod:`epochlens.tasks`): classification over the active classes
+by default, or regression, token-level language modelling, or a user's task; data are in-memory arrays
+with labels, or Datasets/DataLoaders with tensor, tuple or dict batches (:mod:`epochlens.batches`).
+
 Typical use::
 
     settings = InfluenceSettings(method="ekfac")
@@ -27,11 +33,22 @@ Typical use::
     pair = pairwise_influence(model, factors, x_train, y_train, x_query, y_query, active, settings)
     self_ = self_influence(model, factors, x_train, y_train, active, settings)
     pair.diagnostics  # layer, cond, min_eig, max_eig, damping, damping_steps, ...
+
+    # any task, any Dataset / DataLoader (labels inside the batches):
+    task = LanguageModelTask()
+    factors = fit_factors(model, train_ds, settings=settings, task=task)
+    pair = pairwise_influence(model, factors, train_ds, None, query_ds, None, settings=settings, task=task)
 """
 
 from epochlens._lazy import attach
 
 _EXPORTS = {
+    "ClassificationTask": "epochlens.tasks",
+    "LanguageModelTask": "epochlens.tasks",
+    "LossFunctionTask": "epochlens.tasks",
+    "RegressionTask": "epochlens.tasks",
+    "Task": "epochlens.tasks",
+    "task_from_config": "epochlens.tasks",
     "DIAGNOSTIC_COLUMNS": "precondition",
     "FISHERS": "settings",
     "METHODS": "settings",

@@ -1,58 +1,67 @@
 """Per-sample layer inputs and output gradients of a batch, for the curvature and for the scores.
 
-Loss: the per-sample cross-entropy ℓ(z, y) over the logits z of the active classes only
-(:func:`epochlens.models.networks.restrict_logits`), the target being y's position among them, model in
-eval mode (samples do not interact, so each row of a batched backward is that sample's own).
-Its gradient with respect to z is p − e_y, p = softmax(z); back-propagating a vector v (B, A)
-from z gives every tracked layer's output gradient ds for "label distribution" v:
+The loss is the run's task (:mod:`epochlens.tasks`): a per-sample loss ℓ_n(z_n, y_n) of the model's
+prediction z, model in eval mode (samples do not interact, so each row of a batched backward is that
+sample's own). Back-propagating a vector v (shaped like z) from z gives every tracked layer's output
+gradient ds for that vector:
 
-* scores and the empirical Fisher: v = p − e_y (y the sample's label);
-* true Fisher: v = p − e_ŷ, ŷ drawn from p with a uniform that is a pure function of
-  (seed, sample index) (SplitMix64), so the draw does not depend on batching;
-* expected Fisher: one vector per active class c, v_c = √p_c (p − e_c), so that
-  Σ_c ds_c ds_cᵀ = E_{y~p}[ds dsᵀ] and the factors reproduce the GGN Jᵀ(diag p − p pᵀ)J.
+* scores and the empirical Fisher: v = ∂ℓ(z, y)/∂z at the sample's targets y (queries: the task's
+  measurement instead of its loss);
+* true Fisher: v = w ∂ℓ(z, ŷ)/∂z, ŷ drawn by the task from the model's predictive distribution with
+  uniforms that are pure functions of (seed, sample index), so the draw does not depend on batching
+  (w = 1 unless the loss is a multiple of an NLL, e.g. a mean over tokens: Task.fisher_weight);
+* expected Fisher: the task's vectors v_k with Σ_k v_k v_kᵀ = ∂²ℓ/∂z² (classification: √p_c (p − e_c)
+  per class), so that the factors reproduce the GGN Jᵀ H J.
 
-A sample whose probabilities, tracked inputs or output gradients hold NaN/Inf is marked invalid
+v is computed in float64 from the prediction. Before the backward pass in the compute dtype, each
+sample's v is scaled by a power of two that brings its largest entry to [0.5, 1) (exact: no rounding),
+and the output gradients are scaled back in float64 where they are used. Without it, p − e_y of a
+confident sample (~1e-9) rounds to zero in float16 and the sample's scores come out as exactly 0.
+A sample whose v is non-zero but whose tracked gradients all vanish in a compute dtype narrower than
+float64 is flagged ``vanished`` (underflow inside the network, or no tracked layer reaches its loss):
+callers give it NaN and report it, never a score of 0 as if computed.
+
+A sample whose prediction, v, tracked inputs or output gradients hold NaN/Inf is marked invalid
 (its rows are never mixed into another sample's numbers); callers leave it out and report it.
+
+The model is used in place, not copied: :func:`prepared_model` sets eval mode, gradients on the
+tracked weights only, and the compute device and dtype, and restores all of it on exit.
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from epochlens.batches import SampleSource, select_rows, to_device
+from epochlens.errors import LayerSelectionError
 from epochlens.influence.layers import (
     ActivationCapture,
     LayerInfo,
     layer_inputs,
     layer_output_grads,
+    layer_positions,
     per_sample_gradient,
 )
-from epochlens.models.networks import restrict_logits
+from epochlens.models.layers import check_finite_weights
+from epochlens.tasks import Task, Uniforms, per_sample_loss, sample_uniforms
 
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-_LABEL_STREAM = np.uint64(0x1F1F1F1F)  # separates this use of the seed from others
+__all__ = [
+    "BatchBackprop",
+    "forward_backprop",
+    "prepared_model",
+    "resolve_compute_dtype",
+    "sample_uniforms",
+    "task_batches",
+]
 
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    z = (z ^ (z >> np.uint64(30))) * _MUL1
-    z = (z ^ (z >> np.uint64(27))) * _MUL2
-    return z ^ (z >> np.uint64(31))
-
-
-def sample_uniforms(seed: int, sample_indices: np.ndarray) -> np.ndarray:
-    """Uniforms in [0, 1), one per sample, a pure function of (seed, global sample index): (B,)."""
-    idx = np.asarray(sample_indices).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        key = _mix64(np.array([seed % 2**64], dtype=np.uint64) ^ _LABEL_STREAM)
-        words = _mix64(_mix64(idx ^ key) + _GAMMA)
-    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+MODES = ("loss", "measurement", "empirical", "true", "expected")
 
 
 def resolve_compute_dtype(model: nn.Module, setting: str) -> torch.dtype:
@@ -68,20 +77,57 @@ def resolve_compute_dtype(model: nn.Module, setting: str) -> torch.dtype:
     return torch.float32 if model_dtype in (torch.float16, torch.bfloat16) else model_dtype
 
 
-def prepare_model(model: nn.Module, layers: dict[str, LayerInfo], device: torch.device, dtype: torch.dtype):
-    """A copy of ``model`` in eval mode on ``device``/``dtype``, gradients only on tracked layers.
+@contextmanager
+def prepared_model(
+    model: nn.Module, layers: dict[str, LayerInfo], device: torch.device, dtype: torch.dtype
+) -> Iterator[nn.Module]:
+    """``model`` itself in eval mode on ``device``, floating tensors in ``dtype``, grads on tracked weights.
 
-    Returns:
-        (net, layers) with ``layers`` rebound to the copy's modules.
+    Nothing is deep-copied: parameters and buffers that are already on ``device`` in ``dtype`` are used
+    as they are; the others are converted for the duration and their original tensors put back on exit
+    (exactly, whatever the conversion), as are every module's training flag and every parameter's
+    ``requires_grad``. Integer buffers are moved, never cast.
+
+    Raises:
+        EpochlensError: NaN/Inf in a weight (named).
     """
-    net = copy.deepcopy(model).to(device=device, dtype=dtype).eval().requires_grad_(False)
-    modules = dict(net.named_modules())
-    rebound = {}
-    for name, info in layers.items():
-        module = modules[name]
-        module.weight.requires_grad_(True)
-        rebound[name] = LayerInfo(name, module, info.kind, info.out_dim, info.in_features, info.has_bias)
-    return net, rebound
+    training = [(m, m.training) for m in model.modules()]
+    params = list(model.parameters())
+    requires = [p.requires_grad for p in params]
+    swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    buffers: list[tuple[nn.Module, str, torch.Tensor]] = []
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+    try:
+        for p in params:
+            new = convert(p.data)
+            if new is not p.data:
+                swapped.append((p, p.data))
+                p.data = new
+        for module in model.modules():
+            for name, b in module._buffers.items():
+                if b is not None:
+                    new = convert(b)
+                    if new is not b:
+                        buffers.append((module, name, b))
+                        module._buffers[name] = new
+        model.eval()
+        model.requires_grad_(False)
+        for info in layers.values():
+            info.weight.requires_grad_(True)
+        check_finite_weights(model)
+        yield model
+    finally:
+        for p, data in swapped:
+            p.data = data
+        for module, name, b in buffers:
+            module._buffers[name] = b
+        for p, flag in zip(params, requires, strict=True):
+            p.requires_grad_(flag)
+        for m, flag in training:
+            m.training = flag
 
 
 @dataclass
@@ -89,19 +135,32 @@ class BatchBackprop:
     """One batch's per-sample quantities.
 
     Attributes:
-        inputs: layer name -> (B, T, in_dim) layer inputs, bias column last (compute dtype).
+        inputs: layer name -> (B, T, in_dim) layer inputs, bias column last (compute dtype), the
+            positions of every call concatenated, padding zeroed.
         output_grads: one dict per backprop vector (one for scores/empirical/true Fisher, one per
-            active class for the expected Fisher): layer name -> (B, T, out).
-        probs: (B, A) float64 predicted probabilities over the active classes.
-        losses: (B,) float64 cross-entropy at the sample's label (NaN where the label is unknown).
+            output-Hessian vector for the expected Fisher): layer name -> (B, T, out), compute dtype,
+            at the scale of the scaled vector (see ``scales``).
+        scales: per backprop vector, (B,) float64 powers of two: the true output gradient is
+            ``output_grads / scale``.
+        positions: layer name -> (B,) float64 positions entering the activation covariance.
+        losses: (B,) float64 task loss at the sample's targets (NaN where it has none).
         valid: (B,) bool, False where any of the above is NaN/Inf for that sample.
+        vanished: (B,) bool, the loss gradient is non-zero but every tracked gradient vanished in the
+            compute dtype (see the module doc).
     """
 
     inputs: dict[str, torch.Tensor]
     output_grads: list[dict[str, torch.Tensor]]
-    probs: torch.Tensor
+    scales: list[torch.Tensor]
+    positions: dict[str, torch.Tensor]
     losses: torch.Tensor
     valid: torch.Tensor
+    vanished: torch.Tensor
+
+    @property
+    def usable(self) -> torch.Tensor:
+        """(B,) bool: valid and not vanished."""
+        return self.valid & ~self.vanished
 
     def factored(
         self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
@@ -109,88 +168,166 @@ class BatchBackprop:
         """(a (B', T, in_dim), ds (B', T, out)) of layer ``name`` in ``dtype``, per backprop vector."""
         a = self.inputs[name] if rows is None else self.inputs[name][rows]
         a = a.to(dtype)
-        return [(a, (ds[name] if rows is None else ds[name][rows]).to(dtype)) for ds in self.output_grads]
+        return [(a, d) for d in self.output_gradients(name, dtype, rows)]
+
+    def output_gradients(
+        self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """Output gradients ds (B', T, out) of layer ``name`` in ``dtype``, scaled back, per vector."""
+        out = []
+        for ds, scale in zip(self.output_grads, self.scales, strict=True):
+            d = ds[name] if rows is None else ds[name][rows]
+            s = scale if rows is None else scale[rows]
+            out.append(d.to(dtype) * (1.0 / s).to(dtype)[:, None, None])
+        return out
 
     def gradients(
         self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
     ) -> list[torch.Tensor]:
         """Per-sample gradient matrices (B', out, in_dim) of layer ``name``, one per backprop vector."""
-        a = self.inputs[name] if rows is None else self.inputs[name][rows]
-        a = a.to(dtype)
-        out = []
-        for ds in self.output_grads:
-            d = ds[name] if rows is None else ds[name][rows]
-            out.append(per_sample_gradient(a, d.to(dtype)))
-        return out
+        return [per_sample_gradient(a, d) for a, d in self.factored(name, dtype, rows)]
 
 
-def backprop_vectors(
-    probs: torch.Tensor, targets: torch.Tensor, fisher: str, seed: int, sample_indices: np.ndarray
-) -> list[torch.Tensor]:
-    """Vectors (B, A) float64 to back-propagate from the restricted logits (see module doc).
-
-    ``fisher`` is "empirical" (also used for scores: the sample's own label), "true" or "expected".
-    Rows with NaN probabilities get zero vectors (the sample is invalid anyway).
-    """
-    p = torch.nan_to_num(probs, nan=0.0)
-    n, n_classes = p.shape
-    if fisher == "expected":
-        eye = torch.eye(n_classes, dtype=p.dtype, device=p.device)
-        return [p.clamp_min(0).sqrt()[:, c : c + 1] * (p - eye[c]) for c in range(n_classes)]
-    if fisher == "true":
-        u = torch.as_tensor(sample_uniforms(seed, sample_indices), dtype=p.dtype, device=p.device)
-        cdf = p.cumsum(1)
-        labels = (cdf < u[:, None] * cdf[:, -1:]).sum(1).clamp_max(n_classes - 1)
-    elif fisher == "empirical":
-        labels = targets.clamp_min(0)
-    else:
-        raise ValueError(f"unknown fisher type {fisher!r}")
-    v = p.clone()
-    v[torch.arange(n, device=p.device), labels] -= 1.0
-    return [v]
+def _scales(v: torch.Tensor) -> torch.Tensor:
+    """(B,) powers of two bringing each row's largest |entry| into [0.5, 1) (1 for zero/NaN rows)."""
+    peak = v.detach().abs().flatten(1).amax(1) if v.ndim > 1 else v.detach().abs()
+    ok = torch.isfinite(peak) & (peak > 0)
+    _, exponent = torch.frexp(torch.where(ok, peak, torch.ones_like(peak)))
+    scale = torch.ldexp(torch.ones_like(peak), -exponent)
+    return torch.where(ok, scale, torch.ones_like(peak))
 
 
 def forward_backprop(
     net: nn.Module,
     capture: ActivationCapture,
-    x: torch.Tensor,
-    targets: torch.Tensor,
-    active_idx: torch.Tensor,
-    fisher: str,
+    task: Task,
+    inputs: Any,
+    targets: Any,
+    mode: str,
     seed: int,
     sample_indices: np.ndarray,
 ) -> BatchBackprop:
-    """Forward ``x`` (B, ...) through ``net`` and back-propagate the vectors of ``fisher``.
+    """Forward ``inputs`` through ``net`` and back-propagate the vectors of ``mode``.
 
-    ``targets`` (B,) are positions of the labels among the active classes (-1: unknown label,
-    allowed only for the true and expected Fisher).
+    Args:
+        net: the prepared model (:func:`prepared_model`), with ``capture``'s hooks on it.
+        task: the loss.
+        inputs, targets: the batch on the compute device (targets may be None for tasks without).
+        mode: "loss" (or "empirical"): the loss at the targets; "measurement": the task's query
+            measurement; "true": targets drawn from the model; "expected": the output Hessian's vectors.
+        seed, sample_indices: the draws of the true Fisher.
     """
-    capture.clear()
+    if mode not in MODES:
+        raise ValueError(f"unknown backprop mode {mode!r}; one of {MODES}")
+    mask = task.position_mask(inputs)
     with torch.enable_grad():
-        z = restrict_logits(net(x), active_idx)
-        capture.check()
-        probs = torch.softmax(z.detach().to(torch.float64), dim=1)
-        logp = torch.log_softmax(z.detach().to(torch.float64), dim=1)
-        rows = torch.arange(len(x), device=x.device)
-        losses = torch.where(targets >= 0, -logp[rows, targets.clamp_min(0)], torch.nan)
-        vectors = backprop_vectors(probs, targets, fisher, seed, sample_indices)
-        names = list(capture.layers)
-        outputs = [capture.outputs[n] for n in names]
-        inputs = {n: layer_inputs(capture.layers[n], capture.inputs[n]) for n in names}
-        grads_per_vector = []
-        for k, v in enumerate(vectors):
-            grads = torch.autograd.grad(
-                z, outputs, grad_outputs=v.to(z.dtype), retain_graph=k < len(vectors) - 1, allow_unused=True
+        for _ in range(2):
+            capture.clear()
+            z = task.prediction(task.forward(net, inputs))
+            b = z.shape[0]
+            modified = capture.check(b)
+            if not modified:
+                break
+            capture.decoupled |= modified  # ReLU(inplace=True) after a tracked layer: copy and redo
+        else:  # pragma: no cover - a decoupled layer hands a copy on, which nothing else touches
+            raise LayerSelectionError(f"layers {sorted(modified)} keep being modified in place")
+        if not z.requires_grad:
+            raise LayerSelectionError(
+                f"the prediction of task {task.name!r} does not depend on any tracked layer; select "
+                "layers that the model's output depends on."
             )
-            ds = {}
-            for n, out, g in zip(names, outputs, grads, strict=True):
-                g = torch.zeros_like(out) if g is None else g
-                ds[n] = layer_output_grads(capture.layers[n], g)
+        zd = z.detach().to(torch.float64)
+        losses = torch.full((b,), torch.nan, dtype=torch.float64, device=z.device)
+        if targets is not None:
+            with torch.no_grad():
+                losses = per_sample_loss(task, zd, targets, inputs).to(torch.float64)
+        if mode == "expected":
+            vectors = [v.to(torch.float64) for v in task.fisher_vectors(zd, targets, inputs)]
+        else:
+            tg = targets
+            if mode == "true":
+                tg = task.sample_targets(zd, targets, inputs, Uniforms(seed, sample_indices, z.device))
+            zg = zd.clone().requires_grad_(True)
+            value = per_sample_loss(task, zg, tg, inputs, measurement=mode == "measurement")
+            (v,) = torch.autograd.grad(value.sum(), zg, allow_unused=True)
+            v = torch.zeros_like(zd) if v is None else v
+            if mode == "true":
+                weight = task.fisher_weight(zd, targets, inputs)
+                if weight is not None:
+                    v = v * weight.to(v).view(-1, *([1] * (v.ndim - 1)))
+            vectors = [v]
+        names = list(capture.layers)
+        outputs = [out for n in names for _, out in capture.calls[n]]
+        inputs_by_layer, positions = {}, {}
+        for n in names:
+            info = capture.layers[n]
+            calls = capture.calls[n]
+            parts = [layer_inputs(info, x, mask) for x, _ in calls]
+            inputs_by_layer[n] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            positions[n] = sum(layer_positions(info, x, mask) for x, _ in calls)
+        grads_per_vector, scales = [], []
+        for k, v in enumerate(vectors):
+            scale = _scales(v)
+            scaled = (v * scale.view(-1, *([1] * (v.ndim - 1)))).to(z.dtype)
+            grads = torch.autograd.grad(
+                z, outputs, grad_outputs=scaled, retain_graph=k < len(vectors) - 1, allow_unused=True
+            )
+            ds, i = {}, 0
+            for n in names:
+                info = capture.layers[n]
+                parts = []
+                for _, out in capture.calls[n]:
+                    g = grads[i]
+                    i += 1
+                    parts.append(layer_output_grads(info, torch.zeros_like(out) if g is None else g, mask))
+                ds[n] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
             grads_per_vector.append(ds)
+            scales.append(scale)
     capture.clear()
-    valid = torch.isfinite(probs).all(1)
+    valid = torch.isfinite(zd.flatten(1)).all(1) if zd.ndim > 1 else torch.isfinite(zd)
+    nonzero = torch.zeros(b, dtype=torch.bool, device=z.device)
+    for v in vectors:
+        flat = v.flatten(1) if v.ndim > 1 else v[:, None]
+        valid &= torch.isfinite(flat).all(1)
+        nonzero |= (flat != 0).any(1)
+    reached = torch.zeros(b, dtype=torch.bool, device=z.device)
     for n in names:
-        valid &= torch.isfinite(inputs[n]).flatten(1).all(1)
+        a_live = (inputs_by_layer[n] != 0).any(2)  # (B, T)
+        valid &= torch.isfinite(inputs_by_layer[n]).flatten(1).all(1)
         for ds in grads_per_vector:
             valid &= torch.isfinite(ds[n]).flatten(1).all(1)
-    return BatchBackprop(inputs, grads_per_vector, probs, losses, valid)
+            reached |= ((ds[n] != 0).any(2) & a_live).any(1)  # some ds_t a_tᵀ is non-zero
+    vanished = valid & nonzero & ~reached if z.dtype != torch.float64 else torch.zeros_like(valid)
+    return BatchBackprop(inputs_by_layer, grads_per_vector, scales, positions, losses, valid, vanished)
+
+
+def task_batches(
+    source: SampleSource,
+    task: Task,
+    batch_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Iterator[tuple[np.ndarray, Any, Any]]:
+    """(positions (B,) int64, inputs, targets) of the scorable samples of ``source``, on ``device``.
+
+    Floating tensors are cast to ``dtype``, integer ones (token ids, labels, masks) only moved.
+    Samples the task cannot score (e.g. a label of an inactive class) are dropped: in-memory sources
+    before batching (so batches stay full), datasets batch by batch.
+    """
+    if source.in_memory and source.rows is None:
+        whole = source.inputs if source.targets is None else (source.inputs, source.targets)
+        keep = task.scorable(*task.split_batch(whole))
+        if keep is not None:
+            source = replace(source, rows=np.flatnonzero(keep.cpu().numpy()))
+    for positions, batch in source.batches(batch_size):
+        inputs, targets = task.split_batch(to_device(batch, device))
+        inputs = to_device(inputs, device, dtype)
+        targets = to_device(targets, device, torch.float64)  # the loss runs in float64
+        if not source.in_memory:
+            keep = task.scorable(inputs, targets)
+            if keep is not None and not bool(keep.all()):
+                rows = keep.to(torch.bool)
+                positions = positions[rows.cpu().numpy()]
+                inputs, targets = select_rows(inputs, rows), select_rows(targets, rows)
+        if len(positions):
+            yield positions, inputs, targets

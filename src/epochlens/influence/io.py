@@ -7,6 +7,9 @@ of plain containers, loadable with ``weights_only=True``::
     key      JSON string: the cache key (see factor_cache_key)
     method, fisher, n_samples, timings (JSON), fit_settings (JSON: InfluenceSettings.factor_key())
     skipped  int64 (K,) global indices left out for NaN/Inf gradients
+    underflow int64 (K,) global indices left out for gradients that vanished in the compute dtype
+             (absent in files written before it; read as empty)
+    compute_dtype  dtype of the forward/backward passes ("" in older files)
     layers   {name: {"meta": JSON (kind, out_dim, in_dim, has_bias, n_samples, solver, min_raw),
                      "activation_values" (in_dim,), "activation_vectors" (in_dim, in_dim),
                      "gradient_values" (out,), "gradient_vectors" (out, out), "corrected" (out, in_dim),
@@ -15,8 +18,9 @@ of plain containers, loadable with ``weights_only=True``::
 
 The cache key holds everything the factors depend on: the model's weights (SHA-256 of the state
 dict, or of the checkpoint file), the training data used (SHA-256 of images, labels and indices),
-the resolved layer names, the active classes and the settings of :meth:`InfluenceSettings.factor_key`
-(method, Fisher type, layer patterns, compute dtype, seed, scheme). Damping and batch sizes are not
+the resolved layer names, the active classes, the task when it is not classification over the
+active classes, and the settings of :meth:`InfluenceSettings.factor_key` (method, Fisher type, layer
+patterns, compute dtype, seed, scheme). Damping and batch sizes are not
 in it: the same factors serve any damping, pairwise and self-influence alike.
 """
 
@@ -24,17 +28,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from epochlens.atomic import atomic_path, write_atomic
+from epochlens.batches import is_dataset, sample_source
 from epochlens.errors import FactorCacheError
-from epochlens.influence.factors import InfluenceFactors, LayerFactors, resolve_layers
+from epochlens.influence.factors import InfluenceFactors, LayerFactors, resolve_layers, resolve_task
 from epochlens.influence.settings import InfluenceSettings
+from epochlens.tasks import ClassificationTask, Task
 
 FACTORS_FORMAT = "epochlens-influence-factors-v1"
 _TENSORS = (
@@ -59,17 +67,50 @@ def state_dict_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def _update_with_batch(h, batch) -> None:
+    """Hash every tensor of a nested batch with its place in the structure (keys, positions)."""
+    if isinstance(batch, torch.Tensor | np.ndarray):
+        a = np.ascontiguousarray(torch.as_tensor(batch).detach().cpu().numpy())
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    elif isinstance(batch, Mapping):
+        for k in sorted(batch, key=str):
+            h.update(f"<{k}>".encode())
+            _update_with_batch(h, batch[k])
+    elif isinstance(batch, tuple | list):
+        h.update(f"[{len(batch)}]".encode())
+        for v in batch:
+            _update_with_batch(h, v)
+    else:
+        h.update(repr(batch).encode())
+
+
 def data_sha256(
-    images: torch.Tensor | np.ndarray, labels: np.ndarray, sample_indices: np.ndarray | None
+    images: torch.Tensor | np.ndarray | Dataset | DataLoader,
+    labels: np.ndarray | None,
+    sample_indices: np.ndarray | None,
 ) -> str:
-    """SHA-256 of the images, labels and global indices a fit used."""
+    """SHA-256 of the images, labels and global indices a fit used.
+
+    A Dataset/DataLoader (labels None) is read once, batch by batch, and every tensor hashed with its
+    place in the batch; pass a known content hash to :func:`factor_cache_key` instead where reading
+    the data set again is expensive.
+    """
     h = hashlib.sha256()
-    x = torch.as_tensor(images).detach().cpu().contiguous()
-    for arr in (
-        x.numpy(),
-        np.asarray(labels, dtype=np.int64),
-        np.asarray(np.arange(len(x)) if sample_indices is None else sample_indices, dtype=np.int64),
-    ):
+    if is_dataset(images):
+        source = sample_source(images, None, sample_indices, "factor cache key")
+        for _, batch in source.batches(256):
+            _update_with_batch(h, batch)
+        arrays = (np.asarray(source.indices, dtype=np.int64),)
+    else:
+        x = torch.as_tensor(images).detach().cpu().contiguous()
+        y = np.zeros(0) if labels is None else np.asarray(torch.as_tensor(labels).cpu().numpy())
+        arrays = (
+            x.numpy(),
+            y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y,
+            np.asarray(np.arange(len(x)) if sample_indices is None else sample_indices, dtype=np.int64),
+        )
+    for arr in arrays:
         a = np.ascontiguousarray(arr)
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
@@ -78,24 +119,34 @@ def data_sha256(
 
 def factor_cache_key(
     model: nn.Module,
-    images: torch.Tensor | np.ndarray,
-    labels: np.ndarray,
-    active_classes: np.ndarray,
+    images: torch.Tensor | np.ndarray | Dataset | DataLoader,
+    labels: np.ndarray | None,
+    active_classes: np.ndarray | None,
     settings: InfluenceSettings,
     sample_indices: np.ndarray | None = None,
     checkpoint_sha256: str | None = None,
+    task: Task | str | None = None,
+    data_hash: str | None = None,
 ) -> dict:
     """The cache key of factors fitted with these arguments (a JSON-able dict).
 
-    ``checkpoint_sha256`` (the checkpoint file's hash) replaces hashing the weights when given.
+    ``checkpoint_sha256`` (the checkpoint file's hash) replaces hashing the weights when given;
+    ``data_hash`` (e.g. the data set's content hash plus the indices used) replaces hashing the data.
+    A task other than classification over ``active_classes`` adds its :meth:`Task.key` as "task"
+    (keys of classification factors are unchanged).
     """
-    return {
+    resolved = resolve_task(task, active_classes)
+    key = {
         "checkpoint": checkpoint_sha256 or f"state_dict:{state_dict_sha256(model)}",
-        "data": data_sha256(images, labels, sample_indices),
+        "data": data_hash or data_sha256(images, labels, sample_indices),
         "layers": list(resolve_layers(model, settings)),
-        "active_classes": [int(c) for c in np.asarray(active_classes)],
+        "active_classes": None if active_classes is None else [int(c) for c in np.asarray(active_classes)],
         "settings": settings.factor_key(),
     }
+    default = isinstance(resolved, ClassificationTask) and resolved.output.key() == "logits"
+    if not default or active_classes is None:
+        key["task"] = resolved.key()
+    return key
 
 
 def check_key(stored: dict, expected: dict, path: str | Path) -> None:
@@ -153,6 +204,8 @@ def save_factors(path: str | Path, factors: InfluenceFactors, include_covariance
         "timings": json.dumps(factors.timings),
         "fit_settings": json.dumps(factors.fit_settings),
         "skipped": torch.as_tensor(np.asarray(factors.skipped, dtype=np.int64)),
+        "underflow": torch.as_tensor(np.asarray(factors.underflow, dtype=np.int64)),
+        "compute_dtype": factors.compute_dtype,
         "layers": layers,
     }
     # Through a file object: given a path, torch.save names the archive after the random temporary
@@ -196,6 +249,8 @@ def load_factors(path: str | Path, expected_key: dict | None = None) -> Influenc
             key,
             json.loads(obj["timings"]),
             json.loads(obj["fit_settings"]),
+            obj["underflow"].numpy().astype(np.int64) if "underflow" in obj else np.zeros(0, np.int64),
+            str(obj.get("compute_dtype", "")),
         )
     except Exception as exc:
         raise FactorCacheError(
@@ -210,12 +265,13 @@ def load_factors(path: str | Path, expected_key: dict | None = None) -> Influenc
 def load_or_fit_factors(
     path: str | Path,
     model: nn.Module,
-    images: torch.Tensor | np.ndarray,
-    labels: np.ndarray,
-    active_classes: np.ndarray,
+    images: torch.Tensor | np.ndarray | Dataset | DataLoader,
+    labels: np.ndarray | None,
+    active_classes: np.ndarray | None,
     settings: InfluenceSettings,
     sample_indices: np.ndarray | None = None,
     checkpoint_sha256: str | None = None,
+    task: Task | str | None = None,
     **fit_options,
 ) -> tuple[InfluenceFactors, bool]:
     """Factors from ``path`` if its key matches these inputs, else fitted and saved there.
@@ -225,14 +281,16 @@ def load_or_fit_factors(
     """
     from epochlens.influence.factors import fit_factors
 
-    key = factor_cache_key(model, images, labels, active_classes, settings, sample_indices, checkpoint_sha256)
+    key = factor_cache_key(
+        model, images, labels, active_classes, settings, sample_indices, checkpoint_sha256, task
+    )
     if Path(path).is_file():
         try:
             return load_factors(path, key), True
         except FactorCacheError:
             pass
     factors = fit_factors(
-        model, images, labels, active_classes, settings, sample_indices, key=key, **fit_options
+        model, images, labels, active_classes, settings, sample_indices, key=key, task=task, **fit_options
     )
     save_factors(path, factors)
     return factors, False

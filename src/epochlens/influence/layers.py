@@ -1,24 +1,34 @@
 """Which modules are tracked, and their per-sample inputs and output gradients.
 
-Tracked modules are ``nn.Linear`` and ``nn.Conv2d``. For one sample, a tracked layer sees inputs
+Tracked modules are ``nn.Linear``, ``nn.Conv2d`` and GPT-2's ``transformers.pytorch_utils.Conv1D`` (a
+Linear whose weight is stored transposed, (in, out)). For one sample, a tracked layer sees inputs
 a_t (in_dim,) at positions t = 1..T and the loss gradient of its outputs (pre-activations)
 ds_t (out,). Its weight gradient, bias appended as the last column, is
 
     G = Σ_t ds_t a_tᵀ                     (out, in_dim)
 
-* Linear: T = 1 (or the product of extra leading dimensions), a = [x, 1] if it has a bias.
+* Linear / Conv1D: T = 1 for inputs (B, d), T = the token dimension for (B, T, d) (or the product of
+  extra dimensions), a = [x, 1] if it has a bias. A task's position mask (B, T) (padding) zeroes the
+  positions that are not real tokens, in a and ds, so they enter no covariance and no gradient.
 * Conv2d: the KFC view (Grosse & Martens 2016): a_t is the unfolded input patch under output
   position t, flattened as (C_in, kh, kw), which is the order of ``weight.view(out, -1)``;
   T = H_out·W_out. Padding is zeros, as in the convolution.
+* A module called several times in one forward (recurrence), or several modules sharing one weight
+  (weight tying), form one layer whose positions are those of every call, concatenated: the weight's
+  gradient is the sum over calls, Σ_calls Σ_t ds_t a_tᵀ, and the covariances sum over calls (as
+  kronfluence does with ``has_shared_parameters``).
 
 Activations are captured by forward hooks; output gradients by ``torch.autograd.grad`` with the
-captured outputs as inputs, so no parameter ``.grad`` is touched.
+captured outputs as inputs, so no parameter ``.grad`` is touched. An output modified in place by the
+next operation (``ReLU(inplace=True)``) is detected after the forward; the hook then hands a copy to
+the rest of the network and keeps the original, whose gradient is the pre-activation gradient.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -28,18 +38,40 @@ from torch import nn
 from epochlens.errors import LayerSelectionError
 
 TRACKED_TYPES = (nn.Linear, nn.Conv2d)
+SUPPORTED = "nn.Linear, nn.Conv2d (groups=1, zero padding) and transformers' Conv1D (GPT-2)"
+
+
+def _conv1d_type() -> type | None:
+    """transformers' Conv1D if transformers is loaded (a model that holds one has imported it)."""
+    module = sys.modules.get("transformers.pytorch_utils")
+    return getattr(module, "Conv1D", None)
+
+
+def trackable(module: nn.Module) -> bool:
+    """Whether influence can track ``module`` (see :data:`SUPPORTED`)."""
+    conv1d = _conv1d_type()
+    return isinstance(module, TRACKED_TYPES) or (conv1d is not None and isinstance(module, conv1d))
 
 
 @dataclass
 class LayerInfo:
-    """A tracked module: name in ``model.named_modules()``, kind and gradient shape (out, in_dim)."""
+    """A tracked layer: name in ``model.named_modules()``, kind and gradient shape (out, in_dim).
+
+    Attributes:
+        aliases: other modules sharing this layer's weight (weight tying), tracked as one layer.
+        extra_modules: those modules.
+        note: e.g. a weight shared with a module that is not tracked.
+    """
 
     name: str
     module: nn.Module
-    kind: Literal["linear", "conv2d"]
+    kind: Literal["linear", "conv2d", "conv1d"]
     out_dim: int
     in_features: int  # inputs per position, without the bias column
     has_bias: bool
+    aliases: tuple[str, ...] = ()
+    extra_modules: tuple[nn.Module, ...] = field(default=(), repr=False)
+    note: str = ""
 
     @property
     def in_dim(self) -> int:
@@ -50,6 +82,18 @@ class LayerInfo:
     def num_params(self) -> int:
         return self.out_dim * self.in_dim
 
+    @property
+    def modules(self) -> tuple[nn.Module, ...]:
+        return (self.module, *self.extra_modules)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.module.weight
+
+
+def _has_wildcard(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
 
 def select_layers(
     model: nn.Module, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()
@@ -58,32 +102,113 @@ def select_layers(
 
     Args:
         model: the network.
-        include: patterns (``"fc"``, ``"layer4.*"``); empty: every Linear and Conv2d.
+        include: patterns (``"fc"``, ``"layer4.*"``); empty: every trackable module.
         exclude: patterns removed from the selection.
 
+    Modules sharing one weight are one layer (named after the first; the others are its aliases);
+    it is selected when any of them is and none is excluded.
+
     Raises:
-        LayerSelectionError: a pattern matching no trackable module, an empty selection, or a
-            selected Conv2d that the unfold view cannot represent (groups > 1, non-zero padding mode).
+        LayerSelectionError: a pattern matching no trackable module, a module named explicitly whose
+            type cannot be tracked (the supported types are listed), an empty selection, a selected
+            Conv2d that the unfold view cannot represent (groups > 1, non-zero padding mode), or
+            modules sharing a weight but not their bias.
     """
-    candidates = {n: m for n, m in model.named_modules() if isinstance(m, TRACKED_TYPES)}
+    named = dict(model.named_modules())
+    # nn.MultiheadAttention applies out_proj's weight with F.linear: the module never runs.
+    inert = {f"{n}.out_proj" for n, m in named.items() if isinstance(m, nn.MultiheadAttention)}
+    candidates = {n: m for n, m in named.items() if trackable(m) and n not in inert}
     if not candidates:
         raise LayerSelectionError(
-            f"{type(model).__name__} has no nn.Linear or nn.Conv2d module to track; influence "
-            "needs at least one."
+            f"{type(model).__name__} has no module that influence can track ({SUPPORTED}); it needs at "
+            "least one."
         )
     for pattern in include:
-        if not any(fnmatch.fnmatchcase(n, pattern) for n in candidates):
-            raise LayerSelectionError(
-                f"layer pattern {pattern!r} matches no Linear/Conv2d module; trackable modules are "
-                f"{_short(list(candidates))}. Fix influence layers in the config."
+        matched = [n for n in named if fnmatch.fnmatchcase(n, pattern)]
+        unsupported = [n for n in matched if n not in candidates]
+        explicit = not _has_wildcard(pattern) and pattern in named and pattern not in candidates
+        if explicit or (matched and not any(n in candidates for n in matched)):
+            types = sorted(
+                {
+                    "out_proj of nn.MultiheadAttention (applied with F.linear, never called)"
+                    if n in inert
+                    else type(named[n]).__name__
+                    for n in unsupported
+                }
             )
-    chosen = {}
+            children = [n for n in candidates if n.startswith(f"{unsupported[0]}.")] if unsupported else []
+            hint = (
+                f" Its trackable submodules are {_short(children)}: select them with '{unsupported[0]}.*'."
+                if children
+                else ""
+            )
+            raise LayerSelectionError(
+                f"layer pattern {pattern!r} names {_short(unsupported)} of type {'; '.join(types)}, which "
+                f"influence cannot track; the supported types are {SUPPORTED}.{hint} Fix influence "
+                "layers in the config."
+            )
+        if not matched:
+            raise LayerSelectionError(
+                f"layer pattern {pattern!r} matches no Linear/Conv2d module (nor Conv1D); trackable "
+                f"modules are {_short(list(candidates))}. Fix influence layers in the config."
+            )
+    groups: dict[int, list[str]] = {}
     for name, module in candidates.items():
-        if include and not any(fnmatch.fnmatchcase(name, p) for p in include):
+        groups.setdefault(id(module.weight), []).append(name)
+    owners: dict[int, list[str]] = {}  # every module holding a parameter directly
+    for name, module in named.items():
+        for p in module._parameters.values():
+            if p is not None:
+                owners.setdefault(id(p), []).append(name)
+
+    def selected(name: str) -> bool:
+        return (not include or any(fnmatch.fnmatchcase(name, p) for p in include)) and not any(
+            fnmatch.fnmatchcase(name, p) for p in exclude
+        )
+
+    chosen = {}
+    done: set[int] = set()
+    for name, module in candidates.items():
+        key = id(module.weight)
+        if key in done:
             continue
-        if any(fnmatch.fnmatchcase(name, p) for p in exclude):
+        done.add(key)
+        members = groups[key]
+        if not any(selected(n) for n in members) or any(
+            any(fnmatch.fnmatchcase(n, p) for p in exclude) for n in members
+        ):
             continue
-        chosen[name] = _describe(name, module)
+        info = _describe(name, module)
+        if len(members) > 1:
+            others = [candidates[n] for n in members[1:]]
+            for other_name, other in zip(members[1:], others, strict=True):
+                described = _describe(other_name, other)
+                same_bias = getattr(other, "bias", None) is getattr(module, "bias", None)
+                if (described.kind, described.out_dim, described.in_features) != (
+                    info.kind,
+                    info.out_dim,
+                    info.in_features,
+                ) or not same_bias:
+                    raise LayerSelectionError(
+                        f"layers {name!r} and {other_name!r} share a weight but not their bias (or their "
+                        "shape); influence treats tied modules as one layer, which needs both tied. "
+                        "Exclude one of them with influence exclude_layers."
+                    )
+            info.aliases = tuple(members[1:])
+            info.extra_modules = tuple(others)
+        untracked = sorted(
+            {
+                n
+                for p in (module.weight, getattr(module, "bias", None))
+                if p is not None
+                for n in owners.get(id(p), [])
+                if n not in members
+            }
+        )
+        if untracked:
+            kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in untracked)
+            info.note = f"weight shared with {kinds}, not tracked: the gradient through it is not included"
+        chosen[name] = info
     if not chosen:
         raise LayerSelectionError(
             f"the layer selection (include {list(include)}, exclude {list(exclude)}) leaves no layer "
@@ -96,6 +221,9 @@ def _describe(name: str, module: nn.Module) -> LayerInfo:
     has_bias = getattr(module, "bias", None) is not None
     if isinstance(module, nn.Linear):
         return LayerInfo(name, module, "linear", module.out_features, module.in_features, has_bias)
+    if not isinstance(module, nn.Conv2d):  # GPT-2 Conv1D: weight (nx, nf)
+        nx, nf = module.weight.shape
+        return LayerInfo(name, module, "conv1d", int(nf), int(nx), has_bias)
     if module.groups != 1:
         raise LayerSelectionError(
             f"layer {name!r}: Conv2d with groups={module.groups} is not supported by the KFC factors; "
@@ -128,8 +256,18 @@ def _conv_padding(module: nn.Conv2d) -> tuple[int, int, int, int]:
     return (pw, pw, ph, ph)
 
 
-def layer_inputs(info: LayerInfo, x: torch.Tensor) -> torch.Tensor:
-    """Per-position inputs (B, T, in_dim) of a layer given its input ``x``, bias column last."""
+def _token_mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The (B, T) mask if ``x`` is (B, T, d) with the mask's T positions, else None (no token dimension)."""
+    if mask is None or x.ndim != 3 or tuple(x.shape[:2]) != tuple(mask.shape):
+        return None
+    return mask
+
+
+def layer_inputs(info: LayerInfo, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-position inputs (B, T, in_dim) of a layer given its input ``x``, bias column last.
+
+    ``mask`` (B, T) bool zeroes the positions that are not real tokens when ``x`` is (B, T, d).
+    """
     m = info.module
     if info.kind == "conv2d":
         # Patches as a strided view, copied once: F.unfold's parallel im2col is up to 1000x slower
@@ -139,18 +277,42 @@ def layer_inputs(info: LayerInfo, x: torch.Tensor) -> torch.Tensor:
         p = x.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)  # (B, C, Ho, Wo, ., .)
         p = p[..., ::dh, ::dw]  # (B, C, Ho, Wo, kh, kw)
         a = p.permute(0, 2, 3, 1, 4, 5).reshape(x.shape[0], p.shape[2] * p.shape[3], -1)
+        token = None
     else:
+        token = _token_mask(x, mask)
         a = x.reshape(x.shape[0], -1, x.shape[-1])
     if info.has_bias:
         a = torch.cat([a, a.new_ones(a.shape[0], a.shape[1], 1)], dim=2)
+    if token is not None:
+        a = a * token[:, :, None].to(a.dtype)
     return a
 
 
-def layer_output_grads(info: LayerInfo, ds: torch.Tensor) -> torch.Tensor:
-    """Output gradients as (B, T, out) from the module's output-shaped gradient."""
+def layer_output_grads(info: LayerInfo, ds: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Output gradients as (B, T, out) from the module's output-shaped gradient (masked as the inputs)."""
     if info.kind == "conv2d":
         return ds.flatten(2).transpose(1, 2)
-    return ds.reshape(ds.shape[0], -1, ds.shape[-1])
+    token = _token_mask(ds, mask)
+    ds = ds.reshape(ds.shape[0], -1, ds.shape[-1])
+    if token is not None:
+        ds = ds * token[:, :, None].to(ds.dtype)
+    return ds
+
+
+def layer_positions(info: LayerInfo, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Positions per sample (B,) float64 that enter the activation covariance (real tokens only)."""
+    if info.kind == "conv2d":
+        m = info.module
+        x = F.pad(x[:, :1, :, :], _conv_padding(m))
+        (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+        ho = (x.shape[2] - (kh - 1) * dh - 1) // sh + 1
+        wo = (x.shape[3] - (kw - 1) * dw - 1) // sw + 1
+        return torch.full((x.shape[0],), float(ho * wo), dtype=torch.float64, device=x.device)
+    token = _token_mask(x, mask)
+    if token is not None:
+        return token.sum(1).to(torch.float64)
+    t = x[0].numel() // x.shape[-1] if x.shape[0] else 0
+    return torch.full((x.shape[0],), float(t), dtype=torch.float64, device=x.device)
 
 
 def per_sample_gradient(a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
@@ -176,7 +338,11 @@ def rotated_gradient(a: torch.Tensor, ds: torch.Tensor, qs: torch.Tensor, qa: to
 def gradient_to_parameters(info: LayerInfo, g: torch.Tensor) -> dict[str, torch.Tensor]:
     """Split gradient matrices (..., out, in_dim) into the module's ``weight`` and ``bias`` shapes."""
     lead = g.shape[:-2]
-    weight = g[..., : info.in_features].reshape(*lead, *info.module.weight.shape)
+    w = g[..., : info.in_features]
+    if info.kind == "conv1d":  # weight stored (in, out)
+        weight = w.transpose(-1, -2).reshape(*lead, *info.module.weight.shape)
+    else:
+        weight = w.reshape(*lead, *info.module.weight.shape)
     out = {"weight": weight}
     if info.has_bias:
         out["bias"] = g[..., info.in_features]
@@ -184,24 +350,29 @@ def gradient_to_parameters(info: LayerInfo, g: torch.Tensor) -> dict[str, torch.
 
 
 class ActivationCapture:
-    """Forward hooks recording each tracked layer's input (detached) and output, one forward at a time.
+    """Forward hooks recording every call of each tracked layer: its input (detached) and output.
 
     Use as a context manager around forwards; :meth:`check` after a forward verifies that every
-    tracked layer ran exactly once and that no output was modified in place afterwards (whose
-    gradient would then be that of another tensor).
+    tracked layer ran, with the samples along the first dimension, and returns the layers whose
+    output (or input) was modified in place after the call (``ReLU(inplace=True)``): their hooks then
+    hand a copy to the network and keep the original (set :attr:`decoupled`; the forward is redone).
+
+    Attributes:
+        calls: layer name -> [(input (detached), output), ...] in call order.
+        decoupled: layers whose hooks copy (see above).
     """
 
     def __init__(self, layers: dict[str, LayerInfo]) -> None:
         self.layers = layers
-        self.inputs: dict[str, torch.Tensor] = {}
-        self.outputs: dict[str, torch.Tensor] = {}
-        self._versions: dict[str, int] = {}
-        self._calls: dict[str, int] = {}
+        self.calls: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._versions: dict[str, list[tuple[int, int]]] = {}
+        self.decoupled: set[str] = set()
         self._handles: list = []
 
     def __enter__(self) -> ActivationCapture:
         for name, info in self.layers.items():
-            self._handles.append(info.module.register_forward_hook(self._hook(name)))
+            for module in info.modules:
+                self._handles.append(module.register_forward_hook(self._hook(name), with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -211,36 +382,48 @@ class ActivationCapture:
         self.clear()
 
     def _hook(self, name: str):
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            self._calls[name] = self._calls.get(name, 0) + 1
-            self.inputs[name] = args[0].detach()
-            self.outputs[name] = output
-            self._versions[name] = output._version
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor | None:
+            x = args[0] if args else next(iter(kwargs.values()), None)
+            if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor):
+                raise LayerSelectionError(
+                    f"layer {name!r}: its input or output is not a tensor; exclude it with influence "
+                    "exclude_layers."
+                )
+            if name in self.decoupled:
+                self.calls.setdefault(name, []).append((x.detach().clone(), output))
+                self._versions.setdefault(name, []).append((-1, -1))
+                return output.clone()
+            self.calls.setdefault(name, []).append((x.detach(), output))
+            self._versions.setdefault(name, []).append((x._version, output._version))
+            return None
 
         return hook
 
     def clear(self) -> None:
-        self.inputs.clear()
-        self.outputs.clear()
+        self.calls.clear()
         self._versions.clear()
-        self._calls.clear()
 
-    def check(self) -> None:
+    def check(self, batch_size: int) -> set[str]:
+        """Raise for layers that cannot be read; return those modified in place (to decouple)."""
+        modified = set()
         for name in self.layers:
-            calls = self._calls.get(name, 0)
-            if calls != 1:
-                what = "never ran" if calls == 0 else f"ran {calls} times (a shared module)"
+            calls = self.calls.get(name, [])
+            if not calls:
                 raise LayerSelectionError(
-                    f"layer {name!r} {what} in one forward pass; per-sample gradients need each "
-                    "tracked layer to run once. Exclude it with influence exclude_layers."
+                    f"layer {name!r} never ran in the forward pass (the model calls its weight through "
+                    "another path, e.g. F.linear); exclude it with influence exclude_layers."
                 )
-            if self.outputs[name]._version != self._versions[name]:
-                raise LayerSelectionError(
-                    f"layer {name!r}: its output is modified in place by the next operation (e.g. "
-                    "ReLU(inplace=True) directly after it), so its gradient cannot be read. Use "
-                    "inplace=False there, or exclude the layer."
-                )
-            if not self.outputs[name].requires_grad:
-                raise LayerSelectionError(
-                    f"layer {name!r}: its output does not require grad (is it under torch.no_grad()?)."
-                )
+            for (x, out), (vx, vo) in zip(calls, self._versions[name], strict=True):
+                if x.shape[0] != batch_size or out.shape[0] != batch_size:
+                    raise LayerSelectionError(
+                        f"layer {name!r} received {x.shape[0]} rows for a batch of {batch_size} samples "
+                        "(the model reshapes samples together, e.g. to (batch x tokens, features)); "
+                        "per-sample gradients need the samples along the first dimension. Exclude it."
+                    )
+                if not out.requires_grad:
+                    raise LayerSelectionError(
+                        f"layer {name!r}: its output does not require grad (is it under torch.no_grad()?)."
+                    )
+                if vo >= 0 and (out._version != vo or x._version != vx):
+                    modified.add(name)
+        return modified

@@ -8,11 +8,20 @@ For a layer with gradient matrices G (out, in_dim) and eigenvalues Λ (out, in_d
 
 and the quadratic form Gᵀ P G = Σ (Q_Sᵀ G Q_A)² / (Λ + λ) needs no rotation back. Building a
 :class:`Preconditioner` resolves every layer's damping (refusals, ladder) and its diagnostics row.
+
+Conditioning against the forward pass's precision: the gradients and the factors come from a forward
+and backward pass in the compute dtype, so directions of the curvature below ~eps·max(Λ) of that dtype
+(float32: eps = 1.2e-7) are rounding noise, whatever precision the solve runs in. A layer whose
+condition number (max Λ + λ)/(min Λ + λ) at the chosen damping exceeds 1/eps of the forward dtype
+(float32: 8.4e6) amplifies that noise: it is warned about and recorded (diagnostics columns
+``forward_dtype``, ``cond_limit`` = 1/eps, ``safe_damping``: the damping setting, in the configured
+mode's units, that brings the condition number down to cond_limit/10, and a note).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import pandas as pd
 import torch
@@ -37,8 +46,37 @@ DIAGNOSTIC_COLUMNS = (
     "activation_min_raw",
     "gradient_min_raw",
     "solver",
+    "forward_dtype",
+    "cond_limit",
+    "safe_damping",
     "note",
 )
+
+_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def condition_limit(dtype: torch.dtype) -> float:
+    """1/eps of ``dtype``: the largest condition number whose smallest direction is above rounding."""
+    return 1.0 / float(torch.finfo(dtype).eps)
+
+
+def safe_damping(eig: torch.Tensor, limit: float, mode: str) -> float:
+    """The damping setting (``mode`` units) that gives (max + λ)/(min + λ) = ``limit``/10; 0 if none needed.
+
+    λ = (M − K m)/(K − 1) with K = limit/10; relative mode divides by the mean eigenvalue.
+    """
+    k = limit / 10.0
+    big, small = float(eig.max()), float(eig.min())
+    lam = max(0.0, (big - k * small) / (k - 1.0))
+    if mode == "relative":
+        mean = float(eig.mean())
+        return lam / mean if mean > 0 else math.nan
+    return lam
 
 
 class Preconditioner:
@@ -48,9 +86,21 @@ class Preconditioner:
         factors: fitted factors (their method decides the preconditioner).
         settings: damping, ladder and precondition dtype (their method must equal the factors').
         device: where solves run.
+        forward_dtype: dtype of the forward/backward that produces the gradients to precondition
+            (None: the factors' compute dtype, if recorded). The coarser of it and the factors'
+            compute dtype sets the condition-number limit (see the module doc).
+        layer_notes: layer name -> a note for its diagnostics row (e.g. a weight tied to an
+            untracked module).
     """
 
-    def __init__(self, factors: InfluenceFactors, settings: InfluenceSettings, device: torch.device) -> None:
+    def __init__(
+        self,
+        factors: InfluenceFactors,
+        settings: InfluenceSettings,
+        device: torch.device,
+        forward_dtype: torch.dtype | None = None,
+        layer_notes: dict[str, str] | None = None,
+    ) -> None:
         if settings.method != factors.method:
             raise InfluenceError(
                 f"the factors were fitted for method {factors.method!r}, the settings ask for "
@@ -63,6 +113,11 @@ class Preconditioner:
         self.device = device
         self._inverse: dict[str, torch.Tensor] = {}
         self._rot: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        layer_notes = layer_notes or {}
+        dtypes = [d for d in (forward_dtype, _DTYPES.get(getattr(factors, "compute_dtype", ""))) if d]
+        coarse = max(dtypes, key=lambda d: torch.finfo(d).eps) if dtypes else None
+        limit = condition_limit(coarse) if coarse is not None else math.nan
+        ill = []
         rows = []
         for name, lf in factors.layers.items():
             row = dict.fromkeys(DIAGNOSTIC_COLUMNS, math.nan)
@@ -77,6 +132,8 @@ class Preconditioner:
                 activation_min_raw=lf.min_raw.get("A", math.nan),
                 gradient_min_raw=lf.min_raw.get("S", math.nan),
                 solver="; ".join(f"{k}: {v}" for k, v in lf.solver.items()),
+                forward_dtype=str(coarse).replace("torch.", "") if coarse is not None else "",
+                cond_limit=limit,
                 note="",
             )
             eig = lf.eigenvalues(self.method)
@@ -92,16 +149,37 @@ class Preconditioner:
                         lf.gradient_vectors.to(device=device, dtype=self.dtype),
                         lf.activation_vectors.to(device=device, dtype=self.dtype),
                     )
+                cond = condition_number(eig, damped.damping)
+                notes = [note, damped.note, layer_notes.get(name, "")]
+                safe = safe_damping(eig, limit, settings.damping_mode) if math.isfinite(limit) else math.nan
+                if math.isfinite(limit) and cond > limit:
+                    notes.append(
+                        f"condition number {cond:.3g} above 1/eps of the {row['forward_dtype']} forward "
+                        f"({limit:.3g}); damping >= {safe:.3g} ({settings.damping_mode}) is safe"
+                    )
+                    ill.append((name, cond, safe))
                 row.update(
-                    cond=condition_number(eig, damped.damping),
+                    cond=cond,
                     min_eig=float(eig.min()),
                     max_eig=float(eig.max()),
                     damping=damped.damping,
                     damping_steps=damped.steps,
-                    note="; ".join(s for s in (note, damped.note) if s),
+                    safe_damping=safe,
+                    note="; ".join(s for s in notes if s),
                 )
+            elif layer_notes.get(name):
+                row["note"] = layer_notes[name]
             rows.append(row)
         self.diagnostics = pd.DataFrame(rows, columns=list(DIAGNOSTIC_COLUMNS))
+        if ill:
+            detail = "; ".join(f"{n!r}: {c:.3g}, safe damping >= {sd:.3g}" for n, c, sd in ill)
+            warnings.warn(
+                f"influence: {len(ill)} layer(s) have a condition number above 1/eps of the "
+                f"{str(coarse).replace('torch.', '')} forward pass ({limit:.3g}) at the chosen damping, so "
+                f"their smallest curvature directions are rounding noise of the gradients ({detail}; "
+                f"{settings.damping_mode} damping). Raise influence damping to at least that value.",
+                stacklevel=4,
+            )
 
     def apply(self, name: str, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
         """P G (B, out, in_dim) for G = Σ_t ds_t a_tᵀ, a (B, T, in_dim), ds (B, T, out)."""
@@ -132,7 +210,9 @@ def factor_diagnostics(factors: InfluenceFactors, settings: InfluenceSettings | 
     undamped curvature: Λ_S Λ_Aᵀ for kfac, corrected for ekfac, the diagonal for diagonal; NaN for
     identity), damping (λ used), damping_steps (ladder steps), kind, out_dim, in_dim, n_samples,
     activation_min_raw / gradient_min_raw (smallest eigenvalue of A / S before clamping), solver
-    (eigensolver per factor, with any fallbacks), note (why λ differs from the configured one).
+    (eigensolver per factor, with any fallbacks), forward_dtype / cond_limit / safe_damping (the
+    forward pass's precision, 1/eps of it, and the damping that keeps cond at cond_limit/10), note
+    (why λ differs from the configured one; a condition number above cond_limit).
     """
     settings = settings or factors.settings()
     return Preconditioner(factors, settings, torch.device("cpu")).diagnostics

@@ -1,7 +1,8 @@
 """Influence scores: pairwise (queries x training samples) and self-influence, batched.
 
-With g the gradient of a sample's loss (its own label; the per-sample cross-entropy over the
-active classes, model in eval mode) with respect to the tracked layers' weights and biases, and
+With g the gradient of a sample's loss (its own targets; the task's per-sample loss, by default the
+cross-entropy over the active classes, model in eval mode) with respect to the tracked layers'
+weights and biases, g_q that of a query's measurement (the task's, by default its loss), and
 P = (G + λI)⁻¹ the damped inverse curvature of the mean training loss (block-diagonal over layers,
 see :mod:`epochlens.influence.precondition`):
 
@@ -12,48 +13,63 @@ sample "helps" the query under the label the query is given; pass the predicted 
 which samples support a prediction). Self-influence is >= 0; it is large for samples the model
 finds surprising, such as mislabeled or poisoned ones.
 
-Memory is bounded by batching: queries are preconditioned ``query_batch_size`` at a time
-(query_batch_size x num_params numbers held), and for each query batch the training gradients are
-recomputed ``train_batch_size`` at a time, one layer's matrices at a time. Pairwise costs
-ceil(Q / query_batch_size) passes over the training set.
+Pairwise cost and memory: every query's preconditioned gradient P g_q is computed first
+(``query_batch_size`` at a time) and kept; then one pass over the training set computes each
+training batch's gradients once, for all queries. Memory rule: the kept gradients take
+Q x Σ_layers out·in_dim numbers of the precondition dtype (8 bytes for float64; with
+``query_gradient_rank`` r, Σ_layers min(out·in_dim, r·(out + in_dim)) per query). When that exceeds
+``query_memory_gb``, queries are processed in groups that fit, one training pass per group. Example:
+ResNet-18 (11.2 M parameters) x 100 queries in float64 is 9 GB: five passes with the default 2 GiB,
+or one pass with query_gradient_rank 32 (~50 MB, approximate scores).
 
 Samples with NaN/Inf gradients (or a non-finite solve) get NaN scores and are reported by global
-index; samples whose label is not an active class get NaN and are not computed.
+index; samples whose gradients vanished in the compute dtype (underflow) get NaN and are reported
+apart; samples the task cannot score (a label that is not an active class) get NaN and are not
+computed.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
+from epochlens.batches import SampleSource
 from epochlens.device import model_device
 from epochlens.errors import FactorCacheError
 from epochlens.influence.factors import (
     InfluenceFactors,
     LayerFactors,
-    _check_inputs,
     _report_skipped,
-    check_active_classes,
+    _report_vanished,
+    data_source,
     resolve_layers,
+    resolve_task,
 )
 from epochlens.influence.gradients import (
     BatchBackprop,
     forward_backprop,
-    prepare_model,
+    prepared_model,
     resolve_compute_dtype,
+    task_batches,
 )
-from epochlens.influence.layers import ActivationCapture
+from epochlens.influence.layers import ActivationCapture, per_sample_gradient
 from epochlens.influence.precondition import Preconditioner
 from epochlens.influence.settings import InfluenceSettings
-from epochlens.models.layers import check_finite_weights
-from epochlens.models.networks import positions_in
 from epochlens.progress import progress_bar
+from epochlens.tasks import Task
+
+Data = torch.Tensor | np.ndarray | Dataset | DataLoader
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, np.int64)
 
 
 @dataclass
@@ -61,15 +77,21 @@ class PairwiseScores:
     """Pairwise influence.
 
     Attributes:
-        scores: (Q, N) float64, scores[q, n] = g_qᵀ P g_n; NaN for skipped or inactive samples.
+        scores: (Q, N) float64, scores[q, n] = g_qᵀ P g_n; NaN for skipped, vanished or unscorable samples.
         query_skipped, train_skipped: int64 global indices of samples with NaN/Inf gradients.
         diagnostics: per-layer conditioning table (see :func:`factor_diagnostics`).
+        query_underflow, train_underflow: int64 global indices of samples whose gradients vanished in
+            the compute dtype (NaN scores, not 0).
+        passes: passes over the training set (1 unless the queries did not fit in query_memory_gb).
     """
 
     scores: np.ndarray
     query_skipped: np.ndarray
     train_skipped: np.ndarray
     diagnostics: pd.DataFrame
+    query_underflow: np.ndarray = field(default_factory=_empty)
+    train_underflow: np.ndarray = field(default_factory=_empty)
+    passes: int = 0
 
 
 @dataclass
@@ -77,31 +99,32 @@ class SelfScores:
     """Self-influence.
 
     Attributes:
-        scores: (N,) float64, g_nᵀ P g_n; NaN for skipped or inactive samples.
-        losses: (N,) float64 per-sample cross-entropy (nats), NaN where not computed.
+        scores: (N,) float64, g_nᵀ P g_n; NaN for skipped, vanished or unscorable samples.
+        losses: (N,) float64 per-sample task loss (nats for cross-entropy), NaN where not computed.
         skipped: int64 global indices of samples with NaN/Inf gradients or a non-finite solve.
         diagnostics: per-layer conditioning table.
+        underflow: int64 global indices of samples whose gradients vanished in the compute dtype.
     """
 
     scores: np.ndarray
     losses: np.ndarray
     skipped: np.ndarray
     diagnostics: pd.DataFrame
+    underflow: np.ndarray = field(default_factory=_empty)
 
 
 class _Engine:
-    """A prepared model copy that yields per-sample backprops of batches (true labels)."""
+    """The model prepared in place (restored on exit), hooks, preconditioner; yields batch backprops."""
 
     def __init__(
         self,
         model: nn.Module,
         settings: InfluenceSettings,
-        active_classes: np.ndarray,
+        task: Task,
         device: str | torch.device | None,
         factors: InfluenceFactors | None,
     ) -> None:
-        self.settings = settings
-        self.active = check_active_classes(active_classes)
+        self.settings, self.task, self.model = settings, task, model
         layers = resolve_layers(model, settings)
         if factors is not None and list(factors.layers) != list(layers):
             raise _mismatch(list(factors.layers), list(layers))
@@ -116,34 +139,32 @@ class _Engine:
                 0,
             )
         self.device = model_device(model, device)
-        dtype = resolve_compute_dtype(model, settings.compute_dtype)
-        self.dtype = dtype
-        self.net, self.layers = prepare_model(model, layers, self.device, dtype)
-        check_finite_weights(self.net)
-        self.active_idx = torch.as_tensor(self.active, device=self.device)
-        self.pre = Preconditioner(factors, settings, self.device)
+        self.dtype = resolve_compute_dtype(model, settings.compute_dtype)
+        self.layers = layers
+        notes = {n: i.note for n, i in layers.items() if i.note}
+        self.pre = Preconditioner(factors, settings, self.device, self.dtype, notes)
+
+    def __enter__(self) -> _Engine:
+        self._prepared = prepared_model(self.model, self.layers, self.device, self.dtype)
+        self.net = self._prepared.__enter__()
+        self.capture = ActivationCapture(self.layers).__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.capture.__exit__(*exc)
+        self._prepared.__exit__(*exc)
 
     def batches(
-        self,
-        images: torch.Tensor,
-        labels: np.ndarray,
-        indices: np.ndarray,
-        batch_size: int,
-        desc: str,
-        progress: bool,
+        self, source: SampleSource, batch_size: int, mode: str, desc: str, progress: bool
     ) -> Iterator[tuple[np.ndarray, BatchBackprop]]:
-        """(rows, backprop) per batch; rows are positions in ``images`` with an active label."""
-        targets = positions_in(labels, self.active)
-        rows = np.flatnonzero(targets >= 0)
-        bar = progress_bar(total=len(rows), unit="sample", disable=not progress, desc=desc, leave=False)
-        with ActivationCapture(self.layers) as capture:
-            for start in range(0, len(rows), batch_size):
-                sel = rows[start : start + batch_size]
-                x = images[torch.as_tensor(sel)].to(device=self.device, dtype=self.dtype)
-                y = torch.as_tensor(targets[sel], device=self.device)
-                bp = forward_backprop(self.net, capture, x, y, self.active_idx, "empirical", 0, indices[sel])
-                yield sel, bp
-                bar.update(len(sel))
+        """(positions in ``source``, backprop) per batch of scorable samples."""
+        bar = progress_bar(total=len(source), unit="sample", disable=not progress, desc=desc, leave=False)
+        for pos, inputs, targets in task_batches(source, self.task, batch_size, self.device, self.dtype):
+            bp = forward_backprop(
+                self.net, self.capture, self.task, inputs, targets, mode, 0, source.indices[pos]
+            )
+            yield pos, bp
+            bar.update(len(pos))
         bar.close()
 
     def gradients(self, bp: BatchBackprop, name: str, ok: torch.Tensor) -> torch.Tensor:
@@ -169,160 +190,274 @@ def _settings(factors: InfluenceFactors | None, settings: InfluenceSettings | No
     return factors.settings()
 
 
+class _QueryGradients:
+    """Preconditioned query gradients held for one pass over the training set: full or low rank.
+
+    Per layer either P g_q (Q, out, in_dim), or (L (Q, out, r), R (Q, r, in_dim)) with L R the best
+    rank-r approximation of P g_q (truncated SVD).
+    """
+
+    def __init__(self, layers: dict, rank: int | None, dtype: torch.dtype, memory_gb: float) -> None:
+        self.rank = rank
+        self.positions: list[np.ndarray] = []
+        self.parts: dict[str, list] = {n: [] for n in layers}
+        self.low_rank = {
+            n: rank is not None and rank * (i.out_dim + i.in_dim) < i.out_dim * i.in_dim
+            for n, i in layers.items()
+        }
+        itemsize = torch.finfo(dtype).bits // 8
+        per_query = sum(
+            rank * (i.out_dim + i.in_dim) if self.low_rank[n] else i.out_dim * i.in_dim
+            for n, i in layers.items()
+        )
+        self.bytes_per_query = per_query * itemsize
+        self.capacity = max(1, int(memory_gb * 2**30 // max(self.bytes_per_query, 1)))
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.positions)
+
+    def add(self, positions: np.ndarray, pq: dict[str, torch.Tensor]) -> None:
+        self.positions.append(positions)
+        for n, g in pq.items():
+            if self.low_rank[n]:
+                u, s, vh = torch.linalg.svd(g, full_matrices=False)
+                r = self.rank
+                self.parts[n].append((u[:, :, :r] * s[:, None, :r], vh[:, :r, :]))
+            else:
+                self.parts[n].append(g)
+
+    def take(self) -> tuple[np.ndarray, dict]:
+        """All held queries (positions, per-layer tensors), and empty the store."""
+        pos = np.concatenate(self.positions)
+        out = {}
+        for n, parts in self.parts.items():
+            if self.low_rank[n]:
+                out[n] = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            else:
+                out[n] = torch.cat(parts)
+            parts.clear()
+        self.positions.clear()
+        return pos, out
+
+
+def _pair_block(held, bp: BatchBackprop, name: str, ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(Q, B') scores of one layer: ⟨P g_q, g_n⟩ for held queries and the batch's usable samples."""
+    if isinstance(held, tuple):  # low rank: <L R, Σ_t ds_t a_tᵀ> = Σ_t (Lᵀ ds_t)·(R a_t)
+        left, right = held
+        (a, ds), *_ = bp.factored(name, dtype, rows=ok)
+        q, t = left.shape[0], a.shape[1]
+        r, n_out, n_in = left.shape[2], left.shape[1], right.shape[2]
+        if q * t * r * (n_out + n_in) <= t * n_out * n_in + q * n_out * n_in * r:
+            pl = torch.einsum("qor,bto->qbtr", left, ds)
+            pr = torch.einsum("qri,bti->qbtr", right, a)
+            return (pl * pr).sum((2, 3))
+        g = per_sample_gradient(a, ds)  # (B', out, in)
+        gr = torch.einsum("boi,qri->qbor", g, right)
+        return (gr * left[:, None]).sum((2, 3))
+    g = bp.gradients(name, dtype, rows=ok)[0]
+    return held.flatten(1) @ g.flatten(1).T
+
+
 def pairwise_influence(
     model: nn.Module,
     factors: InfluenceFactors | None,
-    train_images: torch.Tensor | np.ndarray,
-    train_labels: np.ndarray,
-    query_images: torch.Tensor | np.ndarray,
-    query_labels: np.ndarray,
-    active_classes: np.ndarray,
+    train_images: Data,
+    train_labels: np.ndarray | torch.Tensor | None = None,
+    query_images: Data | None = None,
+    query_labels: np.ndarray | torch.Tensor | None = None,
+    active_classes: np.ndarray | None = None,
     settings: InfluenceSettings | None = None,
     train_indices: np.ndarray | None = None,
     query_indices: np.ndarray | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
+    task: Task | str | None = None,
 ) -> PairwiseScores:
     """Influence of every training sample on every query: scores (Q, N), g_qᵀ P g_n.
 
     Args:
-        model: the checkpoint's model (a copy in eval mode is used).
+        model: the checkpoint's model (used in place, in eval mode; restored afterwards).
         factors: fitted factors of this model (None for the identity method).
-        train_images: (N, ...) normalised inputs; train_labels: (N,) class ids.
-        query_images: (Q, ...); query_labels: (Q,) the labels whose loss the queries measure.
-        active_classes: class ids the model was trained on.
-        settings: damping, batch sizes, dtypes; default: the factors' method with default damping.
-            Its layer selection must be the one the factors were fitted with.
+        train_images: (N, ...) in-memory inputs, or a Dataset/DataLoader (then train_labels None).
+        train_labels: (N,) targets of in-memory inputs (class ids for classification).
+        query_images, query_labels: the queries, likewise; the labels (targets) are those whose
+            loss (the task's measurement) the queries measure.
+        active_classes: class ids of a classification task (None: all); ignored with ``task``.
+        settings: damping, batch sizes, query memory, dtypes; default: the factors' method with default
+            damping. Its layer selection must be the one the factors were fitted with.
         train_indices, query_indices: global indices for reports (default arange).
         device: compute device (None: the model's).
         progress: tqdm bars.
+        task: the loss (see :mod:`epochlens.tasks`); None: classification over ``active_classes``.
 
     Returns:
         :class:`PairwiseScores`.
     """
     settings = _settings(factors, settings)
-    train_images, query_images = torch.as_tensor(train_images), torch.as_tensor(query_images)
-    train_labels, query_labels = np.asarray(train_labels), np.asarray(query_labels)
-    train_indices = np.arange(len(train_images)) if train_indices is None else np.asarray(train_indices)
-    query_indices = np.arange(len(query_images)) if query_indices is None else np.asarray(query_indices)
-    _check_inputs(train_images, train_labels, train_indices, "pairwise_influence (train)")
-    _check_inputs(query_images, query_labels, query_indices, "pairwise_influence (queries)")
-    eng = _Engine(model, settings, active_classes, device, factors)
-    scores = np.full((len(query_images), len(train_images)), np.nan)
+    task = resolve_task(task, active_classes)
+    if query_images is None:
+        raise ValueError("pairwise_influence needs queries (query_images)")
+    train = data_source(train_images, train_labels, train_indices, task, "pairwise_influence (train)")
+    queries = data_source(query_images, query_labels, query_indices, task, "pairwise_influence (queries)")
+    scores = np.full((len(queries), len(train)), np.nan)
     q_skipped: list[int] = []
+    q_vanished: list[int] = []
     n_skipped: list[int] = []
-    first = True
-    for qsel, qbp in eng.batches(
-        query_images, query_labels, query_indices, settings.query_batch_size, "queries", progress
-    ):
-        ok_q = qbp.valid.clone()
-        pq = {n: eng.pre.apply(n, *qbp.factored(n, eng.pre.dtype, rows=ok_q)[0]) for n in eng.layers}
-        solved = torch.ones(int(ok_q.sum()), dtype=torch.bool, device=eng.device)
-        for v in pq.values():
-            solved &= torch.isfinite(v).flatten(1).all(1)
-        if not bool(solved.all()):
-            ok_q[ok_q.clone()] = solved
-            pq = {n: v[solved] for n, v in pq.items()}
-        ok_q_np = ok_q.cpu().numpy()
-        q_skipped += query_indices[qsel][~ok_q_np].tolist()
-        if not ok_q_np.any():
-            continue
-        for nsel, nbp in eng.batches(
-            train_images, train_labels, train_indices, settings.train_batch_size, "train", progress
-        ):
-            ok_n = nbp.valid
-            ok_n_np = ok_n.cpu().numpy()
-            if first:
-                n_skipped += train_indices[nsel][~ok_n_np].tolist()
-            if not ok_n_np.any():
-                continue
-            block = None
-            for n in eng.layers:
-                part = torch.einsum("qoi,boi->qb", pq[n], eng.gradients(nbp, n, ok_n))
-                block = part if block is None else block + part
-            scores[np.ix_(qsel[ok_q_np], nsel[ok_n_np])] = block.cpu().to(torch.float64).numpy()
-        first = False
+    n_vanished: list[int] = []
+    passes = 0
+    with _Engine(model, settings, task, device, factors) as eng:
+        held = _QueryGradients(
+            eng.layers, settings.query_gradient_rank, eng.pre.dtype, settings.query_memory_gb
+        )
+
+        def score_held() -> None:
+            nonlocal passes
+            qpos, pq = held.take()
+            for npos, nbp in eng.batches(train, settings.train_batch_size, "loss", "train", progress):
+                ok_n = nbp.usable
+                if passes == 0:
+                    n_skipped.extend(train.indices[npos][~nbp.valid.cpu().numpy()].tolist())
+                    n_vanished.extend(train.indices[npos][nbp.vanished.cpu().numpy()].tolist())
+                ok_n_np = ok_n.cpu().numpy()
+                if not ok_n_np.any():
+                    continue
+                block = None
+                for n in eng.layers:
+                    part = _pair_block(pq[n], nbp, n, ok_n, eng.pre.dtype)
+                    block = part if block is None else block + part
+                scores[np.ix_(qpos, npos[ok_n_np])] = block.cpu().to(torch.float64).numpy()
+            passes += 1
+
+        for qpos, qbp in eng.batches(queries, settings.query_batch_size, "measurement", "queries", progress):
+            ok_q = qbp.usable.clone()
+            q_vanished += queries.indices[qpos][qbp.vanished.cpu().numpy()].tolist()
+            pq = {n: eng.pre.apply(n, *qbp.factored(n, eng.pre.dtype, rows=ok_q)[0]) for n in eng.layers}
+            solved = torch.ones(int(ok_q.sum()), dtype=torch.bool, device=eng.device)
+            for v in pq.values():
+                solved &= torch.isfinite(v).flatten(1).all(1)
+            if not bool(solved.all()):
+                ok_q[ok_q.clone()] = solved
+                pq = {n: v[solved] for n, v in pq.items()}
+            ok_q_np = ok_q.cpu().numpy()
+            bad = ~ok_q_np & ~qbp.vanished.cpu().numpy()
+            q_skipped += queries.indices[qpos][bad].tolist()
+            rows = qpos[ok_q_np]
+            start = 0
+            while start < len(rows):  # fill the store; score the training set whenever it is full
+                take = min(held.capacity - len(held), len(rows) - start)
+                held.add(rows[start : start + take], {n: v[start : start + take] for n, v in pq.items()})
+                start += take
+                if len(held) >= held.capacity:
+                    score_held()
+        if len(held):
+            score_held()
+    dtype = eng.dtype
     return PairwiseScores(
         scores,
         _report_skipped(q_skipped, "queries' scores"),
         _report_skipped(n_skipped, "training samples' scores"),
         eng.pre.diagnostics,
+        _report_vanished(q_vanished, "queries' scores", dtype),
+        _report_vanished(n_vanished, "training samples' scores", dtype),
+        passes,
     )
 
 
 def self_influence(
     model: nn.Module,
     factors: InfluenceFactors | None,
-    images: torch.Tensor | np.ndarray,
-    labels: np.ndarray,
-    active_classes: np.ndarray,
+    images: Data,
+    labels: np.ndarray | torch.Tensor | None = None,
+    active_classes: np.ndarray | None = None,
     settings: InfluenceSettings | None = None,
     sample_indices: np.ndarray | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
+    task: Task | str | None = None,
 ) -> SelfScores:
     """Self-influence g_nᵀ P g_n (N,) of every sample and its loss; arguments as in pairwise_influence."""
     settings = _settings(factors, settings)
-    images, labels = torch.as_tensor(images), np.asarray(labels)
-    sample_indices = np.arange(len(images)) if sample_indices is None else np.asarray(sample_indices)
-    _check_inputs(images, labels, sample_indices, "self_influence")
-    eng = _Engine(model, settings, active_classes, device, factors)
-    scores = np.full(len(images), np.nan)
-    losses = np.full(len(images), np.nan)
+    task = resolve_task(task, active_classes)
+    source = data_source(images, labels, sample_indices, task, "self_influence")
+    scores = np.full(len(source), np.nan)
+    losses = np.full(len(source), np.nan)
     skipped: list[int] = []
-    for sel, bp in eng.batches(images, labels, sample_indices, settings.train_batch_size, "self", progress):
-        ok = bp.valid
-        total = torch.zeros(int(ok.sum()), dtype=eng.pre.dtype, device=eng.device)
-        for n in eng.layers:
-            total += eng.pre.quadratic(n, *bp.factored(n, eng.pre.dtype, rows=ok)[0])
-        ok_np = ok.cpu().numpy()
-        value = np.full(len(sel), np.nan)
-        value[ok_np] = total.cpu().to(torch.float64).numpy()
-        bad = ~np.isfinite(value)
-        skipped += sample_indices[sel][bad].tolist()
-        scores[sel] = value
-        losses[sel] = bp.losses.cpu().numpy()
-    return SelfScores(scores, losses, _report_skipped(skipped, "self-influence"), eng.pre.diagnostics)
+    vanished: list[int] = []
+    with _Engine(model, settings, task, device, factors) as eng:
+        for pos, bp in eng.batches(source, settings.train_batch_size, "loss", "self", progress):
+            ok = bp.usable
+            total = torch.zeros(int(ok.sum()), dtype=eng.pre.dtype, device=eng.device)
+            for n in eng.layers:
+                total += eng.pre.quadratic(n, *bp.factored(n, eng.pre.dtype, rows=ok)[0])
+            ok_np = ok.cpu().numpy()
+            gone = bp.vanished.cpu().numpy()
+            value = np.full(len(pos), np.nan)
+            value[ok_np] = total.cpu().to(torch.float64).numpy()
+            bad = ~np.isfinite(value) & ~gone
+            skipped += source.indices[pos][bad].tolist()
+            vanished += source.indices[pos][gone].tolist()
+            scores[pos] = value
+            losses[pos] = bp.losses.cpu().numpy()
+    return SelfScores(
+        scores,
+        losses,
+        _report_skipped(skipped, "self-influence"),
+        eng.pre.diagnostics,
+        _report_vanished(vanished, "self-influence", eng.dtype),
+    )
 
 
 def per_sample_gradients(
     model: nn.Module,
-    images: torch.Tensor | np.ndarray,
-    labels: np.ndarray,
-    active_classes: np.ndarray,
+    images: Data,
+    labels: np.ndarray | torch.Tensor | None = None,
+    active_classes: np.ndarray | None = None,
     settings: InfluenceSettings | None = None,
     device: str | torch.device | None = None,
+    task: Task | str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-sample loss gradients of the tracked layers: name -> (N, out, in_dim) float64 on the CPU.
 
     Column ``in_dim - 1`` is the bias where the layer has one (see
-    :func:`epochlens.influence.layers.gradient_to_parameters`). Rows of samples with NaN/Inf
-    gradients or an inactive label are NaN. Holds all N gradients: for small models and checks.
+    :func:`epochlens.influence.layers.gradient_to_parameters`). Rows of samples with NaN/Inf or
+    vanished gradients, or that the task cannot score, are NaN. Holds all N gradients: for small
+    models and checks.
     """
     settings = settings or InfluenceSettings(method="identity")
     settings = replace(settings, method="identity", precondition_dtype="float64")
-    images, labels = torch.as_tensor(images), np.asarray(labels)
-    eng = _Engine(model, settings, active_classes, device, None)
-    out = {
-        n: torch.full((len(images), i.out_dim, i.in_dim), torch.nan, dtype=torch.float64)
-        for n, i in eng.layers.items()
-    }
-    for sel, bp in eng.batches(
-        images, labels, np.arange(len(images)), settings.train_batch_size, "grads", False
-    ):
-        ok = bp.valid
-        rows = torch.as_tensor(sel[ok.cpu().numpy()])
-        for n in eng.layers:
-            out[n][rows] = eng.gradients(bp, n, ok).cpu()
+    task = resolve_task(task, active_classes)
+    source = data_source(images, labels, None, task, "per_sample_gradients")
+    with _Engine(model, settings, task, device, None) as eng:
+        out = {
+            n: torch.full((len(source), i.out_dim, i.in_dim), torch.nan, dtype=torch.float64)
+            for n, i in eng.layers.items()
+        }
+        for pos, bp in eng.batches(source, settings.train_batch_size, "loss", "grads", False):
+            ok = bp.usable
+            rows = torch.as_tensor(pos[ok.cpu().numpy()])
+            for n in eng.layers:
+                out[n][rows] = eng.gradients(bp, n, ok).cpu()
     return out
 
 
-def _per_checkpoint(active_classes, n_models: int) -> list[np.ndarray]:
+def _per_checkpoint(active_classes, n_models: int) -> list[np.ndarray | None]:
+    if active_classes is None:
+        return [None] * n_models
     if isinstance(active_classes, (list, tuple)) and active_classes and not np.isscalar(active_classes[0]):
         if len(active_classes) != n_models:
             raise ValueError(f"{len(active_classes)} active-class sets for {n_models} checkpoints")
         return [np.asarray(a) for a in active_classes]
     return [np.asarray(active_classes)] * n_models
+
+
+def _per_checkpoint_tasks(task, actives: list) -> list:
+    if task is None:
+        return [resolve_task(None, a) for a in actives]
+    if isinstance(task, (list, tuple)):
+        if len(task) != len(actives):
+            raise ValueError(f"{len(task)} tasks for {len(actives)} checkpoints")
+        return list(task)
+    return [task] * len(actives)
 
 
 def _check_weights(models: Sequence[nn.Module], weights: Sequence[float] | None) -> list[float]:
@@ -337,26 +472,27 @@ def _check_weights(models: Sequence[nn.Module], weights: Sequence[float] | None)
 def tracin_pairwise(
     models: Sequence[nn.Module],
     weights: Sequence[float] | None,
-    train_images: torch.Tensor | np.ndarray,
-    train_labels: np.ndarray,
-    query_images: torch.Tensor | np.ndarray,
-    query_labels: np.ndarray,
-    active_classes: np.ndarray | Sequence[np.ndarray],
+    train_images: Data,
+    train_labels: np.ndarray | None,
+    query_images: Data,
+    query_labels: np.ndarray | None,
+    active_classes: np.ndarray | Sequence[np.ndarray] | None = None,
     settings: InfluenceSettings | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
+    task: Task | str | Sequence[Task] | None = None,
 ) -> PairwiseScores:
     """TracIn (Pruthi et al. 2020): Σ_k w_k g_q(θ_k)ᵀ g_n(θ_k) over checkpoints θ_k, (Q, N).
 
     ``weights`` are typically the learning rates at the checkpoints (None: all 1);
-    ``active_classes`` is one set for all checkpoints or one per checkpoint. A sample skipped at
-    any checkpoint is NaN.
+    ``active_classes`` is one set for all checkpoints or one per checkpoint (classification), or
+    ``task`` one task or one per checkpoint. A sample skipped at any checkpoint is NaN.
     """
     weights = _check_weights(models, weights)
-    actives = _per_checkpoint(active_classes, len(models))
+    tasks = _per_checkpoint_tasks(task, _per_checkpoint(active_classes, len(models)))
     settings = replace(settings or InfluenceSettings(), method="identity")
-    total, q_sk, n_sk = None, [], []
-    for model, w, active in zip(models, weights, actives, strict=True):
+    total, q_sk, n_sk, q_uf, n_uf = None, [], [], [], []
+    for model, w, t in zip(models, weights, tasks, strict=True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             r = pairwise_influence(
@@ -366,43 +502,56 @@ def tracin_pairwise(
                 train_labels,
                 query_images,
                 query_labels,
-                active,
+                None,
                 settings,
                 device=device,
                 progress=progress,
+                task=t,
             )
         total = w * r.scores if total is None else total + w * r.scores
         q_sk += r.query_skipped.tolist()
         n_sk += r.train_skipped.tolist()
+        q_uf += r.query_underflow.tolist()
+        n_uf += r.train_underflow.tolist()
     return PairwiseScores(
         total,
         _report_skipped(q_sk, "TracIn queries"),
         _report_skipped(n_sk, "TracIn training samples"),
         pd.DataFrame(),
+        np.asarray(sorted(set(q_uf)), np.int64),
+        np.asarray(sorted(set(n_uf)), np.int64),
     )
 
 
 def tracin_self(
     models: Sequence[nn.Module],
     weights: Sequence[float] | None,
-    images: torch.Tensor | np.ndarray,
-    labels: np.ndarray,
-    active_classes: np.ndarray | Sequence[np.ndarray],
+    images: Data,
+    labels: np.ndarray | None,
+    active_classes: np.ndarray | Sequence[np.ndarray] | None = None,
     settings: InfluenceSettings | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
+    task: Task | str | Sequence[Task] | None = None,
 ) -> SelfScores:
     """TracIn self-influence Σ_k w_k ‖g_n(θ_k)‖², (N,); losses are those of the last checkpoint."""
     weights = _check_weights(models, weights)
-    actives = _per_checkpoint(active_classes, len(models))
+    tasks = _per_checkpoint_tasks(task, _per_checkpoint(active_classes, len(models)))
     settings = replace(settings or InfluenceSettings(), method="identity")
-    total, skipped, r = None, [], None
-    for model, w, active in zip(models, weights, actives, strict=True):
+    total, skipped, underflow, r = None, [], [], None
+    for model, w, t in zip(models, weights, tasks, strict=True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             r = self_influence(
-                model, None, images, labels, active, settings, device=device, progress=progress
+                model, None, images, labels, None, settings, device=device, progress=progress, task=t
             )
         total = w * r.scores if total is None else total + w * r.scores
         skipped += r.skipped.tolist()
-    return SelfScores(total, r.losses, _report_skipped(skipped, "TracIn self-influence"), pd.DataFrame())
+        underflow += r.underflow.tolist()
+    return SelfScores(
+        total,
+        r.losses,
+        _report_skipped(skipped, "TracIn self-influence"),
+        pd.DataFrame(),
+        np.asarray(sorted(set(underflow)), np.int64),
+    )

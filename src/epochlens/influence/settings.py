@@ -4,22 +4,25 @@ Methods (how the Gauss-Newton matrix G of the mean training loss is approximated
 
 * ``ekfac``: eigenvalue-corrected K-FAC (George et al. 2018): the eigenbasis of K-FAC's Kronecker
   factors, with eigenvalues refitted to the per-sample gradients in that basis.
-* ``kfac``: K-FAC (Martens & Grosse 2015) for Linear, KFC (Grosse & Martens 2016) for Conv2d:
-  G_layer ≈ S ⊗ A, A the covariance of the layer's inputs (unfolded patches for convolutions, a
-  ones column for the bias), S the covariance of the gradients of its outputs (pre-activations).
+* ``kfac``: K-FAC (Martens & Grosse 2015) for Linear (and GPT-2's Conv1D), KFC (Grosse & Martens
+  2016) for Conv2d: G_layer ≈ S ⊗ A, A the covariance of the layer's inputs (unfolded patches for
+  convolutions, real tokens for a token dimension, a ones column for the bias), S the covariance of
+  the gradients of its outputs (pre-activations).
 * ``diagonal``: the diagonal of G (squared per-sample gradients).
 * ``identity``: no curvature; the influence is the gradient dot product (TracIn with one checkpoint).
 
-Fisher types (the labels whose gradients the curvature is built from):
+Fisher types (the targets whose loss gradients the curvature is built from; the loss is the run's
+task, :mod:`epochlens.tasks`, by default the cross-entropy over the active classes):
 
-* ``true`` (default, as kronfluence): one label per sample drawn from the model's own predictive
-  distribution over the active classes. Its expectation is the GGN, at the cost of one backward
-  pass per sample, and it does not use the data set's labels: a curvature built from possibly
+* ``true`` (default, as kronfluence): targets drawn from the model's own predictive distribution
+  (one class per sample for classification, one token per target position for a language model,
+  Gaussian outputs for regression). Its expectation is the GGN, at the cost of one backward pass
+  per sample, and it does not use the data set's labels: a curvature built from possibly
   corrupted labels (``empirical``) would absorb the very samples a data-quality study looks for.
   The draw is a pure function of (seed, sample index), so results do not depend on batching.
-* ``expected``: the exact expectation, a sum over the active classes weighted by the predicted
-  probabilities; equals the GGN J^T H_out J of the cross-entropy. One backward pass per active
-  class and sample: for tests and tiny models.
+* ``expected``: the exact expectation: one backward pass per vector of a square root of the loss's
+  output Hessian (classification: every active class weighted by its probability), so the factors
+  reproduce the GGN Jᵀ H_out J. For tests and tiny models.
 * ``empirical``: the data set's labels (the "empirical Fisher"; biased, see Kunstner et al. 2019).
 
 Fields whose metadata says ``execution`` (batch sizes, where eigendecompositions run) do not
@@ -99,9 +102,25 @@ class InfluenceSettings:
     query_batch_size: int = field(
         default=16,
         metadata={
-            "help": "queries whose preconditioned gradients are held at once; each query batch "
-            "recomputes the training gradients, so larger is faster and uses more memory",
+            "help": "queries per forward/backward while computing their preconditioned gradients",
             "execution": True,
+        },
+    )
+    query_memory_gb: float = field(
+        default=2.0,
+        metadata={
+            "help": "GiB for the preconditioned query gradients held while the training set is scored: "
+            "all queries fit (Q x parameters x bytes, or the low-rank size) -> one pass over the "
+            "training set; otherwise as many passes as groups of queries that fit",
+            "execution": True,
+        },
+    )
+    query_gradient_rank: int | None = field(
+        default=None,
+        metadata={
+            "help": "keep each layer's preconditioned query gradient as its best rank-r approximation "
+            "(truncated SVD, as kronfluence's query_gradient_rank): r(out + in) numbers instead of "
+            "out x in, approximate scores; None: exact"
         },
     )
     compute_dtype: Literal["auto", "model", "float32", "float64"] = field(
@@ -154,6 +173,10 @@ class InfluenceSettings:
         for name in ("factor_batch_size", "train_batch_size", "query_batch_size", "max_device_eigh_dim"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if not (math.isfinite(self.query_memory_gb) and self.query_memory_gb > 0):
+            problems.append(f"query_memory_gb={self.query_memory_gb} must be a number > 0")
+        if self.query_gradient_rank is not None and self.query_gradient_rank < 1:
+            problems.append(f"query_gradient_rank={self.query_gradient_rank} must be >= 1 (or None: exact)")
         if problems:
             raise ConfigError("influence settings: " + "; ".join(problems) + ". Fix the config.")
 

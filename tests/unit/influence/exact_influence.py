@@ -1,5 +1,5 @@
 """Exact influence from explicit matrices on tiny float64 models: the ground truth of the influence
-tests (shared by test_influence_exact.py and test_influence_robust.py).
+tests of this folder: classification quantities and, for any task, explicit_task_quantities.
 
 Ground truth: with θ the tracked layers' weights and biases (each layer as its (out, in+1) gradient
 matrix, bias last, flattened row-major), J_n = ∂z_n/∂θ the Jacobian of sample n's active-class
@@ -19,11 +19,13 @@ import torch
 from scipy.stats import spearmanr
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
+from torch.utils.data import Dataset
 
 from epochlens.influence import (
     select_layers,
 )
 from epochlens.models.networks import positions_in
+from epochlens.tasks import Task
 
 
 # ---------------------------------------------------------------- explicit ground truth helpers
@@ -190,3 +192,136 @@ def assert_matches(ours: np.ndarray, exact: np.ndarray, rtol: float = 1e-6) -> N
 
 
 # ---------------------------------------------------------------- tests
+
+
+# ---------------------------------------------------------------- explicit ground truth for any task
+def _single(batch, i: int):
+    """Sample i of a nested batch, with a batch dimension of 1."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return torch.as_tensor(batch[i : i + 1])
+    if isinstance(batch, dict):
+        return {k: _single(v, i) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_single(v, i) for v in batch)
+    return batch
+
+
+def explicit_task_quantities(
+    model: nn.Module,
+    task: Task,
+    inputs,
+    targets,
+    layer_names: tuple[str, ...] = (),
+    query_inputs=None,
+    query_targets=None,
+) -> dict:
+    """GGN (P, P), training gradients (N, P), query gradients (Q, P) and layer slices, by autograd."""
+    model = model.eval()
+    layers = select_layers(model, layer_names)
+    params = dict(model.named_parameters())
+    names = {id(p): n for n, p in params.items()}
+    params = {n: p.detach() for n, p in params.items()}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    slices, start, parts = {}, 0, []
+    for name, info in layers.items():
+        w = params[names[id(info.weight)]]
+        w = w.T if info.kind == "conv1d" else w.reshape(info.out_dim, -1)
+        m = torch.cat([w, params[names[id(info.module.bias)]][:, None]], 1) if info.has_bias else w
+        parts.append(m.reshape(-1))
+        slices[name] = slice(start, start + m.numel())
+        start += m.numel()
+    theta = torch.cat(parts)
+
+    def unpack(th: torch.Tensor) -> dict:
+        p = dict(params)
+        for name, info in layers.items():
+            m = th[slices[name]].reshape(info.out_dim, info.in_dim)
+            wname = names[id(info.weight)]
+            w = m[:, : info.in_features]
+            p[wname] = w.T if info.kind == "conv1d" else w.reshape(params[wname].shape)
+            if info.has_bias:
+                p[names[id(info.module.bias)]] = m[:, -1]
+        return p
+
+    def predict(th: torch.Tensor, x):
+        args = {**unpack(th), **buffers}
+        if isinstance(x, dict):
+            out = functional_call(model, args, (), x)
+        else:
+            out = functional_call(model, args, (x,))
+        return task.prediction(out)
+
+    def per_sample(x_all, y_all, measurement: bool):
+        n = len(x_all["input_ids"]) if isinstance(x_all, dict) else len(x_all)
+        grads, ggn = [], torch.zeros(len(theta), len(theta), dtype=torch.float64)
+        for i in range(n):
+            x, y = _single(x_all, i), (None if y_all is None else _single(y_all, i))
+            z = predict(theta, x)
+            jac = jacrev(lambda th, x=x: predict(th, x).reshape(-1))(theta)  # (D, P)
+
+            def loss(flat, x=x, y=y, shape=z.shape):
+                fn = task.measurement if measurement else task.loss
+                return fn(flat.reshape(shape), y, x)[0]
+
+            flat = z.detach().reshape(-1)
+            g_z = torch.func.grad(loss)(flat)
+            h_z = torch.func.hessian(loss)(flat)
+            grads.append(jac.T @ g_z)
+            ggn += jac.T @ h_z @ jac
+        return torch.stack(grads), ggn / n
+
+    grads, ggn = per_sample(inputs, targets, False)
+    out = {"ggn": ggn, "grads": grads, "slices": slices}
+    if query_inputs is not None:
+        out["query_grads"], _ = per_sample(query_inputs, query_targets, True)
+    return out
+
+
+def exact_task_scores(ex: dict, dampings: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact pairwise (Q, N) (queries, or the training set itself), self (N,) with per-layer damping."""
+    ggn = ex["ggn"].clone()
+    mask = torch.zeros_like(ggn, dtype=torch.bool)
+    lam = torch.zeros(ggn.shape[0], dtype=ggn.dtype)
+    for name, sl in ex["slices"].items():
+        mask[sl, sl] = True
+        lam[sl] = dampings[name]
+    ggn = torch.where(mask, ggn, torch.zeros_like(ggn))
+    solved = torch.linalg.solve(ggn + torch.diag(lam), ex["grads"].T)  # (P, N)
+    queries = ex.get("query_grads", ex["grads"])
+    pair = queries @ solved
+    selfs = torch.einsum("np,pn->n", ex["grads"], solved)
+    return pair.numpy(), selfs.numpy(), ggn.numpy()
+
+
+class DictDataset(Dataset):
+    """Items {"input_ids": (T,), "attention_mask": (T,), "labels": (T,)} from padded tensors."""
+
+    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch["input_ids"])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.batch.items()}
+
+
+def token_batch(
+    n: int, vocab: int, seed: int, max_len: int = 6, pad: int = 0, extra_pad: int = 0
+) -> dict[str, torch.Tensor]:
+    """Right-padded sequences of lengths 3..max_len, the first token a prompt (label -100)."""
+    rng = np.random.default_rng(seed)
+    t = max_len + extra_pad
+    ids = np.full((n, t), pad, dtype=np.int64)
+    mask = np.zeros((n, t), dtype=np.int64)
+    labels = np.full((n, t), -100, dtype=np.int64)
+    for i in range(n):
+        length = int(rng.integers(3, max_len + 1))
+        ids[i, :length] = rng.integers(0, vocab, length)
+        mask[i, :length] = 1
+        labels[i, 1:length] = ids[i, 1:length]  # the first token is the prompt
+    return {
+        "input_ids": torch.as_tensor(ids),
+        "attention_mask": torch.as_tensor(mask),
+        "labels": torch.as_tensor(labels),
+    }
