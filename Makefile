@@ -15,10 +15,13 @@ PYTEST_ARGS ?=
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 
+# The torch now installed is a constraint of everything else: no dependency may replace it (an
+# unpinned torch pulls gigabytes of CUDA wheels onto a CPU machine, or a CPU wheel over a CUDA build).
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install --quiet -e ".[dev]" -c $(VENV)/constraints.txt
 	touch $@
 
 venv: $(VENV)/.installed
