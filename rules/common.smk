@@ -23,6 +23,7 @@ from epochlens import config as run_config
 from epochlens.errors import EpochlensError
 from epochlens.layout import RESULTS as layout
 from epochlens.provenance import module_sources
+from epochlens.resources import gpu_request
 
 SCHEMA = Path(workflow.basedir) / "config" / "schema.yaml"
 SCRIPTS = Path(workflow.basedir) / "scripts"
@@ -116,6 +117,14 @@ def get_missing_checkpoint_error(wildcards):
         ),
     )
     return run_config.missing_checkpoint_error(missing, config)
+
+
+def get_gpu_resources():
+    """Resources of a rule that computes on a GPU when there is one: one GPU (none with
+    device: cpu). Its jobs use the config's device; every other job computes on the CPU
+    (epochlens.resources). A profile sets their CPUs, memory and time (profiles/slurm).
+    """
+    return {"gpu": gpu_request(config["device"])}
 
 
 def per_index(run, path, **kwargs):

@@ -103,6 +103,7 @@ OWN = {
     "train": set(),
     "prepare_data": set(),
     "class_order": set(),
+    "missing_checkpoint": set(),
 }
 
 
