@@ -22,6 +22,8 @@ rule ablation_epoch:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         ablation=get_ablation_params,
         model=config_provider("model", "name"),

@@ -17,11 +17,13 @@ os.environ.update(
 )
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 from epochlens import config as run_config
 from epochlens.errors import EpochlensError
 from epochlens.layout import RESULTS as layout
 from epochlens.provenance import module_sources
+from epochlens.resources import gpu_request
 
 SCHEMA = Path(workflow.basedir) / "config" / "schema.yaml"
 SCRIPTS = Path(workflow.basedir) / "scripts"
@@ -71,20 +73,58 @@ def get_epochs(run):
 
 
 def get_checkpoint(wildcards):
-    """The checkpoint of (run, index, epoch): trained by the pipeline or in the user's folder."""
-    ckpt = get_run(wildcards)["checkpoints"]
-    if ckpt["source"] == "train":
-        return layout.checkpoint(wildcards.run, wildcards.index, wildcards.epoch)
-    path = Path(
-        ckpt["path"].format(index=int(wildcards.index), epoch=int(wildcards.epoch))
+    """The checkpoint of (run, index, epoch): trained by the pipeline or in the user's folder
+    (epochlens.config.checkpoint_path). Every checkpoint input goes through here; a missing one
+    of the user's folder: see on_missing_checkpoint."""
+    run = get_run(wildcards)
+    path = run_config.checkpoint_path(
+        wildcards.run, run, wildcards.index, wildcards.epoch, layout
     )
-    if not path.is_file():
-        raise WorkflowError(
-            f"{path}: checkpoint not found (run {wildcards.run}, index {wildcards.index}, epoch "
-            f"{int(wildcards.epoch)}). Copy it from the training run, fix checkpoints.path, or "
-            "restrict runs.<run>.epochs to the epochs you have."
-        )
-    return str(path)
+    if run_config.needs_file(run) and not os.path.exists(path):
+        return on_missing_checkpoint(wildcards)
+    return path
+
+
+_warned_missing = []
+
+
+def on_missing_checkpoint(wildcards):
+    """A job needs a checkpoint that is not on disk. Every missing checkpoint of the config is
+    listed in one message (not one per dry run). Without --keep-going that message is the error:
+    nothing runs. With it, the message is a warning (once) and the job's checkpoint input is the
+    output of a missing_checkpoint job, which fails with the fix: the epochs that have their
+    checkpoints run, the missing ones fail alone."""
+    settings = getattr(workflow, "execution_settings", None)
+    keep_going = bool(settings is not None and settings.keep_going)
+    missing = run_config.missing_checkpoints(config)
+    message = run_config.missing_checkpoints_message(missing, config, keep_going)
+    if not keep_going:
+        raise WorkflowError(message)
+    if not _warned_missing:
+        logger.warning(message)
+        _warned_missing.append(True)
+    return layout.missing_checkpoint(wildcards.run, wildcards.index, wildcards.epoch)
+
+
+def get_missing_checkpoint_error(wildcards):
+    """The error of one missing_checkpoint job: the file, the run's template and the fix."""
+    missing = run_config.MissingCheckpoint(
+        wildcards.run,
+        int(wildcards.index),
+        int(wildcards.epoch),
+        run_config.checkpoint_path(
+            wildcards.run, get_run(wildcards), wildcards.index, wildcards.epoch
+        ),
+    )
+    return run_config.missing_checkpoint_error(missing, config)
+
+
+def get_gpu_resources():
+    """Resources of a rule that computes on a GPU when there is one: one GPU (none with
+    device: cpu). Its jobs use the config's device; every other job computes on the CPU
+    (epochlens.resources). A profile sets their CPUs, memory and time (profiles/slurm).
+    """
+    return {"gpu": gpu_request(config["device"])}
 
 
 def per_index(run, path, **kwargs):

@@ -27,6 +27,8 @@ rule curvature_shard:
     envmodules:
         *config["envmodules"],
     threads: get_curvature_threads
+    resources:
+        **get_gpu_resources(),
     params:
         settings=get_curvature_settings,
         model=config_provider("model", "name"),

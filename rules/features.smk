@@ -23,6 +23,8 @@ rule features_epoch:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         settings=get_feature_params,
         model=config_provider("model", "name"),

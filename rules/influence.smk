@@ -35,6 +35,8 @@ rule influence_factors:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         config=get_influence_factor_params,
     script:
@@ -67,6 +69,8 @@ rule influence_scores:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         config=get_influence_score_params,
     script:

@@ -1,6 +1,8 @@
 # One training rule per run that the pipeline trains: its outputs are that run's checkpoint files,
 # whose number depends on the run's schedule (a rule's outputs cannot depend on a wildcard).
-# Users who bring their own checkpoints (checkpoints.source: folder) skip training entirely.
+# Users who bring their own checkpoints (checkpoints.source: folder) skip training entirely; a
+# checkpoint missing from their folder is the output of a missing_checkpoint job under --keep-going,
+# which fails with the fix (rules/common.smk: get_checkpoint), so that the other epochs run.
 
 
 include: "helpers/train.smk"
@@ -33,3 +35,22 @@ for _run in get_trained_runs():
             run=run_config.run_params(config["runs"][_run]),
         script:
             "../scripts/train.py"
+
+
+rule missing_checkpoint:
+    output:
+        layout.missing_checkpoint(),
+    log:
+        layout.log("missing_checkpoint", index="{index}", epoch="{epoch}"),
+    conda:
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        error=get_missing_checkpoint_error,
+    script:
+        "../scripts/missing_checkpoint.py"
+
+
+localrules:
+    missing_checkpoint,

@@ -112,8 +112,9 @@ def execution(snakemake, section: str) -> dict:
 
 def job_files(snakemake) -> dict:
     """Keyword arguments of :func:`epochlens.job.load_checkpoint_job` from a per-checkpoint job:
-    its data set, checkpoint, class order (where the rule has one), epoch and the config's device
-    (an execution setting, never a param)."""
+    its data set, checkpoint, class order (where the rule has one), epoch, the config's device (an
+    execution setting, never a param) and the job's resources (the device applies to a job given
+    a GPU; the others compute on the CPU)."""
     inp = snakemake.input
     return {
         "dataset": inp.dataset,
@@ -121,4 +122,10 @@ def job_files(snakemake) -> dict:
         "class_order": getattr(inp, "class_order", None),
         "epoch": snakemake.wildcards.epoch,
         "device": snakemake.config["device"],
+        "resources": job_resources(snakemake),
     }
+
+
+def job_resources(snakemake) -> dict:
+    """The job's resources as a dict (``gpu``, ``gres``, ``mem_mb``, ...)."""
+    return {key: value for key, value in snakemake.resources.items() if not key.startswith("_")}

@@ -5,10 +5,11 @@ By hand, from the run's working directory:
 """
 
 import numpy as np
-from _helpers import run_script
+from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_atomic
 from epochlens.data import read_dataset
+from epochlens.device import job_device
 from epochlens.errors import DataError
 from epochlens.features.cache import FeatureSet
 from epochlens.probes.linear import probe_checkpoint
@@ -41,7 +42,7 @@ def main(snakemake) -> None:
         log.info("target %s %s", name, why)
     context = {"run": wc.run, "index": int(wc.index), "epoch": epoch}
     settings = ProbeSettings(**p.probes["settings"])
-    device = snakemake.config["device"]
+    device = job_device(snakemake.config["device"], job_resources(snakemake))
     table = probe_checkpoint(
         features, targets, skipped, data.holdout, settings, context, device, progress=True
     )

@@ -5,11 +5,11 @@ By hand, from the run's working directory: python scripts/train.py run=digits in
 
 from pathlib import Path
 
-from _helpers import run_script
+from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_json
 from epochlens.data import read_dataset
-from epochlens.device import resolve_device
+from epochlens.device import job_device
 from epochlens.layout import RESULTS, epoch_name
 from epochlens.models.networks import build_model
 from epochlens.provenance import provenance
@@ -29,7 +29,8 @@ def main(snakemake) -> None:
         run["model"]["name"], data.num_classes, data.train_images.shape[1], seed=settings.seed
     )
     folder = Path(snakemake.output.checkpoints[0]).parent
-    device = resolve_device(snakemake.config["device"])  # execution setting: recorded, not a param
+    # An execution setting (recorded, not a param), for a job given a GPU (the workflow asks for one).
+    device = job_device(snakemake.config["device"], job_resources(snakemake))
     # Outside the outputs, which Snakemake deletes when the job fails (see epochlens.resume).
     resume_dir = RESULTS.resume_dir(snakemake.rule.removeprefix("train_"), index)  # rule train_<run>
     log.info(

@@ -32,9 +32,15 @@ def copy_workflow(dest: Path) -> Path:
 
 
 def snakemake(
-    workflow: Path, workdir: Path, *args: str, configfile: Path | None = None, check: bool = True
+    workflow: Path,
+    workdir: Path,
+    *args: str,
+    configfile: Path | None = None,
+    check: bool = True,
+    keep_going: bool = True,
 ) -> subprocess.CompletedProcess:
-    """Run ``snakemake`` on ``workflow``'s Snakefile in ``workdir``; output in .stdout (merged)."""
+    """Run ``snakemake`` on ``workflow``'s Snakefile in ``workdir``; output in .stdout (merged).
+    ``keep_going=False`` also leaves out the workflow profile (profiles/default sets keep-going)."""
     cmd = [
         sys.executable,
         "-m",
@@ -45,9 +51,9 @@ def snakemake(
         str(workdir),
         "--cores",
         "2",
-        "--keep-going",
         "--show-failed-logs",
     ]
+    cmd += ["--keep-going"] if keep_going else ["--workflow-profile", "none"]
     cmd += args
     if configfile:  # last: --configfile takes several values and would swallow a target
         cmd += ["--configfile", str(configfile)]

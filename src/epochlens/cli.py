@@ -6,22 +6,61 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from epochlens import __version__
+
+#: The workflow of this checkout (the library lives in its src/).
+WORKFLOW = Path(__file__).resolve().parents[2]
 
 
 def _doctor(args: argparse.Namespace) -> int:
     from epochlens.doctor import as_dict, run_doctor  # imports torch: only when asked
 
-    checks, verdict = run_doctor(args.device)
+    plan = None
+    if args.profile:
+        plan = _device_plan(args)
+        if not args.json:
+            print(plan["table"] + "\n", flush=True)
+    # On a cluster's login node, check what this machine has; the plan checks the config's device.
+    device = args.device or (plan["device"] if plan and not plan["cluster"] else "auto")
+    checks, verdict = run_doctor(device, plan["checks"] if plan else ())
     if args.json:
-        print(json.dumps(as_dict(checks, verdict), indent=2))
+        report = as_dict(checks, verdict)
+        if plan:
+            report["rules"] = plan["rules"]
+        print(json.dumps(report, indent=2))
     else:
         marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
         for c in checks:
             print(f"[{marks[c.status]}] {c.name:<12} {c.detail}")
         print(f"\nverdict: {verdict}")
     return 1 if verdict.startswith("NOT READY") else 0
+
+
+def _device_plan(args: argparse.Namespace) -> dict:
+    """Which device each rule uses under ``args.profile`` (epochlens.rule_devices)."""
+    from dataclasses import asdict
+
+    from epochlens import rule_devices
+
+    rules, config = rule_devices.workflow_rules(args.snakefile, args.configfile)
+    profile = rule_devices.profile_settings(args.profile, args.snakefile)
+    device = args.device or config.get("device", "auto")
+    plan = rule_devices.plan_devices(rules, profile, device)
+    table = rule_devices.format_plan(plan, profile, device)
+    if profile.cluster:
+        table += (
+            "\nThe checks below are of this machine, not of the nodes: to check a GPU node, run "
+            "epochlens doctor in a job there (e.g. srun --gpus=1 .venv/bin/epochlens doctor)."
+        )
+    return {
+        "device": device,
+        "cluster": profile.cluster,
+        "table": table,
+        "checks": rule_devices.plan_checks(plan, profile, device),
+        "rules": [asdict(r) for r in plan],
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,9 +74,28 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="check this machine: packages, device, dtypes, a short curvature run",
         description="Smoke test of the device (CUDA, MPS or CPU), dtype support, memory, installed "
-        "versions and a short curvature run, with a verdict. Exit status 1 when not ready.",
+        "versions and a short curvature run, with a verdict; with --profile, first which device each "
+        "rule's jobs use under that profile. Exit status 1 when not ready.",
     )
-    doctor.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda:N, mps")
+    doctor.add_argument(
+        "--device",
+        default=None,
+        help="auto (CUDA, then MPS, then CPU), cpu, cuda:N, mps (default: the config's device, else auto)",
+    )
+    doctor.add_argument(
+        "--profile",
+        help="a Snakemake profile (folder or name): also say which rules get a GPU under it and which "
+        "device each uses, and check the config's device against it",
+    )
+    doctor.add_argument(
+        "--configfile",
+        nargs="*",
+        default=[],
+        help="with --profile: your config file(s) (default: the workflow's embedded config)",
+    )
+    doctor.add_argument(
+        "--snakefile", default=str(WORKFLOW / "Snakefile"), help="with --profile: the workflow's Snakefile"
+    )
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.set_defaults(func=_doctor)
     return parser

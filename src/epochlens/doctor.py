@@ -7,7 +7,9 @@ Checks, each with a status (ok / warn / fail) and a one-line detail:
 * which dtypes work there (a small matmul in float32, float64, float16, bfloat16); float64
   missing (MPS) is a warning: float64 work falls back to the CPU;
 * a short curvature run (small CNN, random 8x8 images) on the device, compared with the same
-  computation in float64 on the CPU, with its throughput.
+  computation in float64 on the CPU, with its throughput;
+* with a profile (``epochlens doctor --profile profiles/slurm``), which device each rule's jobs
+  use under it, and whether the config's device can work there (:mod:`epochlens.rule_devices`).
 
 The verdict is "ready" when nothing failed; the CLI exits 1 otherwise.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -119,9 +122,13 @@ def _curvature_check(device: torch.device, n_samples: int = 32) -> Check:
     )
 
 
-def run_doctor(device: str = "auto") -> tuple[list[Check], str]:
-    """All checks on ``device`` and the verdict line."""
-    checks = _versions()
+def run_doctor(
+    device: str = "auto", plan_checks: Iterable[tuple[str, str, str]] = ()
+) -> tuple[list[Check], str]:
+    """All checks on ``device`` and the verdict line; ``plan_checks``: ``(name, status, detail)``
+    of the rules' devices under a profile (epochlens.rule_devices.plan_checks), counted in the
+    verdict."""
+    checks = [Check(*c) for c in plan_checks] + _versions()
     try:
         dev = resolve_device(device)
     except EpochlensError as exc:
@@ -131,8 +138,8 @@ def run_doctor(device: str = "auto") -> tuple[list[Check], str]:
         checks.append(_device_check(dev))
         checks.extend(_dtype_checks(dev))
         checks.append(_curvature_check(dev))
-    failed = [c.name for c in checks if c.status == "fail"]
-    warned = [c.name for c in checks if c.status == "warn"]
+    failed = list(dict.fromkeys(c.name for c in checks if c.status == "fail"))
+    warned = list(dict.fromkeys(c.name for c in checks if c.status == "warn"))
     if failed:
         verdict = f"NOT READY: {', '.join(failed)} failed (see above)"
     elif warned:

@@ -4,16 +4,19 @@ influence) works from, loaded in one place.
 :func:`load_checkpoint_job` reads the run's data set and class order, derives the classes the
 checkpoint was trained on (``active``) and those of its newest task (``new``), resolves the device
 (an execution setting: it never changes results, so it is read from the config and recorded in
-the results' metadata) and builds the model with the checkpoint's weights when first asked for
-(a features cache hit never loads it). :meth:`CheckpointJob.input_hashes` gives the hashes that
+the results' metadata; a job not given a GPU computes on the CPU, see epochlens.resources) and
+builds the model with the checkpoint's weights when first asked for (a features cache hit never
+loads it). :meth:`CheckpointJob.input_hashes` gives the hashes that
 results record as provenance.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,7 +24,7 @@ from torch import nn
 
 from epochlens.checkpoints import load_into
 from epochlens.data import Dataset, read_dataset
-from epochlens.device import resolve_device
+from epochlens.device import job_device
 from epochlens.models.networks import build_model
 from epochlens.provenance import file_sha256
 from epochlens.schedule import ClassSchedule, schedule_from_config
@@ -93,6 +96,7 @@ def load_checkpoint_job(
     device: str = "auto",
     class_order: str | Path | None = None,
     schedule: dict | None = None,
+    resources: Mapping[str, Any] | None = None,
 ) -> CheckpointJob:
     """Load the checkpoint job of one (run, index, epoch).
 
@@ -105,6 +109,8 @@ def load_checkpoint_job(
         class_order: the replicate's ``class_order.npy``; with ``schedule`` (the config's
             ``schedule`` section) it gives the active and new classes.
         schedule: the config's ``schedule`` section.
+        resources: the workflow job's resources: ``device`` applies when they give it a GPU, the
+            job computes on the CPU otherwise (:func:`epochlens.device.job_device`).
 
     Raises:
         DataError, ClassOrderError, ConfigError: unreadable inputs or an unavailable device,
@@ -116,7 +122,7 @@ def load_checkpoint_job(
         epoch=epoch,
         model_name=model,
         checkpoint=Path(checkpoint),
-        device=resolve_device(device),
+        device=job_device(device, resources),
     )
     if class_order is not None and schedule is not None:
         job.class_order = Path(class_order)

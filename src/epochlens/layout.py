@@ -7,6 +7,7 @@
       index-{index}/
         class_order.npy, train_log.csv, train_metadata.json
         checkpoints/epoch_{E}.pt                  when the pipeline trains
+        checkpoints/epoch_{E}.missing             never written: a missing checkpoint's failing job
         eval/epoch_{E}.csv
         curvature/epoch_{E}/per_image_{key}.npy, metadata.json, shards/shard_{k}-of-{S}.npz
         features/epoch_{E}.h5, probes/epoch_{E}.csv, ablation/epoch_{E}.csv
@@ -134,6 +135,11 @@ class Layout:
     def checkpoint(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         """A checkpoint the pipeline trained (a bare state_dict)."""
         return self._epoch_file("checkpoints", "pt", run, index, epoch)
+
+    def missing_checkpoint(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        """Stands for a checkpoint missing from the user's folder: the output of a job that fails
+        with the fix (never written; see epochlens.config.inputs)."""
+        return self._epoch_file("checkpoints", "missing", run, index, epoch)
 
     def eval_table(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         """Per-class accuracy of one checkpoint."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import platform
 import subprocess
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ PACKAGE_DIR = Path(epochlens.__file__).resolve().parent
 _PACKAGES = ("torch", "numpy", "h5py", "pandas", "scikit-learn", "matplotlib", "snakemake")
 
 
-def module_sources(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[Path]:
+def module_sources(script: str | Path, package_dir: Path = PACKAGE_DIR, cache: bool = True) -> list[Path]:
     """The files whose edits change what ``script`` computes: the ``epochlens`` modules it imports,
     directly or through other modules, and the helper modules next to it (``scripts/_helpers.py``).
 
@@ -33,15 +34,99 @@ def module_sources(script: str | Path, package_dir: Path = PACKAGE_DIR) -> list[
       module that defines it; any other name of such a package (or ``import epochlens.a``, whose
       attributes cannot be known) counts as the whole package, every ``.py`` file in it.
     * The top-level ``epochlens/__init__.py`` is left out (it only holds the version).
+
+    With ``cache``, the answer is kept in ``<package>/__pycache__/module_sources.json`` for as long
+    as no ``.py`` file of the package or of the script's folder changes (path, size, mtime): a dry
+    run of the workflow then parses no file (parsing them all is most of a second).
     """
+    script = Path(script).resolve()
+    package_dir = package_dir.resolve()
+    fingerprint = _fingerprint(package_dir, script.parent)
+    if _SEEN.setdefault((package_dir, script.parent), fingerprint) != fingerprint:
+        # A module changed, appeared or went: what a file's imports resolve to may have changed.
+        _parsed_imports.cache_clear()
+        _lazy_exports.cache_clear()
+        _SEEN[package_dir, script.parent] = fingerprint
+    if cache:
+        return _SourcesCache.of(package_dir, script.parent, fingerprint).sources(script)
+    return _module_sources(script, package_dir)
+
+
+#: The fingerprint (:func:`_fingerprint`) of each (package, script folder) at its last use.
+_SEEN: dict[tuple[Path, Path], str] = {}
+
+
+def _module_sources(script: Path, package_dir: Path) -> list[Path]:
     found: set[Path] = set()
-    todo = [Path(script).resolve()]
+    todo = [script]
     while todo:
-        for path in _direct_imports(todo.pop(), package_dir.resolve()):
+        for path in _direct_imports(todo.pop(), package_dir):
             if path not in found:
                 found.add(path)
                 todo.append(path)
     return sorted(found)
+
+
+class _SourcesCache:
+    """:func:`module_sources` of the scripts of one folder, kept in memory and on disk for one
+    fingerprint of the package's and the folder's ``.py`` files (path, size, mtime)."""
+
+    _open: dict[tuple[Path, Path], _SourcesCache] = {}
+
+    def __init__(self, package_dir: Path, script_dir: Path, fingerprint: str) -> None:
+        self.package_dir, self.script_dir, self.fingerprint = package_dir, script_dir, fingerprint
+        self.file = package_dir / "__pycache__" / "module_sources.json"
+        entry = self._stored().get(str(script_dir))
+        valid = isinstance(entry, dict) and entry.get("fingerprint") == fingerprint
+        self.known: dict[str, list[str]] = entry["sources"] if valid else {}
+
+    @classmethod
+    def of(cls, package_dir: Path, script_dir: Path, fingerprint: str) -> _SourcesCache:
+        """The cache of the files as they are now (``fingerprint``: :func:`_fingerprint`)."""
+        cached = cls._open.get((package_dir, script_dir))
+        if cached is None or cached.fingerprint != fingerprint:
+            cached = cls._open[(package_dir, script_dir)] = cls(package_dir, script_dir, fingerprint)
+        return cached
+
+    def sources(self, script: Path) -> list[Path]:
+        if str(script) not in self.known:
+            self.known[str(script)] = [str(p) for p in _module_sources(script, self.package_dir)]
+            self._save()
+        return [Path(p) for p in self.known[str(script)]]
+
+    def _stored(self) -> dict:
+        try:
+            stored = json.loads(self.file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return stored if isinstance(stored, dict) else {}
+
+    def _save(self) -> None:
+        """Write the file atomically; a folder that cannot be written (an installed package) only
+        means the next process parses again."""
+        stored = self._stored()
+        stored[str(self.script_dir)] = {"fingerprint": self.fingerprint, "sources": self.known}
+        tmp = self.file.with_name(f"{self.file.name}.{os.getpid()}.tmp")
+        try:
+            self.file.parent.mkdir(exist_ok=True)
+            tmp.write_text(json.dumps(stored))
+            os.replace(tmp, self.file)
+        except OSError:
+            pass
+
+
+def _fingerprint(package_dir: Path, script_dir: Path) -> str:
+    """Path, size and mtime of every ``.py`` file of the package (recursively) and of the script's
+    folder: any edit, new or removed module changes it (a folder walk, about a millisecond)."""
+    stats = []
+    for root, dirs, names in os.walk(package_dir):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        stats += [(root, n) for n in names if n.endswith(".py")]
+    stats += [(str(script_dir), n) for n in os.listdir(script_dir) if n.endswith(".py")]
+    stamped = sorted(
+        (root, n, (st := os.stat(os.path.join(root, n))).st_size, st.st_mtime_ns) for root, n in stats
+    )
+    return hashlib.sha256(repr(stamped).encode()).hexdigest()
 
 
 def _module_file(package_dir: Path, parts: list[str]) -> Path | None:

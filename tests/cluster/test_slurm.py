@@ -28,8 +28,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.workflow, pytest.mark.slow]
 
 CLUSTER_SCRIPTS = REPO / "tests" / "cluster"
 RUN = "slurmtiny"
-# Rules that compute on a GPU when there is one (see profiles/slurm/config.yaml).
-GPU_RULES = re.compile(r"train_.+|curvature_shard|features_epoch|influence_factors|influence_scores")
+# Rules that compute on a GPU when there is one: the workflow asks for one (rules/common.smk:
+# get_gpu_resources), profiles/slurm/config.yaml sizes them.
+GPU_RULES = re.compile(
+    r"train_.+|curvature_shard|features_epoch|ablation_epoch|influence_factors|influence_scores"
+)
 # Local rules (Snakefile: localrules): they must never reach SLURM.
 LOCAL_RULES = re.compile(r"(all|figures|accuracy_tables|plot_.+)")
 EXPECTED_RULES = {

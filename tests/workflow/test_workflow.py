@@ -178,13 +178,61 @@ def test_bad_config_value_names_key_and_allowed_values(tiny):
     assert "allowed values: small_cnn, resnet18_lop" in proc.stdout
 
 
-def test_missing_checkpoint_names_file(tiny):
+def test_missing_checkpoints_are_listed_at_once(tiny):
+    """One dry run names every missing checkpoint with the fix. Without --keep-going that is the
+    error and nothing runs; with it, each missing checkpoint is a job that will fail alone."""
     wf, work, cfg, ckpts = tiny
-    (ckpts / "index-0_epoch-4.pt").unlink()
-    proc = snakemake(wf, work, "--dry-run", configfile=cfg, check=False)
+    gone = [ckpts / "index-0_epoch-2.pt", ckpts / "index-0_epoch-6.pt"]
+    for path in gone:
+        path.unlink()
+    proc = snakemake(wf, work, "--dry-run", configfile=cfg, check=False, keep_going=False)
     assert proc.returncode != 0
-    assert str(ckpts / "index-0_epoch-4.pt") in proc.stdout
-    assert "checkpoint not found" in proc.stdout
+    assert "2 checkpoint(s) that the config needs are missing (run tiny: 2 of 4)" in proc.stdout
+    for path, epoch in zip(gone, (2, 6), strict=True):
+        assert f"{path}  (run tiny, index 0, epoch {epoch})" in proc.stdout
+    assert "Nothing was run" in proc.stdout and "correct checkpoints.path of runs.tiny" in proc.stdout
+    assert not (work / "results").exists()
+
+    proc = snakemake(wf, work, "--dry-run", configfile=cfg)
+    assert proc.stdout.count("checkpoint(s) that the config needs are missing") == 1  # once
+    assert all(str(path) in proc.stdout for path in gone)
+    jobs = planned_jobs(wf, work, configfile=cfg)
+    assert jobs["missing_checkpoint"] == 2 and jobs["evaluate_checkpoint"] == 4
+    assert sorted(planned_wildcards(wf, work, "missing_checkpoint", configfile=cfg)) == [
+        "run=tiny, index=0, epoch=0002",
+        "run=tiny, index=0, epoch=0006",
+    ]
+
+
+@pytest.mark.slow
+def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
+    """The epochs that have their checkpoints are evaluated; each missing one fails with the fix;
+    once the file is there, the next run computes only what is missing."""
+    off = {"enabled": False}
+    config = lambda ckpts: tiny_config(ckpts, curvature=off, features=off, probes=off, ablation=off)  # noqa: E731
+    wf, work, cfg, ckpts = tiny_run(tmp_path, config, run=False)
+    gone = ckpts / "index-0_epoch-4.pt"
+    content = gone.read_bytes()
+    gone.unlink()
+    proc = snakemake(wf, work, configfile=cfg, check=False)
+    assert proc.returncode != 0
+    assert f"{gone}: checkpoint not found (run tiny, index 0, epoch 4)" in proc.stdout
+    evals = (work / RESULTS.eval_table("tiny", 0, 0)).parent
+    assert sorted(p.name for p in evals.glob("*.csv")) == [
+        "epoch_0000.csv",
+        "epoch_0002.csv",
+        "epoch_0006.csv",
+    ]
+    assert not (work / RESULTS.table("accuracy_per_class", "tiny")).exists()  # waits for epoch 4
+    log = work / RESULTS.log("missing_checkpoint", "tiny", 0, 4)
+    assert "correct runs.tiny.checkpoints.path" in log.read_text()
+    gone.write_bytes(content)
+    assert planned_jobs(wf, work, configfile=cfg) == {
+        "evaluate_checkpoint": 1,
+        "accuracy_tables": 1,
+        "plot_accuracy": 1,
+        "all": 1,
+    }
 
 
 def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):

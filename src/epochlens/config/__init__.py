@@ -2,6 +2,7 @@
 
 * :mod:`.schema`   schema validation with the schema's defaults filled in, errors by key;
 * :mod:`.epochs`   which checkpoints a run has and which of them each stage analyses;
+* :mod:`.inputs`   where a run's checkpoints are, and every missing one in one message;
 * :mod:`.checks`   cross-field checks that a schema cannot express (before any job runs);
 * :mod:`.results`  which settings change a stage's results (the rules' params), derived from the
   stages' settings dataclasses.
@@ -24,6 +25,15 @@ from epochlens.config.epochs import (
     schedule,
     section_epochs,
     tracin_epochs,
+)
+from epochlens.config.inputs import (
+    MISSING_RULE,
+    MissingCheckpoint,
+    checkpoint_path,
+    missing_checkpoint_error,
+    missing_checkpoints,
+    missing_checkpoints_message,
+    needs_file,
 )
 from epochlens.config.results import (
     ANALYSIS_SECTIONS,
@@ -51,11 +61,14 @@ def validate(config: dict, schema_path: str | Path) -> dict:
 
 __all__ = [
     "ANALYSIS_SECTIONS",
+    "MISSING_RULE",
+    "MissingCheckpoint",
     "ablation_params",
     "analysis_epochs",
     "check_config",
     "check_run",
     "checkpoint_epochs",
+    "checkpoint_path",
     "corruption",
     "curvature_epochs",
     "curvature_params",
@@ -65,6 +78,10 @@ __all__ = [
     "influence_epochs",
     "influence_factor_params",
     "influence_score_params",
+    "missing_checkpoint_error",
+    "missing_checkpoints",
+    "missing_checkpoints_message",
+    "needs_file",
     "num_classes",
     "poison_detection_params",
     "probe_epochs",

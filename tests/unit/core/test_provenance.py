@@ -103,6 +103,7 @@ OWN = {
     "train": set(),
     "prepare_data": set(),
     "class_order": set(),
+    "missing_checkpoint": set(),
 }
 
 
@@ -137,3 +138,48 @@ def test_real_scripts_depend_on_their_own_stage_only():
     assert "influence/scores.py" not in factors and "influence/study_factors.py" in factors
     # every script counts the helper module next to it
     assert scripts / "_helpers.py" in module_sources(scripts / "train.py")
+
+
+def test_module_sources_are_cached_until_a_module_changes(tmp_path):
+    """The dry run reads the import graph from <package>/__pycache__/module_sources.json; an edit,
+    a new or a removed module is seen at once, in this process and the next."""
+    import subprocess
+    import sys
+
+    package = tmp_path / "epochlens"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from epochlens.b import x\n")
+    (package / "b.py").write_text("x = 1\n")
+    (package / "c.py").write_text("y = 2\n")
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "s.py").write_text("from epochlens.a import x\n")
+
+    def names(cache=True):
+        return sorted(p.name for p in module_sources(scripts / "s.py", package, cache=cache))
+
+    def names_in_a_new_process():
+        code = (
+            "import sys; from pathlib import Path; from epochlens.provenance import module_sources\n"
+            f"print(sorted(p.name for p in module_sources(Path({str(scripts / 's.py')!r}), "
+            f"Path({str(package)!r}))))"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return eval(out.stdout)
+
+    assert names() == names(cache=False) == ["a.py", "b.py"]
+    assert (package / "__pycache__" / "module_sources.json").is_file()
+    assert names_in_a_new_process() == ["a.py", "b.py"]
+    (package / "b.py").write_text("from epochlens.c import y\nx = 1\n")
+    assert names() == names(cache=False) == ["a.py", "b.py", "c.py"]
+    (package / "b.py").write_text("from epochlens.d import y\nx = 1\n")  # d does not exist yet
+    assert names() == ["a.py", "b.py"]
+    (package / "d.py").write_text("y = 3\n")  # a new module: the import now resolves
+    assert names() == ["a.py", "b.py", "d.py"] == names_in_a_new_process()
+
+
+def test_cached_module_sources_of_the_real_scripts_are_the_parsed_ones():
+    scripts = PACKAGE_DIR.parents[1] / "scripts"
+    for script in sorted(scripts.glob("[!_]*.py")):
+        assert module_sources(script) == module_sources(script, cache=False), script.name
