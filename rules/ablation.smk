@@ -64,6 +64,8 @@ rule plot_ablation:
         pdf=layout.figure("ablation_effect", "pdf"),
     log:
         layout.log("plot_ablation"),
+    benchmark:
+        layout.benchmark("plot_ablation")
     conda:
         "../envs/plots.yaml"
     envmodules:

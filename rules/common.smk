@@ -120,7 +120,7 @@ def get_missing_checkpoint_error(wildcards):
 
 
 def get_gpu_resources():
-    """Resources of a rule that computes on a GPU when there is one: one GPU (none with
+    """Resources of the rules that compute on a GPU when there is one. One GPU (none with
     device: cpu). Its jobs use the config's device; every other job computes on the CPU
     (epochlens.resources). A profile sets their CPUs, memory and time (profiles/slurm).
     """

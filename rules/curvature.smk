@@ -117,6 +117,8 @@ rule plot_curvature:
         vs_loss_pdf=layout.figure("curvature_vs_loss", "pdf"),
     log:
         layout.log("plot_curvature"),
+    benchmark:
+        layout.benchmark("plot_curvature")
     conda:
         "../envs/plots.yaml"
     envmodules:

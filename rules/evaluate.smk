@@ -37,6 +37,8 @@ rule accuracy_tables:
         provenance=layout.table_provenance("accuracy_tables"),
     log:
         layout.log("accuracy_tables"),
+    benchmark:
+        layout.benchmark("accuracy_tables")
     conda:
         "../envs/epochlens.yaml"
     envmodules:

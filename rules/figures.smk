@@ -18,6 +18,8 @@ rule plot_accuracy:
         pdf=layout.figure("accuracy_by_cohort", "pdf"),
     log:
         layout.log("plot_accuracy"),
+    benchmark:
+        layout.benchmark("plot_accuracy")
     conda:
         "../envs/plots.yaml"
     envmodules:
@@ -47,6 +49,8 @@ rule plot_training:
         pdf=layout.figure("training_curves", "pdf"),
     log:
         layout.log("plot_training"),
+    benchmark:
+        layout.benchmark("plot_training")
     conda:
         "../envs/plots.yaml"
     envmodules:

@@ -137,6 +137,8 @@ rule plot_influence:
         conditioning_pdf=layout.figure("influence_conditioning", "pdf"),
     log:
         layout.log("plot_influence"),
+    benchmark:
+        layout.benchmark("plot_influence")
     conda:
         "../envs/epochlens.yaml"
     envmodules:

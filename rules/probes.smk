@@ -63,6 +63,8 @@ rule plot_probes:
         pdf=layout.figure("probe_accuracy", "pdf"),
     log:
         layout.log("plot_probes"),
+    benchmark:
+        layout.benchmark("plot_probes")
     conda:
         "../envs/plots.yaml"
     envmodules:

@@ -33,12 +33,14 @@ LOCAL_EXECUTORS = (None, "", "local", "dryrun", "touch")
 @dataclass(frozen=True)
 class RuleSpec:
     """What the workflow says about a rule: its name, whether it is a local rule, the resources
-    it declares (values, or :data:`PER_JOB`) and whether its script computes on a torch device."""
+    it declares (values, or :data:`PER_JOB`), whether its script computes on a torch device, and
+    the script."""
 
     name: str
     local: bool = False
     resources: Mapping[str, Any] = field(default_factory=dict)
     uses_device: bool = False
+    script: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -240,17 +242,20 @@ def workflow_rules(
                 snakefile=snakefile,
                 workdir=snakefile.parent,
             )._workflow
-            rules = [
-                RuleSpec(
-                    rule.name,
-                    local=rule.name in workflow._localrules,
-                    resources=_raw_resources(rule.resources),
-                    uses_device=device_module
-                    in module_sources((Path(rule.snakefile).parent / str(rule.script)).resolve()),
+            rules = []
+            for rule in workflow.rules:
+                if not rule.script:
+                    continue
+                script = (Path(rule.snakefile).parent / str(rule.script)).resolve()
+                rules.append(
+                    RuleSpec(
+                        rule.name,
+                        local=rule.name in workflow._localrules,
+                        resources=_raw_resources(rule.resources),
+                        uses_device=device_module in module_sources(script),
+                        script=script,
+                    )
                 )
-                for rule in workflow.rules
-                if rule.script
-            ]
             return rules, dict(workflow.config)
     finally:
         os.chdir(here)
