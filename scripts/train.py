@@ -31,7 +31,7 @@ def main(snakemake) -> None:
     folder = Path(snakemake.output.checkpoints[0]).parent
     device = resolve_device(snakemake.config["device"])  # execution setting: recorded, not a param
     # Outside the outputs, which Snakemake deletes when the job fails (see epochlens.resume).
-    resume_dir = RESULTS.resume_dir(snakemake.wildcards.run, index)
+    resume_dir = RESULTS.resume_dir(snakemake.rule.removeprefix("train_"), index)  # rule train_<run>
     log.info(
         "training index %d on %s: %d tasks x %d epochs",
         index,
