@@ -41,6 +41,8 @@ wildcard_constraints:
     epoch=r"\d\d\d\d+",
     shard=r"\d+",
     nshards=r"\d+",
+    part=r"\d+",
+    nparts=r"\d+",
 
 
 include: "rules/data.smk"

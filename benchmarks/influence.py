@@ -12,13 +12,39 @@ patches + bias).
 Usage (on a machine shared with other jobs, --threads 1 keeps their load out of the timings):
     .venv/bin/python benchmarks/influence.py --model small_cnn --n-train 256 --n-query 16 --json
     .venv/bin/python benchmarks/influence.py --model resnet18_lop --n-train 16 --n-query 4 --json
+
+Against kronfluence 1.0.1 (``--kronfluence PYTHON``: the Python of a virtual environment that holds
+it; it runs ``benchmarks/_kronfluence.py`` in a subprocess on the same model, weights, training
+images and queries): EK-FAC with matched settings, i.e. the empirical Fisher, float32 forward and
+backward passes and float64 everywhere else (kronfluence's activation/gradient covariance,
+eigendecomposition, lambda, per-sample gradient, precondition and score dtypes; epochlens's
+defaults), damping 0.1 x each layer's mean eigenvalue (kronfluence's heuristic, epochlens's relative
+0.1), both holding ``--kf-query-batch-size`` preconditioned query gradients at once. Stages are
+interleaved (epochlens, kronfluence, then kronfluence, epochlens, ...; ``--repeats`` rounds, the
+fastest of each kept), each with its peak memory; the report gives every stage's seconds and ratio
+and the Spearman correlations of the two libraries' self-influence and pairwise scores. Results go
+to ``--out`` (JSON) after every stage, so an interrupted run keeps what it measured. Setting up
+kronfluence's environment (never let pip touch torch; no torchvision)::
+
+    python3 -m venv /work/kf-venv && /work/kf-venv/bin/pip install torch==2.13.0
+    /work/kf-venv/bin/pip install --no-deps kronfluence==1.0.1
+    /work/kf-venv/bin/pip install accelerate safetensors opt_einsum einconv einops -c <(echo torch==2.13.0)
+    nice .venv/bin/python benchmarks/influence.py --model resnet18_lop --n-train 1000 --n-query 100 \
+        --kronfluence /work/kf-venv/bin/python --threads 2 --out influence_vs_kronfluence.json
+
+The projected hours for 50,000 training images x 21 checkpoints are computed only from a run on a
+GPU (``projection``); on a CPU the field says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import subprocess
+import tempfile
 import warnings
+from pathlib import Path
 
 import _common
 import numpy as np
@@ -29,6 +55,13 @@ from epochlens.influence import (
     fit_factors,
     pairwise_influence,
     self_influence,
+)
+from epochlens.influence.factors import (
+    apply_corrections,
+    correction_sums,
+    covariance_sums,
+    eigendecompose,
+    empty_factors,
 )
 from epochlens.models.networks import build_model
 
@@ -115,6 +148,214 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     return report
 
 
+#: epochlens's stage -> kronfluence's (the driver's command).
+KF_STAGES = {
+    "covariance": "covariance",
+    "eigendecomposition": "eigendecomposition",
+    "corrections": "lambda",
+    "self_influence": "self",
+    "pairwise": "pairwise",
+}
+
+
+def _inputs(name: str, args: argparse.Namespace) -> dict:
+    channels, side, num_classes, n_active = SHAPES[name]
+    torch.manual_seed(args.seed)
+    model = build_model(name, num_classes, channels).eval()
+    gen = torch.Generator().manual_seed(args.seed)
+    return {
+        "model": name,
+        "num_classes": num_classes,
+        "state_dict": model.state_dict(),
+        "x": torch.randn(args.n_train, channels, side, side, generator=gen),
+        "xq": torch.randn(args.n_query, channels, side, side, generator=gen),
+        "y": torch.randint(0, n_active, (args.n_train,), generator=gen).numpy(),
+        "yq": torch.randint(0, n_active, (args.n_query,), generator=gen).numpy(),
+        "active": np.arange(n_active),
+    }
+
+
+class _Kronfluence:
+    """The kronfluence driver (benchmarks/_kronfluence.py) in a subprocess, one stage per request."""
+
+    def __init__(self, python: str, workdir: Path, args: argparse.Namespace, device: torch.device) -> None:
+        cmd = [
+            python,
+            str(Path(__file__).with_name("_kronfluence.py")),
+            str(workdir),
+            "--batch-size",
+            str(args.batch_size),
+            "--query-batch-size",
+            str(args.kf_query_batch_size),
+            "--device",
+            str(device),
+        ]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the kronfluence driver stopped (exit status {self.proc.wait()})")
+        return json.loads(line)
+
+    def run(self, stage: str) -> dict:
+        self.proc.stdin.write(stage + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait()
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    ok = np.isfinite(a) & np.isfinite(b)
+    return float(spearmanr(a[ok], b[ok]).statistic)
+
+
+def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """Stage by stage, interleaved: epochlens in this process, kronfluence in its own (see the doc)."""
+    inputs = _inputs(name, args)
+    channels, _, num_classes, _ = SHAPES[name]
+    model = build_model(name, num_classes, channels)
+    model.load_state_dict(inputs["state_dict"])
+    model = model.to(device).eval()
+    x, y, xq, yq, active = (inputs[k] for k in ("x", "y", "xq", "yq", "active"))
+    params = sum(lf.out_dim * lf.in_dim for lf in empty_factors(model, InfluenceSettings()).layers.values())
+    # Room for exactly kf_query_batch_size preconditioned query gradients (float64), as kronfluence.
+    memory_gb = (args.kf_query_batch_size + 0.5) * params * 8 / 2**30
+    settings = InfluenceSettings(
+        method="ekfac",
+        fisher="empirical",
+        factor_batch_size=args.batch_size,
+        train_batch_size=args.batch_size,
+        query_batch_size=args.query_batch_size,
+        query_memory_gb=memory_gb,
+        eigh_workers=args.eigh_workers,
+    )
+    state: dict = {}
+
+    def covariance():
+        state["sums"] = covariance_sums(model, x, y, active, settings, device=device)
+
+    def eigen():
+        state["factors"] = eigendecompose(empty_factors(model, settings), state["sums"], settings, device)
+
+    def corrections():
+        sums = correction_sums(model, state["factors"], x, y, active, settings, device=device)
+        apply_corrections(state["factors"], sums)
+
+    def self_scores():
+        state["self"] = self_influence(model, state["factors"], x, y, active, settings, device=device)
+
+    def pairwise():
+        state["pairwise"] = pairwise_influence(
+            model, state["factors"], x, y, xq, yq, active, settings, device=device
+        )
+
+    ours = {
+        "covariance": covariance,
+        "eigendecomposition": eigen,
+        "corrections": corrections,
+        "self_influence": self_scores,
+        "pairwise": pairwise,
+    }
+    report = {
+        "model": name,
+        **_common.environment(device),
+        "comparison": "epochlens vs kronfluence 1.0.1, EK-FAC, empirical Fisher, float32 forward, float64 "
+        "factors/gradients/scores, damping 0.1 x mean eigenvalue",
+        "n_train": args.n_train,
+        "n_query": args.n_query,
+        "batch_size": args.batch_size,
+        "queries_held": args.kf_query_batch_size,
+        "params_tracked": int(params),
+        "repeats": args.repeats,
+        "stages": {},
+    }
+    out = Path(args.out) if args.out else None
+    with tempfile.TemporaryDirectory(prefix="kf-bench-") as tmp:
+        work = Path(tmp)
+        torch.save(inputs, work / "inputs.pt")
+        kf = _Kronfluence(args.kronfluence, work, args, device)
+        try:
+            for stage, fn in ours.items():
+                best = {"epochlens": math.inf, "kronfluence": math.inf}
+                peak = {"epochlens": 0.0, "kronfluence": 0.0}
+                for rep in range(args.repeats):
+                    order = ("epochlens", "kronfluence") if rep % 2 == 0 else ("kronfluence", "epochlens")
+                    for side in order:
+                        if side == "epochlens":
+                            with warnings.catch_warnings(), _common.PeakMemory(device) as mem:
+                                warnings.simplefilter("ignore")
+                                seconds, _ = _common.timed(fn, device)
+                            mib = mem.peak_mib
+                        else:
+                            answer = kf.run(KF_STAGES[stage])
+                            seconds, mib = answer["seconds"], answer["peak_mib"]
+                        best[side] = min(best[side], seconds)
+                        peak[side] = max(peak[side], mib)
+                report["stages"][stage] = {
+                    "epochlens_s": round(best["epochlens"], 2),
+                    "kronfluence_s": round(best["kronfluence"], 2),
+                    "ratio": round(best["epochlens"] / best["kronfluence"], 3),
+                    "epochlens_peak_mib": round(peak["epochlens"], 1),
+                    "kronfluence_peak_mib": round(peak["kronfluence"], 1),
+                }
+                _summarise(report, args, device)
+                if out is not None:
+                    out.write_text(json.dumps(report, indent=2))
+                if not args.json:
+                    print(stage, report["stages"][stage], flush=True)
+            kf_self = np.load(work / "kf_self.npy")
+            kf_pair = np.load(work / "kf_pairwise.npy")
+        finally:
+            kf.close()
+    ours_self, ours_pair = state["self"].scores, state["pairwise"].scores
+    per_query = [_spearman(ours_pair[q], kf_pair[q]) for q in range(len(ours_pair))]
+    report["spearman"] = {
+        "self_influence": round(_spearman(ours_self, kf_self), 5),
+        "pairwise_all": round(_spearman(ours_pair.ravel(), kf_pair.ravel()), 5),
+        "pairwise_per_query_min": round(min(per_query), 5),
+        "pairwise_per_query_mean": round(float(np.mean(per_query)), 5),
+    }
+    if out is not None:
+        out.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _summarise(report: dict, args: argparse.Namespace, device: torch.device) -> None:
+    stages = report["stages"]
+    ours = sum(v["epochlens_s"] for v in stages.values())
+    theirs = sum(v["kronfluence_s"] for v in stages.values())
+    report["total"] = {
+        "stages": list(stages),
+        "epochlens_s": round(ours, 2),
+        "kronfluence_s": round(theirs, 2),
+        "ratio": round(ours / theirs, 3) if theirs else None,
+    }
+    if device.type != "cuda":
+        report["projection"] = "none: projected GPU hours need a run on a GPU (this one ran on the CPU)"
+        return
+    per_image = sum(stages[s]["epochlens_s"] for s in stages if s != "eigendecomposition") / args.n_train
+    fixed = stages.get("eigendecomposition", {}).get("epochlens_s", 0.0)
+    hours = 21 * (fixed + 50_000 * per_image) / 3600
+    report["projection"] = {
+        "what": f"50,000 training images x 21 checkpoints, {args.n_query} queries, "
+        f"one {_common.device_name(device)}",
+        "hours": round(hours, 1),
+        "from": "measured seconds per training image (covariances, corrections, self, pairwise) and the "
+        "eigendecomposition per checkpoint",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _common.parser(__doc__, repeats=1)
     parser.add_argument("--n-train", type=int, default=64)
@@ -125,6 +366,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="factor and training batches")
     parser.add_argument("--query-batch-size", type=int, default=16)
     parser.add_argument("--precondition-dtype", choices=["float64", "float32"], default="float64")
+    parser.add_argument("--eigh-workers", type=int, default=1, help="eigendecompositions at once")
+    parser.add_argument(
+        "--kronfluence",
+        metavar="PYTHON",
+        help="compare with kronfluence 1.0.1 run by this Python (its own virtual environment)",
+    )
+    parser.add_argument(
+        "--kf-query-batch-size",
+        type=int,
+        default=50,
+        help="comparison: preconditioned query gradients held at once by both libraries",
+    )
+    parser.add_argument("--out", help="comparison: JSON report written after every stage")
+    args = parser.parse_args(argv)
+    if args.kronfluence:
+        return _common.run(parser, compare_kronfluence, argv)
     return _common.run(parser, bench_model, argv)
 
 

@@ -3,13 +3,119 @@
 #                      layer selection, reused by self and pairwise influence at any damping
 #   influence_scores   self-influence of every training image and influence on the queries (one
 #                      matrix per query transform); identity and tracin need no factors
-# Per run: poison_detection (tables) -> plot_influence (figures). prepare_data applies
-# data.corruption and records the corrupted positions (rules/data.smk). Params hold what changes
-# results (epochlens.config.influence_*_params); batch sizes and device are read from the config
-# by the scripts, so changing them reruns nothing.
+# With influence.shards S > 1 every pass over the training images is S jobs, each a contiguous range
+# of them: influence_covariances (ekfac, kfac) -> influence_eigenbasis (ekfac: summed and
+# eigendecomposed; kfac's factors are that) -> influence_corrections (ekfac, diagonal) ->
+# influence_factors (summed); influence_score_shard -> influence_scores (concatenated). A killed
+# shard reruns alone. With S = 1 influence_factors and influence_scores do the passes themselves.
+# Per run: poison_detection (tables) -> plot_influence (figures); with influence.lds the linear
+# datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds.
+# prepare_data applies data.corruption and records the corrupted positions (rules/data.smk). Params
+# hold what changes results (epochlens.config.influence_*_params); batch sizes and device are read
+# from the config by the scripts, so changing them reruns nothing.
 
 
 include: "helpers/influence.smk"
+
+
+rule influence_covariances:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        checkpoint=get_checkpoint,
+        code=get_code("influence_factor_shard.py"),
+    output:
+        shard=layout.influence_shard("covariances"),
+    log:
+        layout.log(
+            "influence",
+            index="{index}",
+            epoch="{epoch}",
+            name=shard_log("covariances"),
+        ),
+    benchmark:
+        layout.benchmark(
+            "influence",
+            index="{index}",
+            epoch="{epoch}",
+            name=shard_log("covariances"),
+        )
+    wildcard_constraints:
+        method="ekfac|kfac",
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        config=get_influence_factor_params,
+        kind="covariances",
+    script:
+        "../scripts/influence_factor_shard.py"
+
+
+rule influence_eigenbasis:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        checkpoint=get_checkpoint,
+        covariances=get_influence_covariance_shards,
+        code=get_code("influence_factors.py"),
+    output:
+        eigenbasis=layout.influence_file("eigenbasis.pt"),
+    log:
+        layout.log(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/eigenbasis"
+        ),
+    benchmark:
+        layout.benchmark(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/eigenbasis"
+        )
+    wildcard_constraints:
+        method="ekfac",
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        config=get_influence_factor_params,
+    script:
+        "../scripts/influence_factors.py"
+
+
+rule influence_corrections:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        checkpoint=get_checkpoint,
+        eigenbasis=get_influence_eigenbasis,
+        code=get_code("influence_factor_shard.py"),
+    output:
+        shard=layout.influence_shard("corrections"),
+    log:
+        layout.log(
+            "influence",
+            index="{index}",
+            epoch="{epoch}",
+            name=shard_log("corrections"),
+        ),
+    benchmark:
+        layout.benchmark(
+            "influence",
+            index="{index}",
+            epoch="{epoch}",
+            name=shard_log("corrections"),
+        )
+    wildcard_constraints:
+        method="ekfac|diagonal",
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        config=get_influence_factor_params,
+        kind="corrections",
+    script:
+        "../scripts/influence_factor_shard.py"
 
 
 rule influence_factors:
@@ -17,6 +123,9 @@ rule influence_factors:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        covariances=get_influence_factor_covariances,
+        eigenbasis=get_influence_eigenbasis,
+        corrections=get_influence_correction_shards,
         code=get_code("influence_factors.py"),
     output:
         factors=layout.influence_file("factors.pt"),
@@ -43,6 +152,36 @@ rule influence_factors:
         "../scripts/influence_factors.py"
 
 
+rule influence_score_shard:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        checkpoint=get_checkpoint,
+        factors=get_influence_factors,
+        tracin_checkpoints=get_influence_tracin_checkpoints,
+        code=get_code("influence_score_shard.py"),
+    output:
+        shard=layout.influence_shard("scores"),
+    log:
+        layout.log(
+            "influence", index="{index}", epoch="{epoch}", name=shard_log("scores")
+        ),
+    benchmark:
+        layout.benchmark(
+            "influence", index="{index}", epoch="{epoch}", name=shard_log("scores")
+        )
+    wildcard_constraints:
+        method="ekfac|kfac|diagonal|identity|tracin",
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        config=get_influence_score_params,
+    script:
+        "../scripts/influence_score_shard.py"
+
+
 rule influence_scores:
     input:
         dataset=rules.prepare_data.output.dataset,
@@ -50,6 +189,7 @@ rule influence_scores:
         checkpoint=get_checkpoint,
         factors=get_influence_factors,
         tracin_checkpoints=get_influence_tracin_checkpoints,
+        shards=get_influence_score_shards,
         code=get_code("influence_scores.py"),
     output:
         scores=layout.influence_file("scores.npz"),

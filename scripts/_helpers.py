@@ -85,8 +85,10 @@ def from_command_line(rule: str, argv: Sequence[str] | None = None):
     parser.add_argument("wildcards", nargs="*", help="the job's wildcards, e.g. run=digits index=0")
     parser.add_argument("--configfile", nargs="*", default=[], help="the run's config file(s)")
     parser.add_argument("--directory", default=".", help="working directory holding results/")
+    parser.add_argument("--rule", default=None, help=f"another rule that runs this script (default {rule})")
     args = parser.parse_args(argv)
     wildcards = dict(item.split("=", 1) for item in args.wildcards)
+    rule = args.rule or rule
     name = rule.format(**wildcards)  # train_{run}: one training rule per run, wildcard index only
     if "{run}" in rule:
         wildcards.pop("run")

@@ -1,5 +1,6 @@
 """Rule influence_scores: self-influence of every training image and its influence on the queries
-(one (Q, N) matrix per query transform) at one checkpoint, for one method.
+(one (Q, N) matrix per query transform) at one checkpoint, for one method; with influence.shards
+> 1, the shards' scores concatenated.
 
 By hand, from the run's working directory:
     python scripts/influence_scores.py run=digits_noisy index=0 epoch=0075 method=ekfac
@@ -9,19 +10,22 @@ import numpy as np
 from _helpers import execution, job_files, run_script
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.influence.study_scores import checkpoint_scores
+from epochlens.influence.study_scores import ScoreShard, checkpoint_scores, merge_scores
 from epochlens.job import load_checkpoint_job
 
 
 def main(snakemake) -> None:
     cfg, inp, wc = snakemake.params.config, snakemake.input, snakemake.wildcards
-    job = load_checkpoint_job(model=cfg["model"], schedule=cfg["schedule"], **job_files(snakemake))
-    # Batch sizes do not change results: read from the config, not params (changing them reruns nothing).
-    result = checkpoint_scores(
-        job, wc.method, cfg, execution(snakemake, "influence"),
-        factors_path=inp.factors[0] if inp.factors else None,
-        tracin_checkpoints=inp.tracin_checkpoints, progress=True,
-    )  # fmt: skip
+    if inp.shards:
+        result = merge_scores([ScoreShard.load(path) for path in inp.shards], cfg)
+    else:
+        job = load_checkpoint_job(model=cfg["model"], schedule=cfg["schedule"], **job_files(snakemake))
+        # Batch sizes do not change results: read from the config, not params (changing them reruns nothing).
+        result = checkpoint_scores(
+            job, wc.method, cfg, execution(snakemake, "influence"),
+            factors_path=inp.factors[0] if inp.factors else None,
+            tracin_checkpoints=inp.tracin_checkpoints, progress=True,
+        )  # fmt: skip
 
     def write_npz(path):
         with open(path, "wb") as f:

@@ -37,6 +37,58 @@ def get_influence_tracin_checkpoints(wildcards):
     ]
 
 
+def shard_log(kind):
+    """Log and benchmark name of a shard job: ``{method}/{kind}_{shard}-of-{nshards}``."""
+    return "{method}/" + kind + "_{shard}-of-{nshards}"
+
+
+def get_influence_shards(wildcards):
+    """influence.shards of the run: jobs per pass over the training images."""
+    return get_run(wildcards)["influence"]["shards"]
+
+
+def influence_shard_files(wildcards, kind):
+    w, n = wildcards, get_influence_shards(wildcards)
+    return [
+        layout.influence_shard(kind, w.run, w.index, w.epoch, w.method, k, n)
+        for k in range(n)
+    ]
+
+
+def get_influence_covariance_shards(wildcards):
+    """The covariance shards that the eigenbasis (ekfac) or the factors (kfac) sum up."""
+    return influence_shard_files(wildcards, "covariances")
+
+
+def get_influence_factor_covariances(wildcards):
+    """Covariance shards of K-FAC's factors, when sharded (EK-FAC's go through its eigenbasis)."""
+    if wildcards.method != "kfac" or get_influence_shards(wildcards) == 1:
+        return []
+    return get_influence_covariance_shards(wildcards)
+
+
+def get_influence_eigenbasis(wildcards):
+    """EK-FAC's eigenbasis, when its fit is sharded (its correction shards rotate into it)."""
+    if wildcards.method != "ekfac" or get_influence_shards(wildcards) == 1:
+        return []
+    w = wildcards
+    return [layout.influence_file("eigenbasis.pt", w.run, w.index, w.epoch, w.method)]
+
+
+def get_influence_correction_shards(wildcards):
+    """Correction (ekfac) or diagonal shards of the factors, when sharded."""
+    if wildcards.method == "kfac" or get_influence_shards(wildcards) == 1:
+        return []
+    return influence_shard_files(wildcards, "corrections")
+
+
+def get_influence_score_shards(wildcards):
+    """The score shards that influence_scores concatenates (none when not sharded)."""
+    if get_influence_shards(wildcards) == 1:
+        return []
+    return influence_shard_files(wildcards, "scores")
+
+
 def get_influence_factors(wildcards):
     """factors.pt of (run, index, epoch, method); none for identity and tracin."""
     if wildcards.method not in FACTOR_METHODS:

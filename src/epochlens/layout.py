@@ -11,7 +11,9 @@
         eval/epoch_{E}.csv
         curvature/epoch_{E}/per_image_{key}.npy, metadata.json, shards/shard_{k}-of-{S}.npz
         features/epoch_{E}.h5, probes/epoch_{E}.csv, ablation/epoch_{E}.csv
-        influence/epoch_{E}/{method}/factors.pt, factor_diagnostics.csv, scores.npz, ...
+        influence/epoch_{E}/{method}/factors.pt, factor_diagnostics.csv, scores.npz, ...,
+          shards/{covariances,corrections}_{k}-of-{S}.pt, shards/scores_{k}-of-{S}.npz
+        influence/epoch_{E}/lds/retrain_{k}-of-{P}.npz
       tables/{name}.csv, tables/{name}.provenance.json
       figures/{name}.png and .pdf
       logs/{stage}[/index-{index}][/epoch_{E}][/{name}].log, benchmarks/... .tsv
@@ -198,8 +200,40 @@ class Layout:
         method: str = "{method}",
     ) -> str:
         """``factors.pt``, ``factor_diagnostics.csv``, ``scores.npz``, ``metadata.json`` or
-        ``diagnostics.csv`` of one influence method at one checkpoint."""
+        ``diagnostics.csv`` of one influence method at one checkpoint (``eigenbasis.pt``: EK-FAC's
+        eigendecomposed factors before their corrections, when the fit is sharded)."""
         return f"{self.influence_dir(run, index, epoch, method)}/{name}"
+
+    def influence_shard(
+        self,
+        kind: str,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        method: str = "{method}",
+        shard: Val = "{shard}",
+        nshards: Val = "{nshards}",
+    ) -> str:
+        """One shard (a contiguous range of the training images) of an influence pass: ``kind``
+        covariances or corrections (sums, ``.pt``) or scores (``.npz``)."""
+        ext = "npz" if kind == "scores" else "pt"
+        return f"{self.influence_dir(run, index, epoch, method)}/shards/{kind}_{shard}-of-{nshards}.{ext}"
+
+    def lds_dir(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        """The linear datamodeling score's retrainings of one analysed checkpoint."""
+        return f"{self.index_dir(run, index)}/influence/{epoch_name(epoch)}/lds"
+
+    def lds_part(
+        self,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        part: Val = "{part}",
+        nparts: Val = "{nparts}",
+    ) -> str:
+        """Part k of P of the LDS retrainings: the query measurements after retraining on each of
+        its subsets (``.npz``)."""
+        return f"{self.lds_dir(run, index, epoch)}/retrain_{part}-of-{nparts}.npz"
 
 
 #: The layout of a workflow run from its working directory.

@@ -61,6 +61,16 @@ def check_influence_config(name: str, run: dict) -> None:
     a trigger, a trigger's target class outside the data set."""
     influence_epochs = epochs.influence_epochs(name, run)
     spec = run["influence"]
+    task = run.get("task", "classification")
+    task_name = task if isinstance(task, str) else task["name"]
+    if spec["enabled"] and task_name in ("regression", "language_model"):
+        queries = spec["queries"]
+        if queries["select"] == "misclassified" or queries["labels"] == "predicted":
+            raise ConfigError(
+                f"runs.{name}.influence.queries: select: misclassified and labels: predicted need "
+                f"class predictions, which task {task_name} has none of; set queries.select: all "
+                "and queries.labels: correct."
+            )
     if "tracin" in spec["methods"]:
         for epoch in influence_epochs:
             epochs.tracin_epochs(name, run, epoch)

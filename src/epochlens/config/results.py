@@ -126,11 +126,13 @@ def _score_fields() -> set[str]:
 
 
 def influence_factor_params(run: Mapping, method: str) -> dict:
-    """What fitted factors depend on: method, Fisher type, layers, seed, model and schedule."""
+    """What fitted factors depend on: method, Fisher type, layers, seed, model, schedule and the
+    run's task (the loss whose curvature they are)."""
     return {
         "settings": influence_settings(run, method),
         "model": run["model"]["name"],
         "schedule": run["schedule"],
+        "task": run["task"],
     }
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -220,6 +221,314 @@ def _report_vanished(vanished: list[int], what: str, dtype: torch.dtype) -> np.n
     return arr
 
 
+@dataclass
+class CovarianceSums:
+    """The sums of one covariance pass over some training samples (CPU, float64): what a shard of
+    the factor fitting computes; shards' sums add up to the whole training set's
+    (:meth:`merged`), and :func:`eigendecompose` turns them into K-FAC factors.
+
+    Attributes:
+        activation: layer name -> Σ_n Σ_t a_{n,t} a_{n,t}ᵀ (in_dim, in_dim).
+        gradient: layer name -> Σ_n Σ_t ds_{n,t} ds_{n,t}ᵀ (out, out).
+        positions: layer name -> Σ_n T_n (A's normaliser).
+        n_valid: samples in the sums; n_seen: samples the task could score.
+        skipped, vanished: global indices left out (NaN/Inf gradients; underflow).
+    """
+
+    activation: dict[str, torch.Tensor]
+    gradient: dict[str, torch.Tensor]
+    positions: dict[str, float]
+    n_valid: int
+    n_seen: int
+    skipped: list[int] = field(default_factory=list)
+    vanished: list[int] = field(default_factory=list)
+
+    @staticmethod
+    def merged(parts: list[CovarianceSums]) -> CovarianceSums:
+        """The sums of several disjoint shards, added in the order given."""
+        if not parts:
+            raise ValueError("no covariance sums to merge")
+        first = parts[0]
+        out = CovarianceSums(
+            {n: t.clone() for n, t in first.activation.items()},
+            {n: t.clone() for n, t in first.gradient.items()},
+            dict(first.positions),
+            first.n_valid,
+            first.n_seen,
+            list(first.skipped),
+            list(first.vanished),
+        )
+        for part in parts[1:]:
+            if list(part.activation) != list(out.activation):
+                raise ValueError(f"shards of other layers: {list(part.activation)} vs {list(out.activation)}")
+            for n in out.activation:
+                out.activation[n] += part.activation[n]
+                out.gradient[n] += part.gradient[n]
+                out.positions[n] += part.positions[n]
+            out.n_valid += part.n_valid
+            out.n_seen += part.n_seen
+            out.skipped += part.skipped
+            out.vanished += part.vanished
+        return out
+
+
+@dataclass
+class CorrectionSums:
+    """The sums of one pass of EK-FAC's eigenvalue correction (Σ_n (Q_Sᵀ G_n Q_A)²) or of the
+    diagonal method (Σ_n G_n²) over some training samples, (out, in_dim) per layer, CPU float64;
+    shards add up (:meth:`merged`), :func:`apply_corrections` divides by the count."""
+
+    sums: dict[str, torch.Tensor]
+    n_valid: int
+    n_seen: int
+    skipped: list[int] = field(default_factory=list)
+    vanished: list[int] = field(default_factory=list)
+
+    @staticmethod
+    def merged(parts: list[CorrectionSums]) -> CorrectionSums:
+        """The sums of several disjoint shards, added in the order given."""
+        if not parts:
+            raise ValueError("no correction sums to merge")
+        out = CorrectionSums(
+            {n: t.clone() for n, t in parts[0].sums.items()},
+            parts[0].n_valid,
+            parts[0].n_seen,
+            list(parts[0].skipped),
+            list(parts[0].vanished),
+        )
+        for part in parts[1:]:
+            if list(part.sums) != list(out.sums):
+                raise ValueError(f"shards of other layers: {list(part.sums)} vs {list(out.sums)}")
+            for n in out.sums:
+                out.sums[n] += part.sums[n]
+            out.n_valid += part.n_valid
+            out.n_seen += part.n_seen
+            out.skipped += part.skipped
+            out.vanished += part.vanished
+        return out
+
+
+class _Pass:
+    """What a pass over training samples needs: task, samples, layers, device, dtype, batches."""
+
+    def __init__(self, model, images, labels, active_classes, settings, sample_indices, device, task, what):
+        self.settings = settings or InfluenceSettings()
+        self.task = resolve_task(task, active_classes)
+        self.source = data_source(images, labels, sample_indices, self.task, what)
+        self.layers = resolve_layers(model, self.settings)
+        self.model = model
+        self.device = model_device(model, device)
+        self.dtype = resolve_compute_dtype(model, self.settings.compute_dtype)
+        self.indices = self.source.indices
+
+    def batches(self, net: nn.Module, desc: str, progress: bool):
+        s = self.settings
+        bar = progress_bar(total=len(self.source), unit="sample", disable=not progress, desc=desc)
+        with ActivationCapture(self.layers) as capture:
+            for pos, inputs, targets in task_batches(
+                self.source, self.task, s.factor_batch_size, self.device, self.dtype
+            ):
+                bp = forward_backprop(
+                    net, capture, self.task, inputs, targets, s.fisher, s.seed, self.indices[pos]
+                )
+                yield pos, bp
+                bar.update(len(pos))
+        bar.close()
+
+
+def covariance_sums(
+    model: nn.Module,
+    images: torch.Tensor | np.ndarray | Dataset | DataLoader,
+    labels: np.ndarray | torch.Tensor | None = None,
+    active_classes: np.ndarray | None = None,
+    settings: InfluenceSettings | None = None,
+    sample_indices: np.ndarray | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+    task: Task | str | None = None,
+) -> CovarianceSums:
+    """K-FAC's covariance sums over these samples (a shard of the training set, or all of it).
+
+    Arguments as :func:`fit_factors`; ``sample_indices`` are the samples' global indices (the true
+    Fisher's draws depend on them, so a shard draws what the whole pass would). No sample to score,
+    or none valid, is not an error here (a shard may hold none); :func:`eigendecompose` checks.
+    """
+    p = _Pass(model, images, labels, active_classes, settings, sample_indices, device, task, "fit_factors")
+    f64, dev = torch.float64, p.device
+    a_sum = {n: torch.zeros(i.in_dim, i.in_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
+    s_sum = {n: torch.zeros(i.out_dim, i.out_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
+    positions = {n: torch.zeros((), dtype=f64, device=dev) for n in p.layers}
+    out = CovarianceSums({}, {}, {}, 0, 0)
+    with prepared_model(model, p.layers, dev, p.dtype) as net:
+        for pos, bp in p.batches(net, "covariances", progress):
+            ok = bp.usable
+            out.skipped += p.indices[pos][~bp.valid.cpu().numpy()].tolist()
+            out.vanished += p.indices[pos][bp.vanished.cpu().numpy()].tolist()
+            out.n_valid += int(ok.sum())
+            out.n_seen += len(pos)
+            for n in p.layers:
+                a = bp.inputs[n][ok].to(f64)
+                positions[n] += bp.positions[n][ok].sum()
+                a = a.reshape(-1, a.shape[-1])
+                a_sum[n] += a.T @ a
+                for d in bp.output_gradients(n, f64, rows=ok):
+                    d = d.reshape(-1, d.shape[-1])
+                    s_sum[n] += d.T @ d
+    out.activation = {n: t.cpu() for n, t in a_sum.items()}
+    out.gradient = {n: t.cpu() for n, t in s_sum.items()}
+    out.positions = {n: float(t) for n, t in positions.items()}
+    return out
+
+
+def empty_factors(model: nn.Module, settings: InfluenceSettings, key: dict | None = None) -> InfluenceFactors:
+    """Factors of ``settings.method`` with every tracked layer and nothing fitted yet."""
+    layers = resolve_layers(model, settings)
+    return InfluenceFactors(
+        settings.method,
+        settings.fisher,
+        {n: LayerFactors(n, i.kind, i.out_dim, i.in_dim, i.has_bias) for n, i in layers.items()},
+        np.zeros(0, np.int64),
+        0,
+        key or {},
+        fit_settings=settings.factor_key(),
+    )
+
+
+def eigendecompose(
+    factors: InfluenceFactors,
+    sums: CovarianceSums,
+    settings: InfluenceSettings,
+    device: str | torch.device = "cpu",
+) -> InfluenceFactors:
+    """Set A and S of every layer from the (merged) covariance sums and eigendecompose them.
+
+    The layers' factors are independent: ``settings.eigh_workers`` threads solve them at once,
+    largest first (each on ``device`` up to ``settings.max_device_eigh_dim``, else the CPU; see
+    :func:`symmetric_eigh`). The result does not depend on the number of workers.
+
+    Raises:
+        NoFiniteSamplesError: no valid sample in the sums. EigenError.
+    """
+    _require_samples(sums.n_valid, sums.n_seen)
+    device = torch.device(device)
+    eig_device = device if settings.eigh_device == "auto" else torch.device("cpu")
+    jobs = []
+    for n, lf in factors.layers.items():
+        lf.n_samples = sums.n_valid
+        count = sums.positions[n]
+        lf.activation_cov = sums.activation[n] / (count if count > 0 else 1.0)
+        lf.gradient_cov = sums.gradient[n] / sums.n_valid
+        jobs.append((n, "A", "activation covariance A", lf.activation_cov))
+        jobs.append((n, "S", "pre-activation-gradient covariance S", lf.gradient_cov))
+
+    def solve(job):
+        n, short, what, cov = job
+        return symmetric_eigh(cov, f"layer {n!r}: {what}", eig_device, settings.max_device_eigh_dim)
+
+    workers = max(1, min(settings.eigh_workers, len(jobs)))
+    if workers == 1:
+        results = [solve(j) for j in jobs]
+    else:
+        order = sorted(range(len(jobs)), key=lambda k: -jobs[k][3].shape[0])
+        with ThreadPoolExecutor(workers) as pool:
+            solved = dict(zip(order, pool.map(solve, [jobs[k] for k in order]), strict=True))
+        results = [solved[k] for k in range(len(jobs))]
+    for (n, short, _, _), e in zip(jobs, results, strict=True):
+        lf = factors.layers[n]
+        lf.solver[short], lf.min_raw[short] = e.solver, e.min_raw
+        if short == "A":
+            lf.activation_values, lf.activation_vectors = e.values, e.vectors
+        else:
+            lf.gradient_values, lf.gradient_vectors = e.values, e.vectors
+    factors.skipped = np.asarray(sorted(set(sums.skipped)), dtype=np.int64)
+    factors.underflow = np.asarray(sorted(set(sums.vanished)), dtype=np.int64)
+    factors.n_samples = sums.n_valid
+    return factors
+
+
+def correction_sums(
+    model: nn.Module,
+    factors: InfluenceFactors | None,
+    images: torch.Tensor | np.ndarray | Dataset | DataLoader,
+    labels: np.ndarray | torch.Tensor | None = None,
+    active_classes: np.ndarray | None = None,
+    settings: InfluenceSettings | None = None,
+    sample_indices: np.ndarray | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+    task: Task | str | None = None,
+) -> CorrectionSums:
+    """EK-FAC's eigenvalue-correction sums in the eigenbasis of ``factors`` (ekfac), or the
+    diagonal method's sums of squared gradients (diagonal, ``factors`` None), over these samples.
+
+    Arguments as :func:`fit_factors`. The diagonal pass is the method's only pass: it reports the
+    samples it leaves out; EK-FAC's were reported by the covariance pass.
+    """
+    p = _Pass(model, images, labels, active_classes, settings, sample_indices, device, task, "fit_factors")
+    f64, dev = torch.float64, p.device
+    ekfac = p.settings.method == "ekfac"
+    if ekfac and factors is None:
+        raise ValueError("EK-FAC's corrections need the eigendecomposed factors (eigendecompose)")
+    rot = {}
+    if ekfac:
+        rot = {
+            n: (lf.gradient_vectors.to(dev), lf.activation_vectors.to(dev))
+            for n, lf in factors.layers.items()
+        }
+    sums = {n: torch.zeros(i.out_dim, i.in_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
+    out = CorrectionSums({}, 0, 0)
+    with prepared_model(model, p.layers, dev, p.dtype) as net:
+        for pos, bp in p.batches(net, "eigenvalue corrections" if ekfac else "diagonal", progress):
+            ok = bp.usable
+            if not ekfac:
+                out.skipped += p.indices[pos][~bp.valid.cpu().numpy()].tolist()
+                out.vanished += p.indices[pos][bp.vanished.cpu().numpy()].tolist()
+            out.n_valid += int(ok.sum())
+            out.n_seen += len(pos)
+            for n in p.layers:
+                for a, ds in bp.factored(n, f64, rows=ok):
+                    g = rotated_gradient(a, ds, *rot[n]) if ekfac else per_sample_gradient(a, ds)
+                    sums[n] += (g * g).sum(0)
+    out.sums = {n: t.cpu() for n, t in sums.items()}
+    return out
+
+
+def apply_corrections(factors: InfluenceFactors, sums: CorrectionSums) -> InfluenceFactors:
+    """Set EK-FAC's corrected eigenvalues (ekfac) or the diagonal (diagonal) from the merged sums.
+
+    Raises:
+        NoFiniteSamplesError: no valid sample in the sums.
+    """
+    _require_samples(sums.n_valid, sums.n_seen)
+    for n, lf in factors.layers.items():
+        value = sums.sums[n] / sums.n_valid
+        if factors.method == "ekfac":
+            lf.corrected = value
+        else:
+            lf.diagonal, lf.n_samples = value, sums.n_valid
+    if factors.method == "diagonal":
+        factors.skipped = np.asarray(sorted(set(sums.skipped)), dtype=np.int64)
+        factors.underflow = np.asarray(sorted(set(sums.vanished)), dtype=np.int64)
+    factors.n_samples = sums.n_valid
+    return factors
+
+
+def report_left_out(factors: InfluenceFactors) -> InfluenceFactors:
+    """Warn about the samples the fit left out (NaN/Inf gradients; underflow in the compute dtype)."""
+    _report_skipped(factors.skipped.tolist(), "curvature factors")
+    dtype = _DTYPES.get(factors.compute_dtype, torch.float32)
+    _report_vanished(factors.underflow.tolist(), "curvature factors", dtype)
+    return factors
+
+
+_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
 def fit_factors(
     model: nn.Module,
     images: torch.Tensor | np.ndarray | Dataset | DataLoader,
@@ -233,6 +542,10 @@ def fit_factors(
     task: Task | str | None = None,
 ) -> InfluenceFactors:
     """Fit the curvature factors of ``settings.method`` on a training set.
+
+    The passes, each also callable alone on a shard of the training set (their sums add up):
+    :func:`covariance_sums` then :func:`eigendecompose` (kfac, ekfac), :func:`correction_sums` then
+    :func:`apply_corrections` (ekfac, diagonal).
 
     Args:
         model: the network (used in place, in eval mode; restored afterwards).
@@ -257,121 +570,25 @@ def fit_factors(
         NoFiniteSamplesError: no sample with finite gradients; EigenError, LayerSelectionError.
     """
     settings = settings or InfluenceSettings()
-    task = resolve_task(task, active_classes)
-    source = data_source(images, labels, sample_indices, task, "fit_factors")
-    layers = resolve_layers(model, settings)
-    factors = {n: LayerFactors(n, i.kind, i.out_dim, i.in_dim, i.has_bias) for n, i in layers.items()}
-    result = InfluenceFactors(
-        settings.method,
-        settings.fisher,
-        factors,
-        np.zeros(0, np.int64),
-        0,
-        key or {},
-        fit_settings=settings.factor_key(),
-    )
+    p = _Pass(model, images, labels, active_classes, settings, sample_indices, device, task, "fit_factors")
+    result = empty_factors(model, settings, key)
     if settings.method == "identity":
         return result
-
-    device = model_device(model, device)
-    dtype = resolve_compute_dtype(model, settings.compute_dtype)
-    result.compute_dtype = str(dtype).replace("torch.", "")
-    indices = source.indices
-
-    def batches(net: nn.Module, desc: str):
-        bar = progress_bar(total=len(source), unit="sample", disable=not progress, desc=desc)
-        with ActivationCapture(layers) as capture:
-            for pos, inputs, targets in task_batches(source, task, settings.factor_batch_size, device, dtype):
-                bp = forward_backprop(
-                    net, capture, task, inputs, targets, settings.fisher, settings.seed, indices[pos]
-                )
-                yield pos, bp
-                bar.update(len(pos))
-        bar.close()
-
-    f64 = torch.float64
-    skipped: list[int] = []
-    vanished: list[int] = []
-    n_valid = 0
-    n_seen = 0
-    with prepared_model(model, layers, device, dtype) as net:
+    result.compute_dtype = str(p.dtype).replace("torch.", "")
+    args = (images, labels, active_classes, settings, sample_indices, p.device, progress, task)
+    if settings.method in ("kfac", "ekfac"):
         t0 = time.perf_counter()
-        if settings.method in ("kfac", "ekfac"):
-            a_sum = {n: torch.zeros(i.in_dim, i.in_dim, dtype=f64, device=device) for n, i in layers.items()}
-            s_sum = {
-                n: torch.zeros(i.out_dim, i.out_dim, dtype=f64, device=device) for n, i in layers.items()
-            }
-            positions = {n: torch.zeros((), dtype=f64, device=device) for n in layers}
-            for pos, bp in batches(net, "covariances"):
-                ok = bp.usable
-                skipped += indices[pos][~bp.valid.cpu().numpy()].tolist()
-                vanished += indices[pos][bp.vanished.cpu().numpy()].tolist()
-                n_valid += int(ok.sum())
-                n_seen += len(pos)
-                for n in layers:
-                    a = bp.inputs[n][ok].to(f64)
-                    positions[n] += bp.positions[n][ok].sum()
-                    a = a.reshape(-1, a.shape[-1])
-                    a_sum[n] += a.T @ a
-                    for d in bp.output_gradients(n, f64, rows=ok):
-                        d = d.reshape(-1, d.shape[-1])
-                        s_sum[n] += d.T @ d
-            _require_samples(n_valid, n_seen)
-            result.timings["covariances"] = _elapsed(t0, device)
-            t0 = time.perf_counter()
-            eig_device = device if settings.eigh_device == "auto" else torch.device("cpu")
-            for n, lf in factors.items():
-                lf.n_samples = n_valid
-                count = float(positions[n])
-                lf.activation_cov = (a_sum.pop(n) / (count if count > 0 else 1.0)).cpu()
-                lf.gradient_cov = (s_sum.pop(n) / n_valid).cpu()
-                for short, what, cov in (
-                    ("A", "activation covariance A", lf.activation_cov),
-                    ("S", "pre-activation-gradient covariance S", lf.gradient_cov),
-                ):
-                    e = symmetric_eigh(cov, f"layer {n!r}: {what}", eig_device, settings.max_device_eigh_dim)
-                    lf.solver[short], lf.min_raw[short] = e.solver, e.min_raw
-                    if short == "A":
-                        lf.activation_values, lf.activation_vectors = e.values, e.vectors
-                    else:
-                        lf.gradient_values, lf.gradient_vectors = e.values, e.vectors
-            result.timings["eigendecomposition"] = _elapsed(t0, device)
-
-        if settings.method in ("ekfac", "diagonal"):
-            t0 = time.perf_counter()
-            sums = {n: torch.zeros(i.out_dim, i.in_dim, dtype=f64, device=device) for n, i in layers.items()}
-            rot = {}
-            if settings.method == "ekfac":
-                rot = {
-                    n: (lf.gradient_vectors.to(device), lf.activation_vectors.to(device))
-                    for n, lf in factors.items()
-                }
-            first_pass = settings.method == "diagonal"
-            n_corr, n_seen = 0, 0
-            for pos, bp in batches(net, "eigenvalue corrections" if rot else "diagonal"):
-                ok = bp.usable
-                if first_pass:
-                    skipped += indices[pos][~bp.valid.cpu().numpy()].tolist()
-                    vanished += indices[pos][bp.vanished.cpu().numpy()].tolist()
-                n_corr += int(ok.sum())
-                n_seen += len(pos)
-                for n in layers:
-                    for a, ds in bp.factored(n, f64, rows=ok):
-                        g = rotated_gradient(a, ds, *rot[n]) if rot else per_sample_gradient(a, ds)
-                        sums[n] += (g * g).sum(0)
-            _require_samples(n_corr, n_seen)
-            for n, lf in factors.items():
-                value = (sums.pop(n) / n_corr).cpu()
-                if rot:
-                    lf.corrected = value
-                else:
-                    lf.diagonal, lf.n_samples = value, n_corr
-            n_valid = n_corr
-            result.timings["corrections" if rot else "diagonal"] = _elapsed(t0, device)
-    result.skipped = _report_skipped(skipped, "curvature factors")
-    result.underflow = _report_vanished(vanished, "curvature factors", dtype)
-    result.n_samples = n_valid
-    return result
+        sums = covariance_sums(model, *args)
+        result.timings["covariances"] = _elapsed(t0, p.device)
+        t0 = time.perf_counter()
+        eigendecompose(result, sums, settings, p.device)
+        result.timings["eigendecomposition"] = _elapsed(t0, p.device)
+    if settings.method in ("ekfac", "diagonal"):
+        t0 = time.perf_counter()
+        corr = correction_sums(model, result if settings.method == "ekfac" else None, *args)
+        apply_corrections(result, corr)
+        result.timings["corrections" if settings.method == "ekfac" else "diagonal"] = _elapsed(t0, p.device)
+    return report_left_out(result)
 
 
 def _require_samples(n_valid: int, n_total: int) -> None:

@@ -40,11 +40,19 @@ from torch.utils.data import DataLoader, Dataset
 from epochlens.atomic import atomic_path, write_atomic
 from epochlens.batches import is_dataset, sample_source
 from epochlens.errors import FactorCacheError
-from epochlens.influence.factors import InfluenceFactors, LayerFactors, resolve_layers, resolve_task
+from epochlens.influence.factors import (
+    CorrectionSums,
+    CovarianceSums,
+    InfluenceFactors,
+    LayerFactors,
+    resolve_layers,
+    resolve_task,
+)
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.tasks import ClassificationTask, Task
 
 FACTORS_FORMAT = "epochlens-influence-factors-v1"
+SUMS_FORMAT = "epochlens-influence-sums-v1"
 _TENSORS = (
     "activation_cov",
     "gradient_cov",
@@ -299,3 +307,69 @@ def load_or_fit_factors(
 def save_table(path: str | Path, table: pd.DataFrame) -> None:
     """Write a table (diagnostics, detection) as CSV, atomically."""
     write_atomic(path, lambda p: table.to_csv(p, index=False))
+
+
+def save_sums(path: str | Path, sums: CovarianceSums | CorrectionSums, key: dict) -> None:
+    """Write one shard's sums (:class:`CovarianceSums` or :class:`CorrectionSums`) atomically, with
+    ``key`` (the factors' cache key plus the shard: what they were computed from). A
+    ``torch.save`` of plain containers (float64 tensors, int lists), loadable with weights_only."""
+    if isinstance(sums, CovarianceSums):
+        kind = "covariances"
+        tensors = {"activation": sums.activation, "gradient": sums.gradient}
+        extra = {"positions": json.dumps(sums.positions)}
+    else:
+        kind = "corrections"
+        tensors = {"sums": sums.sums}
+        extra = {}
+    obj = {
+        "format": SUMS_FORMAT,
+        "kind": kind,
+        "key": json.dumps(key, sort_keys=True),
+        "n_valid": int(sums.n_valid),
+        "n_seen": int(sums.n_seen),
+        "skipped": torch.as_tensor(np.asarray(sums.skipped, dtype=np.int64)),
+        "vanished": torch.as_tensor(np.asarray(sums.vanished, dtype=np.int64)),
+        **{
+            k: {n: t.detach().cpu().to(torch.float64).contiguous() for n, t in v.items()}
+            for k, v in tensors.items()
+        },
+        **extra,
+    }
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+
+
+def load_sums(path: str | Path, expected_key: dict | None = None) -> CovarianceSums | CorrectionSums:
+    """Read a shard's sums written by :func:`save_sums`; with ``expected_key``, check it matches.
+
+    Raises:
+        FileNotFoundError: no such file. FactorCacheError: unreadable, other format or other key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no shard file; compute the shard first")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        if obj.get("format") != SUMS_FORMAT:
+            raise ValueError(f"format {obj.get('format')!r}, expected {SUMS_FORMAT!r}")
+        key = json.loads(obj["key"])
+        common = (
+            int(obj["n_valid"]),
+            int(obj["n_seen"]),
+            obj["skipped"].numpy().astype(np.int64).tolist(),
+            obj["vanished"].numpy().astype(np.int64).tolist(),
+        )
+        if obj["kind"] == "covariances":
+            sums = CovarianceSums(
+                dict(obj["activation"]), dict(obj["gradient"]), json.loads(obj["positions"]), *common
+            )
+        else:
+            sums = CorrectionSums(dict(obj["sums"]), *common)
+    except Exception as exc:
+        raise FactorCacheError(
+            f"{path}: not a readable epochlens shard file ({type(exc).__name__}: {str(exc)[:200]}). "
+            "Delete it and compute the shard again."
+        ) from exc
+    if expected_key is not None:
+        check_key(key, expected_key, path)
+    return sums

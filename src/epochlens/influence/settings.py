@@ -137,6 +137,13 @@ class InfluenceSettings:
         default="auto",
         metadata={"help": "auto: eigendecompose on the compute device, CPU fallback", "execution": True},
     )
+    eigh_workers: int = field(
+        default=1,
+        metadata={
+            "help": "eigendecompositions of the layers' factors run at once (threads)",
+            "execution": True,
+        },
+    )
     max_device_eigh_dim: int = field(
         default=8192,
         metadata={
@@ -170,7 +177,13 @@ class InfluenceSettings:
             problems.append(f"damping_growth={self.damping_growth} must be > 1")
         if self.max_damping_steps < 0:
             problems.append(f"max_damping_steps={self.max_damping_steps} must be >= 0")
-        for name in ("factor_batch_size", "train_batch_size", "query_batch_size", "max_device_eigh_dim"):
+        for name in (
+            "factor_batch_size",
+            "train_batch_size",
+            "query_batch_size",
+            "eigh_workers",
+            "max_device_eigh_dim",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
         if not (math.isfinite(self.query_memory_gb) and self.query_memory_gb > 0):

@@ -2,7 +2,11 @@
 workflow's ``influence_factors`` jobs do, as functions of a :class:`~epochlens.job.CheckpointJob`.
 
 * :func:`fit_checkpoint_factors`: the curvature factors of one method, fitted on the training
-  images the checkpoint was trained on, and their per-layer spectrum (:func:`factor_spectrum`).
+  images the checkpoint was trained on, and their per-layer spectrum (:func:`factor_spectrum`);
+* sharded (``influence.shards`` > 1: a cluster spreads one checkpoint over several jobs):
+  :func:`factor_shard` computes one shard's sums of a pass over the training images (covariances;
+  EK-FAC's corrections or the diagonal), :func:`eigenbasis_from_shards` sums the covariance shards
+  and eigendecomposes them, :func:`factors_from_shards` finishes the factors from the shards.
 
 The scores are :mod:`epochlens.influence.study_scores` (a separate module, so that editing how
 scores are computed does not refit factors).
@@ -12,15 +16,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
-from epochlens.influence.factors import InfluenceFactors, fit_factors
-from epochlens.influence.io import factor_cache_key
+from epochlens.influence.factors import (
+    CorrectionSums,
+    CovarianceSums,
+    InfluenceFactors,
+    apply_corrections,
+    correction_sums,
+    covariance_sums,
+    eigendecompose,
+    empty_factors,
+    fit_factors,
+    report_left_out,
+)
+from epochlens.influence.gradients import resolve_compute_dtype
+from epochlens.influence.io import factor_cache_key, load_factors, load_sums
+from epochlens.influence.study_inputs import run_task, shard_rows, trained_samples
 from epochlens.job import CheckpointJob
 from epochlens.study.poison import influence_settings
+from epochlens.tasks import ClassificationTask
 
 log = logging.getLogger("epochlens")
 
@@ -51,33 +72,49 @@ def factor_spectrum(factors: InfluenceFactors) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _trained(job: CheckpointJob):
-    """The training images the checkpoint was trained on (outside the holdout): (x, y, positions)."""
-    trained = np.flatnonzero(~job.data.holdout)
-    return job.data.normalized("train", trained), job.data.train_labels[trained], trained
+def _setup(job: CheckpointJob, settings: Mapping, execution: Mapping, task_spec):
+    """Settings, task, active classes, training samples and the factors' cache key of a job."""
+    settings = influence_settings(settings, execution)
+    task, active = run_task(task_spec, job.active)
+    x, y, trained = trained_samples(job)
+    key = factor_cache_key(
+        job.model, x, y, active, settings, trained, checkpoint_sha256=job.checkpoint_sha256, task=task
+    )
+    return settings, task, active, x, y, trained, key
 
 
 def fit_checkpoint_factors(
-    job: CheckpointJob, settings: Mapping, execution: Mapping, progress: bool = False
+    job: CheckpointJob,
+    settings: Mapping,
+    execution: Mapping,
+    progress: bool = False,
+    task: str | Mapping | None = None,
 ) -> tuple[InfluenceFactors, pd.DataFrame]:
     """The factors of ``settings["method"]`` at the job's checkpoint (timings only in the log) and
-    their spectrum; ``execution`` holds the batch sizes (they change no result)."""
-    settings = influence_settings(settings, execution)
-    x, y, trained = _trained(job)
-    key = factor_cache_key(
-        job.model, x, y, job.active, settings, trained, checkpoint_sha256=job.checkpoint_sha256
-    )
+    their spectrum; ``execution`` holds the batch sizes (they change no result); ``task`` is the
+    run's task (``runs.<run>.task``; None: classification over the checkpoint's classes)."""
+    settings, task, active, x, y, trained, key = _setup(job, settings, execution, task)
     log.info(
-        "epoch %d %s: fitting on %d images, %d active classes, %s",
+        "epoch %d %s: fitting on %d images, %s, %s",
         job.epoch,
         settings.method,
         len(trained),
-        len(job.active),
+        _describe(task),
         job.device,
     )
     factors = fit_factors(
-        job.model, x, y, job.active, settings, trained, device=job.device, key=key, progress=progress
+        job.model, x, y, active, settings, trained, device=job.device, key=key, progress=progress, task=task
     )
+    return _finish(factors)
+
+
+def _describe(task) -> str:
+    if isinstance(task, ClassificationTask) and task.active is not None:
+        return f"{len(task.active)} active classes"
+    return f"task {task.name}"
+
+
+def _finish(factors: InfluenceFactors) -> tuple[InfluenceFactors, pd.DataFrame]:
     table = factor_spectrum(factors)
     log.info(
         "%d layers, %d samples (%d skipped), timings %s; largest undamped condition number %.3g",
@@ -89,3 +126,111 @@ def fit_checkpoint_factors(
     )
     # Timings go to the log, not the file: the same inputs give the same bytes.
     return dataclasses.replace(factors, timings={}), table
+
+
+def shard_key(factor_key: dict, kind: str, shard: int, nshards: int) -> dict:
+    """The cache key of one shard's sums: the factors' key, the pass and the shard."""
+    return {"factors": factor_key, "pass": kind, "shard": [int(shard), int(nshards)]}
+
+
+def factor_shard(
+    job: CheckpointJob,
+    settings: Mapping,
+    execution: Mapping,
+    kind: str,
+    shard: int,
+    nshards: int,
+    eigenbasis: str | Path | None = None,
+    progress: bool = False,
+    task: str | Mapping | None = None,
+) -> tuple[CovarianceSums | CorrectionSums, dict]:
+    """One shard's sums of a factor pass (``kind``: covariances, or corrections: EK-FAC's in the
+    ``eigenbasis`` file, or the diagonal) over its contiguous range of the training images, and
+    their key. The shards' sums add up to the unsharded pass's (:func:`factors_from_shards`)."""
+    settings, task, active, x, y, trained, key = _setup(job, settings, execution, task)
+    rows = shard_rows(len(trained), shard, nshards)
+    log.info(
+        "epoch %d %s: %s shard %d of %d, training images %d..%d of %d, %s",
+        job.epoch,
+        settings.method,
+        kind,
+        shard,
+        nshards,
+        rows[0] if len(rows) else 0,
+        rows[-1] if len(rows) else 0,
+        len(trained),
+        job.device,
+    )
+    args = (x[torch.as_tensor(rows, dtype=torch.long)], y[rows], active, settings, trained[rows])
+    options = {"device": job.device, "progress": progress, "task": task}
+    t0 = time.perf_counter()
+    if kind == "covariances":
+        sums = covariance_sums(job.model, *args, **options)
+    elif kind == "corrections":
+        basis = None
+        if settings.method == "ekfac":
+            if eigenbasis is None:
+                raise ValueError("EK-FAC's correction shards need the eigenbasis file")
+            basis = load_factors(eigenbasis, expected_key=key)
+        sums = correction_sums(job.model, basis, *args, **options)
+    else:
+        raise ValueError(f"unknown factor pass {kind!r}: covariances or corrections")
+    log.info("%d samples in %.1f s", sums.n_valid, time.perf_counter() - t0)
+    return sums, shard_key(key, kind, shard, nshards)
+
+
+def _merged(paths: Sequence[str | Path], key: dict, kind: str) -> CovarianceSums | CorrectionSums:
+    n = len(paths)
+    parts = [load_sums(p, expected_key=shard_key(key, kind, k, n)) for k, p in enumerate(paths)]
+    return type(parts[0]).merged(parts)
+
+
+def eigenbasis_from_shards(
+    job: CheckpointJob,
+    settings: Mapping,
+    execution: Mapping,
+    covariances: Sequence[str | Path],
+    task: str | Mapping | None = None,
+) -> InfluenceFactors:
+    """K-FAC's factors (and EK-FAC's eigenbasis) from the covariance shards, in order."""
+    settings, task, active, x, y, trained, key = _setup(job, settings, execution, task)
+    sums = _merged(covariances, key, "covariances")
+    factors = empty_factors(job.model, settings, key)
+    factors.compute_dtype = str(resolve_compute_dtype(job.model, settings.compute_dtype)).replace(
+        "torch.", ""
+    )
+    t0 = time.perf_counter()
+    eigendecompose(factors, sums, settings, job.device)
+    factors.timings["eigendecomposition"] = time.perf_counter() - t0
+    return factors
+
+
+def factors_from_shards(
+    job: CheckpointJob,
+    settings: Mapping,
+    execution: Mapping,
+    covariances: Sequence[str | Path] = (),
+    corrections: Sequence[str | Path] = (),
+    eigenbasis: str | Path | None = None,
+    task: str | Mapping | None = None,
+) -> tuple[InfluenceFactors, pd.DataFrame]:
+    """The factors of ``settings["method"]`` from its shards, in order, and their spectrum: kfac
+    from the ``covariances`` shards; ekfac from the ``eigenbasis`` and the ``corrections`` shards;
+    diagonal from the ``corrections`` shards. Equal to :func:`fit_checkpoint_factors` up to the order
+    of float64 sums (the shards' are added one after the other)."""
+    spec = influence_settings(settings, execution)
+    if spec.method == "kfac":
+        factors = eigenbasis_from_shards(job, settings, execution, covariances, task)
+    else:
+        settings_, _, _, _, _, _, key = _setup(job, settings, execution, task)
+        if spec.method == "ekfac":
+            if eigenbasis is None:
+                raise ValueError("EK-FAC's sharded factors need the eigenbasis file")
+            factors = load_factors(eigenbasis, expected_key=key)
+        else:
+            factors = empty_factors(job.model, settings_, key)
+            factors.compute_dtype = str(resolve_compute_dtype(job.model, settings_.compute_dtype)).replace(
+                "torch.", ""
+            )
+        apply_corrections(factors, _merged(corrections, key, "corrections"))
+    return _finish(report_left_out(factors))

@@ -4,12 +4,16 @@
 :func:`checkpoint_scores`: self-influence of every training image and influence on the queries
 (:mod:`epochlens.study.queries`, one (Q, N) matrix per query transform); for TracIn the sum over
 checkpoints (:func:`epochlens.study.poison.accumulate_tracin`); holdout images (not trained on)
-get NaN; and the metadata that says what was computed, how and from what.
+get NaN; and the metadata that says what was computed, how and from what. With
+``influence.shards`` > 1 the workflow scores contiguous ranges of the training images in separate
+jobs (:func:`score_shard`, :class:`ScoreShard` files) and concatenates them (:func:`merge_scores`):
+each training image's scores are computed as in the unsharded job.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -17,9 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+from epochlens.atomic import write_atomic
+from epochlens.errors import InfluenceError
 from epochlens.influence.io import factor_cache_key, load_factors
 from epochlens.influence.scores import pairwise_influence, self_influence
+from epochlens.influence.study_inputs import run_task, shard_rows, trained_samples
 from epochlens.job import CheckpointJob
 from epochlens.provenance import file_sha256, provenance
 from epochlens.study.corruption import transform_queries
@@ -29,20 +37,63 @@ from epochlens.study.queries import select_queries
 log = logging.getLogger("epochlens")
 
 
-def _trained(job: CheckpointJob):
-    """The training images the checkpoint was trained on (outside the holdout): (x, y, positions)."""
-    trained = np.flatnonzero(~job.data.holdout)
-    return job.data.normalized("train", trained), job.data.train_labels[trained], trained
-
-
 @dataclasses.dataclass
 class CheckpointScores:
-    """What :func:`checkpoint_scores` computed: ``arrays`` (the ``scores.npz`` contents),
+    """What :func:`merge_scores` gives: ``arrays`` (the ``scores.npz`` contents),
     ``diagnostics`` (per-layer conditioning) and ``metadata`` (``metadata.json``)."""
 
     arrays: dict[str, np.ndarray]
     diagnostics: pd.DataFrame
     metadata: dict
+
+
+@dataclasses.dataclass
+class ScoreShard:
+    """The scores of one shard of the training images (:func:`score_shard`), or of all of them.
+
+    Attributes:
+        positions: (n,) int64 positions in the training split of the scored images, in order.
+        arrays: ``self_influence``, ``loss`` (n,) and ``pairwise_{transform}`` (Q, n), float64,
+            plus the queries (``query_*``, the same in every shard).
+        diagnostics: per-layer conditioning (the same in every shard: it depends on the factors).
+        info: JSON-able: n_train, skipped, timings, compute_time_seconds and what the metadata says
+            of the queries, settings and inputs (:func:`merge_scores`).
+    """
+
+    positions: np.ndarray
+    arrays: dict[str, np.ndarray]
+    diagnostics: pd.DataFrame
+    info: dict
+
+    def save(self, path: str | Path) -> None:
+        """Write the shard atomically as one ``.npz`` (diagnostics and info as JSON strings)."""
+        info = json.dumps({**self.info, "diagnostics": self.diagnostics.to_dict(orient="list")})
+        payload = {"positions": self.positions, **self.arrays, "info": np.array(info)}
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                np.savez(f, **payload)
+
+        write_atomic(path, write)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ScoreShard:
+        """Read a shard written by :meth:`save`.
+
+        Raises:
+            InfluenceError: an unreadable file (naming it, and the fix).
+        """
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+            info = json.loads(str(arrays.pop("info")))
+        except Exception as exc:
+            raise InfluenceError(
+                f"{path}: not a readable influence score shard ({type(exc).__name__}: {str(exc)[:200]}). "
+                "Delete it and compute the shard again."
+            ) from exc
+        diagnostics = pd.DataFrame(info.pop("diagnostics"))
+        return cls(arrays.pop("positions"), arrays, diagnostics, info)
 
 
 def checkpoint_scores(
@@ -54,29 +105,51 @@ def checkpoint_scores(
     tracin_checkpoints: Sequence[str | Path] = (),
     progress: bool = False,
 ) -> CheckpointScores:
-    """Self-influence and influence on the queries of one method at the job's checkpoint.
+    """Self-influence and influence on the queries of one method at the job's checkpoint, for
+    every training image: :func:`score_shard` of the whole training set, then :func:`merge_scores`."""
+    shard = score_shard(job, method, params, execution, factors_path, tracin_checkpoints, 0, 1, progress)
+    return merge_scores([shard], params)
+
+
+def score_shard(
+    job: CheckpointJob,
+    method: str,
+    params: Mapping,
+    execution: Mapping,
+    factors_path: str | Path | None = None,
+    tracin_checkpoints: Sequence[str | Path] = (),
+    shard: int = 0,
+    nshards: int = 1,
+    progress: bool = False,
+) -> ScoreShard:
+    """Self-influence and influence on the queries of one method at the job's checkpoint, for the
+    training images of shard ``shard`` of ``nshards`` (a contiguous range; every shard selects
+    and preconditions the same queries).
 
     Args:
         job: the checkpoint job (with its class schedule).
         method: ekfac, kfac, diagonal, identity or tracin.
         params: what the scores depend on (:func:`epochlens.config.influence_score_params`:
-            settings, tracin_epochs, corruption, model, schedule); hashed into the provenance.
-        execution: the run's influence section (batch sizes).
+            settings, tracin_epochs, corruption, model, schedule, task); hashed into the provenance.
+        execution: the run's influence section (batch sizes, query memory).
         factors_path: the fitted factors (methods with factors).
         tracin_checkpoints: TracIn's checkpoints, one per ``params["tracin_epochs"]``.
+        shard, nshards: which contiguous range of the training images to score.
         progress: progress bars.
     """
     spec, corruption = params["settings"], params["corruption"]
     settings = influence_settings({**spec, "method": "identity" if method == "tracin" else method}, execution)
-    data, epoch, active, device = job.data, job.epoch, job.active, job.device
-    n = len(data.train_labels)
-    x, y, trained = _trained(job)  # holdout images were not trained on: NaN scores
+    data, epoch, device = job.data, job.epoch, job.device
+    task, active = run_task(params.get("task"), job.active)
+    x_all, y_all, trained_all = trained_samples(job)  # holdout images were not trained on: NaN scores
+    rows = shard_rows(len(trained_all), shard, nshards)
+    x, y, trained = x_all[torch.as_tensor(rows, dtype=torch.long)], y_all[rows], trained_all[rows]
     q = spec["queries"]
     trigger = q["trigger"] if q["trigger"] is not None else corruption["kind"] == "trigger"
     queries = select_queries(
         job.model,
         data,
-        active,
+        job.active,
         device,
         q["select"],
         q["max_count"],
@@ -85,9 +158,13 @@ def checkpoint_scores(
         trigger=corruption if trigger else None,
     )
     log.info(
-        "epoch %d %s: %d training images, %d queries (%d %s test images%s), transforms %s, %s",
+        "epoch %d %s: %d training images (shard %d of %d: %d), %d queries (%d %s test images%s), "
+        "transforms %s, %s",
         epoch,
         method,
+        len(trained_all),
+        shard,
+        nshards,
         len(trained),
         len(queries.labels),
         queries.candidates,
@@ -104,27 +181,37 @@ def checkpoint_scores(
     factors = None
     if factors_path is not None:
         key = factor_cache_key(
-            job.model, x, y, active, settings, trained, checkpoint_sha256=inputs["checkpoint"]
+            job.model,
+            x_all,
+            y_all,
+            active,
+            settings,
+            trained_all,
+            checkpoint_sha256=inputs["checkpoint"],
+            task=task,
         )
         factors = load_factors(factors_path, expected_key=key)
         inputs["factors"] = file_sha256(factors_path)
-    # (epoch, model, active classes) per checkpoint: one for every method but TracIn, which sums
-    # the gradient dot products of several.
+    # (epoch, model, task, active classes) per checkpoint: one for every method but TracIn, which
+    # sums the gradient dot products of several.
     if method == "tracin":
         paths = dict(zip(params["tracin_epochs"], tracin_checkpoints, strict=True))
-        models = [(e, job.build_model(path), job.active_at(e)) for e, path in paths.items()]
+        models = []
+        for e, path in paths.items():
+            t, a = run_task(params.get("task"), job.active_at(e))
+            models.append((e, job.build_model(path), t, a))
         inputs["tracin_checkpoints"] = {str(e): file_sha256(path) for e, path in paths.items()}
     else:
-        models = [(epoch, job.model, active)]
+        models = [(epoch, job.model, task, active)]
 
     timings = {}
     start = time.perf_counter()
     self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in query_images}, None, None
     skipped = set()
-    for e, net, act in models:
+    for e, net, tk, act in models:
         suffix = f"_{e}" if method == "tracin" else ""
         t0 = time.perf_counter()
-        s = self_influence(net, factors, x, y, act, settings, trained, device, progress=progress)
+        s = self_influence(net, factors, x, y, act, settings, trained, device, progress=progress, task=tk)
         timings["self" + suffix] = time.perf_counter() - t0
         self_parts.append(s.scores)
         skipped.update(s.skipped.tolist())
@@ -149,21 +236,16 @@ def checkpoint_scores(
                 queries.test_indices,
                 device,
                 progress=progress,
+                task=tk,
             )
             timings[f"pairwise_{t}{suffix}"] = time.perf_counter() - t0
             pair_parts[t].append(pair.scores)
     if losses is None:  # TracIn without the influence epoch's own checkpoint
-        losses = self_influence(job.model, None, x, y, active, settings, trained, device).losses
+        losses = self_influence(job.model, None, x, y, active, settings, trained, device, task=task).losses
     elapsed = time.perf_counter() - start
-
-    def full(values):  # (..., len(trained)) -> (..., N) with NaN for the holdout
-        out = np.full((*values.shape[:-1], n), np.nan, dtype=values.dtype)
-        out[..., trained] = values
-        return out
-
     arrays = {
-        "self_influence": full(accumulate_tracin(self_parts)),
-        "loss": full(np.asarray(losses, np.float64)),
+        "self_influence": accumulate_tracin(self_parts),
+        "loss": np.asarray(losses, np.float64),
         "query_test_indices": queries.test_indices,
         "query_labels": queries.labels,
         "query_true_labels": queries.true_labels,
@@ -171,14 +253,13 @@ def checkpoint_scores(
         "query_sign": np.float64(queries.sign),
     }
     for t, parts in pair_parts.items():
-        arrays[f"pairwise_{t}"] = full(accumulate_tracin(parts)).astype(np.float32)
-    finite = np.isfinite(arrays["self_influence"])
-    metadata = {
+        arrays[f"pairwise_{t}"] = accumulate_tracin(parts)
+    info = {
         "epoch": epoch,
         "method": method,
-        "allowed_classes": [int(c) for c in active],
+        "allowed_classes": [int(c) for c in job.active] if job.active is not None else None,
+        "task": task.key(),
         "settings": {**{k: v for k, v in vars(settings).items()}, "method": method},
-        "tracin_epochs": params["tracin_epochs"] or None,
         "queries": {
             "n": len(queries.labels),
             "qualified": queries.candidates,
@@ -187,20 +268,92 @@ def checkpoint_scores(
             "triggered": queries.triggered,
             "max_count": q["max_count"],
         },
-        "transforms": list(spec["transforms"]),
-        "corruption": corruption,
-        "n_train": int(n),
-        "n_scored": int(finite.sum()),
+        "n_train": int(len(data.train_labels)),
+        "shard": [int(shard), int(nshards)],
         "skipped": sorted(int(i) for i in skipped),
         "device": str(device),
         "compute_time_seconds": elapsed,
+        "timings": timings,
+        "inputs": inputs,
+    }
+    return ScoreShard(trained.astype(np.int64), arrays, diagnostics, info)
+
+
+_QUERY_KEYS = ("query_test_indices", "query_labels", "query_true_labels", "query_predicted", "query_sign")
+
+
+def merge_scores(shards: Sequence[ScoreShard], params: Mapping) -> CheckpointScores:
+    """The checkpoint's scores from its shards (in order): scores concatenated over the training
+    images (NaN for the holdout, not trained on), the queries and diagnostics of the first shard
+    (the same in all: checked), skipped images and timings of all, and the metadata.
+
+    Raises:
+        InfluenceError: shards that disagree on the queries or the training set, or overlap.
+    """
+    if not shards:
+        raise InfluenceError("no score shards to merge")
+    first = shards[0]
+    n = first.info["n_train"]
+    for k, part in enumerate(shards[1:], start=1):
+        for key in _QUERY_KEYS:
+            if not np.array_equal(part.arrays[key], first.arrays[key]):
+                raise InfluenceError(
+                    f"score shard {k} selected other queries ({key}) than shard 0: the shards were "
+                    "computed from other inputs; delete the shards and compute them again."
+                )
+        if part.info["n_train"] != n or part.info["method"] != first.info["method"]:
+            raise InfluenceError(f"score shard {k} is of another data set or method than shard 0")
+    positions = np.concatenate([part.positions for part in shards])
+    if len(np.unique(positions)) != len(positions):
+        raise InfluenceError("score shards overlap: each training image must be in one shard")
+
+    def full(name: str) -> np.ndarray:  # (..., shard sizes) -> (..., N) with NaN for the holdout
+        values = np.concatenate([part.arrays[name] for part in shards], axis=-1)
+        out = np.full((*values.shape[:-1], n), np.nan, dtype=np.float64)
+        out[..., positions] = values
+        return out
+
+    arrays = {"self_influence": full("self_influence"), "loss": full("loss")}
+    arrays.update({key: first.arrays[key] for key in _QUERY_KEYS})
+    transforms = [k.removeprefix("pairwise_") for k in first.arrays if k.startswith("pairwise_")]
+    for t in transforms:
+        arrays[f"pairwise_{t}"] = full(f"pairwise_{t}").astype(np.float32)
+    timings: dict[str, float] = {}
+    for part in shards:
+        for key, value in part.info["timings"].items():
+            timings[key] = timings.get(key, 0.0) + value
+    diagnostics = first.diagnostics
+    finite = np.isfinite(arrays["self_influence"])
+    info = first.info
+    metadata = {
+        "epoch": info["epoch"],
+        "method": info["method"],
+        "allowed_classes": info["allowed_classes"],
+        "task": info["task"],
+        "settings": info["settings"],
+        "tracin_epochs": params["tracin_epochs"] or None,
+        "queries": info["queries"],
+        "transforms": transforms,
+        "corruption": params["corruption"],
+        "n_train": int(n),
+        "n_scored": int(finite.sum()),
+        "shards": len(shards),
+        "skipped": sorted({i for part in shards for i in part.info["skipped"]}),
+        "device": info["device"],
+        "compute_time_seconds": sum(part.info["compute_time_seconds"] for part in shards),
         "timings": timings,
         "stats": {
             "self_influence_median": float(np.nanmedian(arrays["self_influence"])) if finite.any() else None,
             "max_cond": float(diagnostics["cond"].max()) if len(diagnostics) else None,
             "damping_steps": int(diagnostics["damping_steps"].sum()) if len(diagnostics) else 0,
         },
-        "provenance": provenance(dict(params), inputs),
+        "provenance": provenance(dict(params), info["inputs"]),
     }
-    log.info("%d scored of %d training images in %.1f s (%s)", finite.sum(), n, elapsed, timings)
+    log.info(
+        "%d scored of %d training images in %.1f s (%s)",
+        finite.sum(),
+        n,
+        metadata["compute_time_seconds"],
+        timings,
+    )
     return CheckpointScores(arrays, diagnostics, metadata)

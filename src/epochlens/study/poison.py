@@ -153,20 +153,31 @@ def influence_settings(settings: Mapping, execution: Mapping | None = None) -> I
 
     Args:
         settings: the keys that change results (method, and as present fisher, layers,
-            exclude_layers, seed, damping, damping_mode, precondition_dtype); others are ignored.
-        execution: batch sizes (factor_batch_size, train_batch_size, query_batch_size), which do
-            not change results.
+            exclude_layers, seed, damping, damping_mode, precondition_dtype, query_gradient_rank);
+            others are ignored.
+        execution: batch sizes (factor_batch_size, train_batch_size, query_batch_size),
+            query_memory_gb and eigh_workers, which do not change results.
     """
-    keys = ("method", "fisher", "seed", "damping", "damping_mode", "precondition_dtype")
+    keys = (
+        "method",
+        "fisher",
+        "seed",
+        "damping",
+        "damping_mode",
+        "precondition_dtype",
+        "query_gradient_rank",
+    )
     kwargs = {k: settings[k] for k in keys if k in settings}
     if kwargs.get("fisher") is True:  # YAML's unquoted true
         kwargs["fisher"] = "true"
     for k in ("layers", "exclude_layers"):
         if k in settings:
             kwargs[k] = tuple(settings[k])
-    for k in ("factor_batch_size", "train_batch_size", "query_batch_size"):
+    for k in ("factor_batch_size", "train_batch_size", "query_batch_size", "eigh_workers"):
         if execution and k in execution:
             kwargs[k] = int(execution[k])
+    if execution and "query_memory_gb" in execution:
+        kwargs["query_memory_gb"] = float(execution["query_memory_gb"])
     return InfluenceSettings(**kwargs)
 
 
