@@ -46,6 +46,8 @@ rule influence_covariances:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         config=get_influence_factor_params,
         kind="covariances",
@@ -76,6 +78,8 @@ rule influence_eigenbasis:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         config=get_influence_factor_params,
     script:
@@ -111,6 +115,8 @@ rule influence_corrections:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         config=get_influence_factor_params,
         kind="corrections",
@@ -176,6 +182,8 @@ rule influence_score_shard:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
     params:
         config=get_influence_score_params,
     script:

@@ -39,7 +39,7 @@ def get_influence_tracin_checkpoints(wildcards):
 
 def shard_log(kind):
     """Log and benchmark name of a shard job: ``{method}/{kind}_{shard}-of-{nshards}``."""
-    return "{method}/" + kind + "_{shard}-of-{nshards}"
+    return f"{{method}}/{kind}_{{shard}}-of-{{nshards}}"
 
 
 def get_influence_shards(wildcards):

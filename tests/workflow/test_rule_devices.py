@@ -23,7 +23,11 @@ GPU_RULES = {
     "curvature_shard",
     "features_epoch",
     "ablation_epoch",
+    "influence_covariances",
+    "influence_eigenbasis",
+    "influence_corrections",
     "influence_factors",
+    "influence_score_shard",
     "influence_scores",
 }
 
