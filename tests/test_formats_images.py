@@ -333,3 +333,13 @@ def test_dataset_without_groups_keeps_its_hash(tiny_dataset: Dataset) -> None:
         **{**tiny_dataset.__dict__, "train_groups": np.zeros(12, int), "test_groups": np.ones(6, int)}
     )
     assert grouped.group_names == ["0", "1"] and grouped.content_hash != tiny_dataset.content_hash
+
+
+def test_unlabelled_rows_are_refused(tmp_path: Path, rng: np.random.Generator) -> None:
+    img = rng.integers(0, 256, (2, 2), dtype=np.uint8).tolist()
+    pq.write_table(
+        pa.table({"image": [img] * 3, "label": [0, 1, -1], "s": ["a", "a", "b"]}), tmp_path / "u.parquet"
+    )
+    settings = ImageSettings(split_column="s", train_split="a", test_split="b", channels="L")
+    with pytest.raises(DataError, match=r"negative label ids in column 'label'.*unlabelled rows with -1"):
+        load_parquet(tmp_path / "u.parquet", settings)

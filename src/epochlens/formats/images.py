@@ -280,7 +280,11 @@ def _encode(
         ids = {s: np.asarray(list(v or []), dtype=np.int64) for s, v in values.items()}
         top = max((int(a.max()) for a in ids.values() if len(a)), default=-1)
         if min((int(a.min()) for a in ids.values() if len(a)), default=0) < 0:
-            raise DataError(f"{source}: negative {what} ids in column {column!r}; ids must be 0, 1, 2, ...")
+            raise DataError(
+                f"{source}: negative {what} ids in column {column!r}; ids must be 0, 1, 2, ... (datasets "
+                "marks unlabelled rows with -1, e.g. a hidden test split: use a labelled split as "
+                "data.test_split)."
+            )
         if names is None:
             names = [str(i) for i in range(top + 1)]
         elif top >= len(names):
