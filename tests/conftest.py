@@ -3,7 +3,8 @@
 Layout: ``unit/<area>/`` mirrors the library's packages (maths against exact answers, no
 Snakemake), ``workflow/`` drives Snakemake on tiny runs (one factory: :func:`wfutil.tiny_run`),
 ``cluster/`` runs the workflow on a local SLURM cluster. ``wfutil`` (next to this file) is shared
-by the workflow and cluster tests.
+by the workflow and cluster tests; ``userproject`` builds a user's own project (a ViT-like model
+trained outside epochlens, its checkpoints and image data in the formats users bring).
 """
 
 from __future__ import annotations

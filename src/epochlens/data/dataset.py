@@ -47,6 +47,11 @@ class Dataset:
     std: tuple[float, ...]
     holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     class_names: list[str] = field(default_factory=list)
+    # Optional cohort of every sample from a data column (e.g. the source of each image): int64
+    # indices into group_names, for "by group" tables. None for data without groups.
+    train_groups: np.ndarray | None = None  # (N_train,) int64
+    test_groups: np.ndarray | None = None  # (N_test,) int64
+    group_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.train_labels = np.asarray(self.train_labels, dtype=np.int64)
@@ -55,16 +60,42 @@ class Dataset:
             self.holdout = np.zeros(len(self.train_labels), dtype=bool)
         if not self.class_names:
             self.class_names = [str(c) for c in range(self.num_classes)]
+        if (self.train_groups is None) != (self.test_groups is None):
+            raise ValueError("train_groups and test_groups must both be given or both be None")
+        if self.train_groups is not None:
+            self.train_groups = np.asarray(self.train_groups, dtype=np.int64)
+            self.test_groups = np.asarray(self.test_groups, dtype=np.int64)
+            for split, groups, labels in (
+                ("train", self.train_groups, self.train_labels),
+                ("test", self.test_groups, self.test_labels),
+            ):
+                if groups.shape != labels.shape:
+                    raise ValueError(f"{split}_groups has shape {groups.shape}, labels {labels.shape}")
+            n = max(int(self.train_groups.max(initial=-1)), int(self.test_groups.max(initial=-1))) + 1
+            if not self.group_names:
+                self.group_names = [str(g) for g in range(n)]
+            if len(self.group_names) < n:
+                raise ValueError(f"group ids up to {n - 1} but only {len(self.group_names)} group_names")
 
     @property
     def content_hash(self) -> str:
-        """SHA-256 of the images and labels of both splits (what the numbers depend on)."""
+        """SHA-256 of the images and labels of both splits (what the numbers depend on), and of the
+        groups when there are any (data without groups keeps its hash)."""
         h = hashlib.sha256()
-        for arr in (self.train_images, self.train_labels, self.test_images, self.test_labels):
+        arrays = [self.train_images, self.train_labels, self.test_images, self.test_labels]
+        if self.train_groups is not None:
+            arrays += [self.train_groups, self.test_groups]
+        for arr in arrays:
             a = np.ascontiguousarray(arr)
             h.update(f"{a.dtype.str}{a.shape}".encode())
             h.update(a.tobytes())
+        if self.train_groups is not None:
+            h.update(json.dumps(self.group_names).encode())
         return h.hexdigest()
+
+    def groups(self, split: str) -> np.ndarray | None:
+        """Group index (N,) int64 of every sample of ``split``; None for data without groups."""
+        return self.train_groups if _check_split(split) == "train" else self.test_groups
 
     def normalized(self, split: str, indices: np.ndarray | None = None) -> torch.Tensor:
         """Float32 tensor (N, C, H, W) of normalised images of ``split`` ("train" or "test")."""
