@@ -11,6 +11,7 @@ rule ablation_epoch:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         code=get_code("ablation_epoch.py"),
     output:
         table=layout.ablation_table(),
@@ -26,7 +27,7 @@ rule ablation_epoch:
         **get_gpu_resources(),
     params:
         ablation=get_ablation_params,
-        model=config_provider("model", "name"),
+        model=get_model_param,
         schedule=config_provider("schedule"),
     script:
         "../scripts/ablation_epoch.py"

@@ -21,6 +21,7 @@ from snakemake.logging import logger
 
 from epochlens import config as run_config
 from epochlens.errors import EpochlensError
+from epochlens.formats.factory import FactorySpec, factory_sources
 from epochlens.layout import RESULTS as layout
 from epochlens.provenance import module_sources
 from epochlens.resources import gpu_request
@@ -83,6 +84,20 @@ def get_checkpoint(wildcards):
     if run_config.needs_file(run) and not os.path.exists(path):
         return on_missing_checkpoint(wildcards)
     return path
+
+
+def get_model_param(wildcards):
+    """The run's model: a built-in name, or your model's section (epochlens.config.model_param)."""
+    return run_config.model_param(get_run(wildcards))
+
+
+def get_model_code(wildcards):
+    """Your model's source files (the project files model.factory imports): inputs of every job
+    that builds the model, so that editing them reruns those jobs only."""
+    model = get_run(wildcards)["model"]
+    if "factory" not in model:
+        return []
+    return [str(p) for p in factory_sources(FactorySpec.from_config(model))]
 
 
 _warned_missing = []

@@ -13,6 +13,7 @@ rule curvature_shard:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         code=get_code("curvature_shard.py"),
     output:
         shard=layout.curvature_shard(),
@@ -31,7 +32,7 @@ rule curvature_shard:
         **get_gpu_resources(),
     params:
         settings=get_curvature_settings,
-        model=config_provider("model", "name"),
+        model=get_model_param,
         schedule=config_provider("schedule"),
     script:
         "../scripts/curvature_shard.py"

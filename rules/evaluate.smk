@@ -9,6 +9,7 @@ rule evaluate_checkpoint:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         code=get_code("evaluate_checkpoint.py"),
     output:
         table=layout.eval_table(),
@@ -22,6 +23,7 @@ rule evaluate_checkpoint:
         *config["envmodules"],
     params:
         run=get_eval_params,
+        model=get_model_param,
     script:
         "../scripts/evaluate_checkpoint.py"
 

@@ -12,6 +12,7 @@ rule features_epoch:
     input:
         dataset=rules.prepare_data.output.dataset,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         code=get_code("features_epoch.py"),
     output:
         features=layout.features(),
@@ -27,7 +28,7 @@ rule features_epoch:
         **get_gpu_resources(),
     params:
         settings=get_feature_params,
-        model=config_provider("model", "name"),
+        model=get_model_param,
     script:
         "../scripts/features_epoch.py"
 

@@ -23,6 +23,7 @@ rule influence_covariances:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         code=get_code("influence_factor_shard.py"),
     output:
         shard=layout.influence_shard("covariances"),
@@ -60,6 +61,7 @@ rule influence_eigenbasis:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         covariances=get_influence_covariance_shards,
         code=get_code("influence_factors.py"),
     output:
@@ -91,6 +93,7 @@ rule influence_corrections:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         eigenbasis=get_influence_eigenbasis,
         code=get_code("influence_factor_shard.py"),
     output:
@@ -129,6 +132,7 @@ rule influence_factors:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         covariances=get_influence_factor_covariances,
         eigenbasis=get_influence_eigenbasis,
         corrections=get_influence_correction_shards,
@@ -163,6 +167,7 @@ rule influence_score_shard:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         factors=get_influence_factors,
         tracin_checkpoints=get_influence_tracin_checkpoints,
         code=get_code("influence_score_shard.py"),
@@ -195,6 +200,7 @@ rule influence_scores:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
+        model_code=get_model_code,
         factors=get_influence_factors,
         tracin_checkpoints=get_influence_tracin_checkpoints,
         shards=get_influence_score_shards,

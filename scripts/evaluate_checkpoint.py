@@ -14,7 +14,7 @@ from epochlens.runner import log
 
 def main(snakemake) -> None:
     run, wc = snakemake.params.run, snakemake.wildcards
-    job = load_checkpoint_job(model=run["model"]["name"], schedule=run["schedule"], **job_files(snakemake))
+    job = load_checkpoint_job(model=snakemake.params.model, schedule=run["schedule"], **job_files(snakemake))
     table = evaluate_checkpoint(
         job.model, job.data, job.schedule, job.epoch, run["evaluation"]["batch_size"], job.device
     )

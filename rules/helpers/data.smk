@@ -8,8 +8,16 @@ def get_data_source_files(wildcards):
     data = get_run(wildcards)["data"]
     if data["source"] == "cifar100":
         return [str(p) for p in cifar100_files(data["path"])]
-    if data["source"] == "npz":
+    if data["source"] in ("npz", "parquet") and os.path.isfile(data["path"]):
         return [data["path"]]
+    if data["source"] in ("imagefolder", "save_to_disk", "parquet"):
+        # Every file of the folder: replacing, adding or removing an image rebuilds dataset.h5.
+        return sorted(
+            os.path.join(root, name)
+            for root, _, names in os.walk(data["path"])
+            for name in names
+            if not name.startswith(".")
+        )
     return []
 
 

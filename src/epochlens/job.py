@@ -37,7 +37,9 @@ class CheckpointJob:
     Attributes:
         data: the run's data set (``dataset.h5``).
         epoch: the checkpoint's epoch.
-        model_name: the config's ``model.name``.
+        model_name: the config's ``model.name``, or a mapping (:func:`epochlens.config.model_param`):
+            your model (``factory``, ``kwargs``, ``project_path``, ``output``) or a built-in ``name``,
+            with the checkpoint's ``key`` and ``strip_prefix``.
         checkpoint: the checkpoint file.
         device: where the job computes (resolved from the config's ``device``).
         schedule: the class schedule of this replicate (None without a class order).
@@ -48,7 +50,7 @@ class CheckpointJob:
 
     data: Dataset
     epoch: int
-    model_name: str
+    model_name: str | Mapping[str, Any]
     checkpoint: Path
     device: torch.device
     schedule: ClassSchedule | None = None
@@ -61,9 +63,30 @@ class CheckpointJob:
         return int(self.data.train_images.shape[1])
 
     def build_model(self, checkpoint: str | Path | None = None) -> nn.Module:
-        """The model with the weights of ``checkpoint`` (default: the job's), on the CPU."""
-        model = build_model(self.model_name, self.data.num_classes, self.in_channels)
-        return load_into(model, checkpoint or self.checkpoint)
+        """The model with the weights of ``checkpoint`` (default: the job's), on the CPU.
+
+        Your model (``model.factory``) returns its logits whatever its forward returns (a forward
+        hook picks ``model.output``; module names are unchanged), and its checkpoint's keys must
+        fit exactly: the error lists missing and unexpected keys and the prefix to strip."""
+        path = Path(checkpoint or self.checkpoint)
+        spec = self.model_name
+        if isinstance(spec, str):
+            return load_into(build_model(spec, self.data.num_classes, self.in_channels), path)
+        from epochlens.formats.weights import fit_weights, load_weights
+
+        if "factory" in spec:
+            from epochlens.formats.factory import FactorySpec
+            from epochlens.formats.user_model import attach_output_adapter, build_user_model
+
+            factory = FactorySpec.from_config(spec)
+            model = build_user_model(
+                factory, {"num_classes": self.data.num_classes, "in_channels": self.in_channels}
+            )
+            attach_output_adapter(model, factory.output)
+        else:
+            model = build_model(spec["name"], self.data.num_classes, self.in_channels)
+        fit_weights(model, load_weights(path, spec.get("key")), source=path, strip=spec.get("strip_prefix"))
+        return model
 
     @cached_property
     def model(self) -> nn.Module:
@@ -72,6 +95,12 @@ class CheckpointJob:
 
     @cached_property
     def checkpoint_sha256(self) -> str:
+        """SHA-256 of the checkpoint file, or of the weights of a checkpoint folder (a Trainer
+        ``checkpoint-{step}/`` or ``save_pretrained`` folder; a sharded model: its index)."""
+        if self.checkpoint.is_dir():
+            from epochlens.formats.trainer_folders import weights_file
+
+            return file_sha256(weights_file(self.checkpoint))
         return file_sha256(self.checkpoint)
 
     def active_at(self, epoch: int) -> np.ndarray:
@@ -85,13 +114,17 @@ class CheckpointJob:
         if self.class_order is not None:
             hashes["class_order"] = file_sha256(self.class_order)
         hashes["checkpoint"] = self.checkpoint_sha256
+        if isinstance(self.model_name, Mapping) and "factory" in self.model_name:
+            from epochlens.formats.factory import FactorySpec, factory_fingerprint
+
+            hashes["model_code"] = factory_fingerprint(FactorySpec.from_config(self.model_name))
         return hashes
 
 
 def load_checkpoint_job(
     dataset: str | Path,
     checkpoint: str | Path,
-    model: str,
+    model: str | Mapping[str, Any],
     epoch: int | str,
     device: str = "auto",
     class_order: str | Path | None = None,
@@ -103,7 +136,8 @@ def load_checkpoint_job(
     Args:
         dataset: the run's ``dataset.h5``.
         checkpoint: the checkpoint file.
-        model: the config's ``model.name``.
+        model: the config's ``model.name``, or the mapping of :func:`epochlens.config.model_param`
+            (your model, or a built-in read with a checkpoint key or prefix).
         epoch: the checkpoint's epoch (an int or the ``{epoch}`` wildcard's digits).
         device: the config's ``device`` (``auto``, ``cpu``, ``cuda:1``, ...).
         class_order: the replicate's ``class_order.npy``; with ``schedule`` (the config's

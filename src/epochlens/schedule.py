@@ -41,7 +41,7 @@ class ClassSchedule:
     """
 
     class_order: np.ndarray
-    initial_classes: int
+    initial_classes: int | None
     increment: int
     epochs_per_task: int
 
@@ -52,6 +52,8 @@ class ClassSchedule:
         check_permutation(order, order.size, source="class_order")
         object.__setattr__(self, "class_order", order.astype(np.int64))
         n = len(order)
+        if self.initial_classes is None:  # schedule: none, every class from the start
+            object.__setattr__(self, "initial_classes", n)
         if not 1 <= self.initial_classes <= n:
             raise ConfigError(
                 f"schedule.initial_classes={self.initial_classes} must be in 1..{n} (the number of "
@@ -118,6 +120,17 @@ class ClassSchedule:
         epochs = set(range(0, self.final_epoch + 1, self.epochs_per_task))
         epochs.update(range(0, self.final_epoch + 1, step))
         return sorted(epochs)
+
+
+#: ``schedule: none`` (every class trained at every checkpoint: an ordinary training run) as a
+#: schedule: all classes in one task that never ends (the config normalises it to this mapping,
+#: so every rule and table reads one kind of schedule).
+NO_SCHEDULE = {"initial_classes": None, "increment": 0, "epochs_per_task": 10**9}
+
+
+def is_no_schedule(spec: dict | str) -> bool:
+    """Whether a run's ``schedule`` section is ``none`` (as written, or normalised)."""
+    return spec == "none" or (isinstance(spec, dict) and spec.get("initial_classes", 0) is None)
 
 
 def task_at_epoch(epoch, epochs_per_task: int):

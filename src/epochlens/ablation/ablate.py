@@ -43,7 +43,7 @@ from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data import Dataset
 from epochlens.device import model_device
 from epochlens.errors import ConfigError, LayerError
-from epochlens.models.layers import check_finite_weights, resolve_layers
+from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.progress import progress_bar
 
@@ -94,7 +94,7 @@ def block_shapes(model: nn.Module, blocks: Sequence[str], sample: torch.Tensor) 
                     f"block {name!r} ({type(module).__name__}) does not return a (batch, channels, ...) "
                     "tensor; ablate another module (e.g. its parent block)."
                 )
-            shapes[name] = tuple(output.shape[1:])
+            shapes[name] = tuple(channels_first(output).shape[1:])
 
         return hook
 
@@ -158,7 +158,7 @@ def unit_means(
     def make(name: str):
         def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
             acc = torch.float32 if output.device.type == "mps" else torch.float64  # MPS lacks float64
-            s = output.detach().to(acc).sum(0)
+            s = channels_first(output).detach().to(acc).sum(0)
             sums[name] = s if name not in sums else sums[name] + s
 
         return hook
@@ -187,10 +187,11 @@ def ablated(
 
     def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
         out = output.clone()
+        view = channels_first(out)  # the channels of a (batch, tokens, features) output: features
         if mode == "zero":
-            out[:, sl] = 0
+            view[:, sl] = 0
         else:
-            out[:, sl] = means[group.block][sl].to(out.device, out.dtype)
+            view[:, sl] = means[group.block][sl].to(out.device, out.dtype)
         return out
 
     handle = module.register_forward_hook(hook)

@@ -43,18 +43,23 @@ from epochlens.config.results import (
     feature_params,
     influence_factor_params,
     influence_score_params,
+    model_param,
     poison_detection_params,
     probe_params,
     result_settings,
     run_params,
 )
 from epochlens.config.schema import explain_config_errors, fill_defaults
+from epochlens.schedule import NO_SCHEDULE
 
 
 def validate(config: dict, schema_path: str | Path) -> dict:
     """Check ``config`` against the schema (filling its defaults in place), then every run's
     cross-field checks. Raises :class:`~epochlens.errors.ConfigError` naming the keys to fix."""
     fill_defaults(config, schema_path)
+    for run in config.get("runs", {}).values():
+        if run.get("schedule") == "none":
+            run["schedule"] = dict(NO_SCHEDULE)
     check_config(config)
     return config
 
@@ -77,6 +82,7 @@ __all__ = [
     "fill_defaults",
     "influence_epochs",
     "influence_factor_params",
+    "model_param",
     "influence_score_params",
     "missing_checkpoint_error",
     "missing_checkpoints",

@@ -14,10 +14,41 @@ from epochlens.models.catalog import DEFAULT_LAYERS, known_layers
 
 def check_run(name: str, run: dict) -> None:
     """Every cross-field check of run ``name`` (defaults filled in); raises ConfigError."""
+    check_checkpoint_config(name, run)
+    check_model_config(name, run)
     epochs.analysis_epochs(name, run)
     epochs.curvature_epochs(name, run)
     check_feature_config(name, run)
     check_influence_config(name, run)
+
+
+def check_checkpoint_config(name: str, run: dict) -> None:
+    """A folder of checkpoints without {index} in its path holds one replicate."""
+    ckpt = run["checkpoints"]
+    if ckpt["source"] == "folder" and "{index" not in ckpt["path"] and len(run["indices"]) > 1:
+        raise ConfigError(
+            f"runs.{name}.checkpoints.path has no {{index}} placeholder, so it holds one replicate, "
+            f"but runs.{name}.indices lists {run['indices']}; add {{index}} to the path or keep one index."
+        )
+
+
+def check_model_config(name: str, run: dict) -> None:
+    """Your own model: read from your checkpoints (the pipeline trains built-in networks only),
+    and a factory whose module is found under model.project_path (nothing is imported here)."""
+    model = run["model"]
+    if "factory" not in model:
+        return
+    if run["checkpoints"]["source"] != "folder":
+        raise ConfigError(
+            f"runs.{name}.model.factory: the pipeline trains the built-in networks only; analyse "
+            f"your model's checkpoints with runs.{name}.checkpoints: {{source: folder, path: ...}}."
+        )
+    from epochlens.formats.factory import FactoryError, FactorySpec, factory_sources
+
+    try:
+        factory_sources(FactorySpec.from_config(model))
+    except FactoryError as exc:
+        raise ConfigError(f"runs.{name}.model: {exc}") from None
 
 
 def check_config(config: dict) -> None:
@@ -42,8 +73,8 @@ def check_feature_config(name: str, run: dict) -> None:
             f"runs.{name}.ablation: channel_groups: 0 with whole_blocks: false leaves nothing to "
             "ablate; set one of them."
         )
-    model = run["model"]["name"]
-    layers = known_layers(model)
+    model = run["model"].get("name")
+    layers = known_layers(model) if model else None
     for section, key in (("features", "layers"), ("ablation", "blocks")):
         names = run[section][key]
         if layers is None or not run[section]["enabled"] or not names:

@@ -6,12 +6,43 @@ defaults filled in) and names the config key to fix in its errors.
 
 from __future__ import annotations
 
+import glob
+import re
 from pathlib import Path
 
 import numpy as np
 
 from epochlens.errors import ConfigError, DataError
-from epochlens.schedule import ClassSchedule
+from epochlens.schedule import ClassSchedule, is_no_schedule
+
+
+def listed_epochs(run_cfg: dict) -> list[int]:
+    """The ``{epoch}`` values of the checkpoint files on disk (``checkpoints.path`` with the run's
+    first index): the checkpoints of a run without a schedule."""
+    ckpt = run_cfg.get("checkpoints", {})
+    if ckpt.get("source", "train") != "folder":
+        raise ConfigError(
+            "schedule: none needs checkpoints.source: folder (the pipeline trains class-incremental "
+            "schedules only); point checkpoints.path at your checkpoints."
+        )
+    template = ckpt["path"].replace("{index}", str(run_cfg.get("indices", [0])[0]))
+    field = re.search(r"\{epoch(:[^}]*)?\}", template)
+    before, after = template[: field.start()], template[field.end() :]
+    pattern = re.compile(re.escape(before) + r"(\d+)" + re.escape(after))
+    found = set()
+    for path in glob.glob(glob.escape(before) + "*" + glob.escape(after)):
+        m = pattern.fullmatch(path)
+        if m:
+            found.add(int(m.group(1)))
+    folder = Path(before).parent
+    if not found:
+        raise ConfigError(
+            f"checkpoints.path {ckpt['path']!r}: no checkpoint matches {template!r} (folder "
+            f"{folder.resolve()}). With schedule: none the checkpoints are the files found there: "
+            "fix checkpoints.path (relative to the working directory) or write the checkpoints."
+        )
+    return sorted(found)
+
 
 KNOWN_NUM_CLASSES = {"digits": 10, "cifar100": 100}
 
@@ -21,6 +52,25 @@ def num_classes(data_cfg: dict) -> int:
     source = data_cfg["source"]
     if source in KNOWN_NUM_CLASSES:
         return KNOWN_NUM_CLASSES[source]
+    if data_cfg.get("num_classes"):
+        return int(data_cfg["num_classes"])
+    if source == "imagefolder":
+        split = Path(data_cfg["path"]) / data_cfg.get("images", {}).get("train_split", "train")
+        if not split.is_dir():
+            raise DataError(
+                f"{split}: no such folder. An imagefolder source is path/<split>/<class_name>/*.png; "
+                "point data.path at the folder holding the split folders (or set "
+                "data.images.train_split)."
+            )
+        classes = [p for p in split.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        if not classes:
+            raise DataError(f"{split}: no class folders; an imagefolder split holds <class_name>/ folders.")
+        return len(classes)
+    if source in ("save_to_disk", "parquet"):
+        raise ConfigError(
+            f"data.source: {source} with a class-incremental schedule: set data.num_classes (the "
+            "classes are known only once the data is read), or use schedule: none."
+        )
     path = Path(data_cfg["path"])
     if not path.is_file():
         raise DataError(f"{path}: data.path not found. Point data.path at an existing .npz file.")
@@ -39,8 +89,13 @@ def schedule(run_cfg: dict, class_order: np.ndarray | None = None) -> ClassSched
 
 
 def checkpoint_epochs(run_cfg: dict) -> list[int]:
-    """Epochs that have a checkpoint (when the pipeline trains) or are expected to (a folder)."""
+    """Epochs that have a checkpoint (when the pipeline trains) or are expected to (a folder).
+
+    With ``schedule: none`` they are the epochs of the files found in the folder (``checkpoints.path``
+    with the run's first index), since no schedule says where they are."""
     ckpt = run_cfg.get("checkpoints", {})
+    if is_no_schedule(run_cfg["schedule"]):
+        return listed_epochs(run_cfg)
     save_every = ckpt.get("save_every") if ckpt.get("source", "train") == "train" else None
     return schedule(run_cfg).checkpoint_epochs(save_every)
 

@@ -56,6 +56,20 @@ def run_params(run: Mapping) -> dict:
     return {key: value for key, value in run.items() if key not in ANALYSIS_SECTIONS}
 
 
+def model_param(run: Mapping) -> str | dict:
+    """What a job's model depends on besides its checkpoint file: the built-in network's name, or
+    your model's section (factory, kwargs, output, project_path) with the checkpoint reading
+    (checkpoints.key, strip_prefix) — a mapping that :func:`epochlens.job.load_checkpoint_job`
+    takes as ``model``. A built-in read without key or prefix stays its name (results of existing
+    runs keep their params)."""
+    model = dict(run["model"])
+    ckpt = run.get("checkpoints", {})
+    reading = {k: ckpt.get(k) for k in ("key", "strip_prefix") if ckpt.get(k)}
+    if "name" in model and not reading:
+        return model["name"]
+    return {**model, **reading}
+
+
 def curvature_params(run: Mapping) -> dict:
     """What curvature results depend on: estimator settings, model and class schedule.
 
@@ -64,7 +78,7 @@ def curvature_params(run: Mapping) -> dict:
     """
     return {
         "settings": result_settings(run["curvature"], CurvatureSettings),
-        "model": run["model"]["name"],
+        "model": model_param(run),
         "schedule": run["schedule"],
     }
 
@@ -130,7 +144,7 @@ def influence_factor_params(run: Mapping, method: str) -> dict:
     run's task (the loss whose curvature they are)."""
     return {
         "settings": influence_settings(run, method),
-        "model": run["model"]["name"],
+        "model": model_param(run),
         "schedule": run["schedule"],
         "task": run["task"],
     }

@@ -24,7 +24,7 @@ from epochlens.device import model_device
 from epochlens.errors import LayerError
 from epochlens.features import representations as reps
 from epochlens.features.settings import RepresentationSettings
-from epochlens.models.layers import check_finite_weights, resolve_layers
+from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.progress import progress_bar
 
 
@@ -51,6 +51,7 @@ class _Capture:
                     f"layer {name!r} ({type(module).__name__}) returns {what}, not a (batch, ...) "
                     "tensor; hook another module (e.g. its parent block)."
                 )
+            output = channels_first(output)  # (batch, tokens, features) -> (B, D, T)
             self.shapes[name] = tuple(output.shape[1:])
             self.out[name] = reps.compute(output.float(), self.settings)
 

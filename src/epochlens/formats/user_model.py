@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,14 +23,20 @@ from torch.utils.hooks import RemovableHandle
 
 from epochlens.errors import EpochlensError
 from epochlens.formats.factory import FactoryError, FactorySpec, import_factory
+from epochlens.models.layers import BlockError, default_blocks
+
+__all__ = [
+    "BlockError",
+    "OutputError",
+    "attach_output_adapter",
+    "build_user_model",
+    "default_blocks",
+    "extract_logits",
+]
 
 
 class OutputError(EpochlensError):
     """A model output from which no logits tensor can be taken."""
-
-
-class BlockError(EpochlensError):
-    """A model in which no default blocks can be found."""
 
 
 def build_user_model(spec: FactorySpec, defaults: Mapping[str, Any] | None = None) -> nn.Module:
@@ -160,103 +165,3 @@ def attach_output_adapter(model: nn.Module, field: str | None = None) -> Removab
         return extract_logits(output, field)
 
     return model.register_forward_hook(hook)
-
-
-# ---------------------------------------------------------------------------------------------
-# Default blocks
-
-
-def default_blocks(model: nn.Module) -> list[str]:
-    """Names (as in ``named_modules()``) of the model's repeated blocks, in registration order.
-
-    The rule, in order:
-
-    1. *Block groups*: modules with submodules and parameters that are children of an
-       ``nn.ModuleList`` / ``nn.Sequential`` holding at least two of the same class (torchvision
-       ResNet ``layer1.0`` ... ``layer4.1``; timm ViT ``blocks.N``; Hugging Face ``encoder.layer.N``,
-       GPT-2 ``transformer.h.N``, Llama ``model.layers.N``; T5's encoder and decoder blocks). Groups
-       nested inside other groups' blocks are dropped, except when the nested blocks hold at least
-       half of the parameters of every outer block: then the outer ones are stages made of blocks
-       (ConvNeXt/Swin ``stages.N.blocks.M``) and the nested blocks are taken instead. Every remaining
-       group is returned, merged in module order.
-    2. Otherwise the largest group of repeated parameterised leaf layers in one container (a flat
-       ``nn.Sequential`` CNN: its convolutions).
-    3. Otherwise the direct children that hold parameters, except a final ``nn.Linear`` head (as
-       :func:`epochlens.features.default_layers` for unknown models).
-
-    Raises:
-        BlockError: none of these finds anything; name the layers in the config.
-    """
-    modules = dict(model.named_modules())
-    order = {name: i for i, name in enumerate(modules)}
-    composite: dict[type, list[str]] = {}
-    leaf: list[tuple[int, int, list[str]]] = []
-    for name, container in modules.items():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            continue
-        children = [(_join(name, n), c) for n, c in container.named_children() if _n_params(c) > 0]
-        counts = Counter(type(c) for _, c in children)
-        for cls, count in counts.items():
-            if count < 2:
-                continue
-            members = [n for n, c in children if type(c) is cls]
-            if any(True for _ in modules[members[0]].children()):
-                composite.setdefault(cls, []).extend(members)
-            else:
-                params = sum(_n_params(modules[n]) for n in members)
-                leaf.append((count, params, members))
-    if composite:
-        chosen = _outermost_groups(list(composite.values()), modules)
-        return sorted((n for group in chosen for n in group), key=order.__getitem__)
-    if leaf:
-        leaf.sort(key=lambda t: (-t[0], -t[1], order[t[2][0]]))
-        return leaf[0][2]
-    children = [(n, c) for n, c in model.named_children() if _n_params(c) > 0]
-    if children and isinstance(children[-1][1], nn.Linear):
-        children = children[:-1]
-    if not children:
-        available = [n for n in modules if n][:40]
-        raise BlockError(
-            f"{type(model).__name__}: no repeated blocks or parameterised children to use as default "
-            f"layers; name them in the config (module names as in named_modules(), e.g. {available})."
-        )
-    return [n for n, _ in children]
-
-
-def _outermost_groups(groups: list[list[str]], modules: dict[str, nn.Module]) -> list[list[str]]:
-    """Groups not nested in another group's blocks; a group of stages whose nested blocks hold at
-    least half of each stage's parameters is replaced by those nested groups."""
-
-    def inside(name: str, group: list[str]) -> bool:
-        return any(name.startswith(outer + ".") for outer in group)
-
-    def nested_in(group: list[str]) -> list[list[str]]:
-        return [g for g in groups if g is not group and all(inside(n, group) for n in g)]
-
-    roots = [g for g in groups if not any(g is not h and inside(g[0], h) for h in groups)]
-    result: list[list[str]] = []
-    todo = list(roots)
-    while todo:
-        group = todo.pop(0)
-        nested = nested_in(group)
-        inner = [g for g in nested if not any(inside(g[0], h) for h in nested if h is not g)]
-        if inner and all(
-            sum(_n_params(modules[n]) for g in inner for n in g if n.startswith(outer + "."))
-            >= 0.5 * _n_params(modules[outer])
-            for outer in group
-        ):
-            todo.extend(inner)
-        else:
-            result.append(group)
-    return result
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _n_params(module: nn.Module) -> int:
-    """Number of parameters (an uninitialised lazy parameter counts as one)."""
-    return sum(
-        1 if isinstance(p, nn.parameter.UninitializedParameter) else p.numel() for p in module.parameters()
-    )

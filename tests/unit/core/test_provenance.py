@@ -97,6 +97,8 @@ OWN = {
     "ablation_tables": {"ablation"},
     "influence_factors": {"influence"},
     "influence_scores": {"influence"},
+    "influence_factor_shard": {"influence"},
+    "influence_score_shard": {"influence"},
     "poison_detection": {"influence"},
     "evaluate_checkpoint": set(),
     "accuracy_tables": set(),

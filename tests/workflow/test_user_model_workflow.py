@@ -1,0 +1,149 @@
+"""The whole pipeline on a run that epochlens did not train: the user's own ViT-like model
+(tests/userproject: a package outside epochlens, trained by a plain loop that saved
+``ckpt_{step}.pt`` dicts with the weights under ``model``), images as an ImageFolder tree and as a
+``save_to_disk`` folder. Two runs in one config (one Snakemake run, to keep CI short):
+
+* ``folder``: ImageFolder, ``schedule: none`` (every class at every checkpoint; the checkpoints are
+  the files found), every stage including influence with a label-flip study;
+* ``disk``: the save_to_disk copy with a class-incremental schedule, read from the Trainer's
+  ``checkpoint-{step}/`` folders (model.safetensors) that transformers.Trainer wrote.
+
+Then: editing the user's model file reruns the jobs that build the model (and what follows them),
+never the data preparation; a factory that cannot be imported fails the dry run, naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from userproject import build_user_project
+from wfutil import copy_workflow, planned_jobs, snakemake, write_config
+
+from epochlens.layout import Layout
+
+pytestmark = [pytest.mark.slow, pytest.mark.workflow]
+
+EPOCHS = [60, 150]  # steps of the loop's checkpoints (the {epoch} of ckpt_{epoch}.pt)
+MODEL_RULES = {
+    "evaluate_checkpoint",
+    "curvature_shard",
+    "features_epoch",
+    "ablation_epoch",
+    "influence_factors",
+    "influence_scores",
+}
+
+
+def user_config(project) -> dict:
+    model = {
+        "factory": project.factory,
+        "kwargs": project.kwargs,
+        "project_path": str(project.project_path),
+        "output": "logits",
+    }
+    images = {"size": project.size, "mean": list(project.mean), "std": list(project.std)}
+    checkpoints = {"source": "folder", "path": str(project.loop_dir / "ckpt_{epoch}.pt"), "key": "model"}
+    small = {
+        "curvature": {"n_directions": 2, "batch_size": 64},
+        "features": {"representations": ["pooled"]},
+        "probes": {"seeds": [0], "max_epochs": 20, "targets": ["class", "curvature"]},
+        "ablation": {"channel_groups": 2, "modes": ["zero"], "mean_samples": 16},
+    }
+    folder = {
+        "data": {
+            "source": "imagefolder",
+            "path": str(project.image_folder),
+            "images": images,
+            "corruption": {"kind": "label_flip", "fraction": 0.1, "seed": 0},
+        },
+        "model": model,
+        "schedule": "none",
+        "checkpoints": checkpoints,
+        "epochs": EPOCHS,
+        "influence": {
+            "enabled": True,
+            "methods": ["ekfac", "identity"],
+            "fisher": "empirical",
+            "queries": {"max_count": 8},
+        },
+        **small,
+    }
+    disk = {
+        "data": {
+            "source": "save_to_disk",
+            "path": str(project.saved_dataset),
+            "images": images,
+            "num_classes": 3,
+        },
+        "model": model,
+        "schedule": {"initial_classes": 2, "increment": 1, "epochs_per_task": 4},
+        "checkpoints": {"source": "folder", "path": str(project.trainer_dir / "checkpoint-{epoch}")},
+        "epochs": [4, 8],
+        **small,
+        "features": {"enabled": False},
+        "probes": {"enabled": False},
+        "ablation": {"enabled": False},
+    }
+    return {"device": "cpu", "runs": {"folder": folder, "disk": disk}}
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("user")
+    project = build_user_project(root / "project")
+    wf = copy_workflow(root / "wf")
+    work = root / "work"
+    work.mkdir()
+    cfg = write_config(root / "user.yaml", user_config(project))
+    snakemake(wf, work, configfile=cfg)
+    return project, wf, work, cfg
+
+
+def test_every_stage_runs_on_the_users_model(user_run):
+    project, wf, work, cfg = user_run
+    paths = Layout(work / "results")
+    # schedule: none analyses the checkpoint files found (here the two chosen by `epochs`)
+    acc = pd.read_csv(paths.table("accuracy_per_class", "folder"))
+    assert sorted(acc["epoch"].unique()) == EPOCHS
+    # the user's last checkpoint classifies the test images as the user measured it
+    last = acc[(acc["epoch"] == 150) & (acc["split"] == "test")]
+    assert last["n_correct"].sum() / last["n"].sum() == pytest.approx(project.final_test_accuracy, abs=1e-6)
+    for table in ("curvature_summary", "probes", "ablation", "poison_detection"):
+        assert len(pd.read_csv(paths.table(table, "folder"))) > 0, table
+    figures = list((work / "results" / "folder" / "figures").glob("*.png"))
+    assert len(figures) >= 8, sorted(f.name for f in figures)
+    meta = json.loads(Path(paths.curvature_metadata("folder", 0, 150)).read_text())
+    assert "model_code" in meta["provenance"]["inputs"]  # the user's sources, fingerprinted
+    # the class-incremental run on the save_to_disk copy and the Trainer's folders: two
+    # checkpoints (steps 4 and 8), cohort tables; two classes are active at step 4, three at 8
+    cohorts = pd.read_csv(paths.table("accuracy_per_cohort", "disk"))
+    assert sorted(cohorts["epoch"].unique()) == [4, 8]
+    per_class = pd.read_csv(paths.table("accuracy_per_class", "disk"))
+    test = per_class[per_class["split"] == "test"]
+    assert test.groupby("epoch").size().to_dict() == {4: 2, 8: 3}
+    meta = json.loads(Path(paths.curvature_metadata("disk", 0, 8)).read_text())
+    assert len(meta["provenance"]["inputs"]["checkpoint"]) == 64  # the folder's model.safetensors
+
+
+def test_editing_the_users_model_reruns_its_jobs_only(user_run):
+    project, wf, work, cfg = user_run
+    assert planned_jobs(wf, work, configfile=cfg) == {}
+    layers = project.project_path / "tinyvit" / "layers.py"
+    layers.write_text(layers.read_text() + "\n# an edit\n")
+    jobs = planned_jobs(wf, work, configfile=cfg)
+    assert MODEL_RULES <= set(jobs), jobs
+    assert not {"prepare_data", "class_order"} & set(jobs)
+
+
+def test_a_factory_that_cannot_be_imported_fails_before_any_job(user_run, tmp_path):
+    project, wf, work, _ = user_run
+    cfg = user_config(project)
+    cfg["runs"]["folder"]["model"]["factory"] = "tinyvit.modle:build"
+    proc = snakemake(
+        wf, tmp_path, "--dry-run", configfile=write_config(tmp_path / "bad.yaml", cfg), check=False
+    )
+    assert proc.returncode != 0
+    assert "runs.folder.model" in proc.stdout and "tinyvit.modle" in proc.stdout, proc.stdout[-3000:]
