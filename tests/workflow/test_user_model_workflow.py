@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from userproject import build_user_project
-from wfutil import copy_workflow, planned_jobs, snakemake, write_config
+from wfutil import REPO, copy_workflow, planned_jobs, snakemake, write_config
 
 from epochlens.layout import Layout
 
@@ -136,6 +137,20 @@ def test_editing_the_users_model_reruns_its_jobs_only(user_run):
     jobs = planned_jobs(wf, work, configfile=cfg)
     assert MODEL_RULES <= set(jobs), jobs
     assert not {"prepare_data", "class_order"} & set(jobs)
+
+
+def test_the_readme_example_config_plans_on_a_user_project(user_run, tmp_path):
+    """config/examples/own_model.yaml, with its paths pointed at the test project, is valid and
+    plans every stage (so the README's example stays true)."""
+    project, wf, _, _ = user_run
+    cfg = yaml.safe_load((REPO / "config" / "examples" / "own_model.yaml").read_text())
+    run = cfg["runs"]["vit"]
+    run["data"]["path"] = str(project.image_folder)
+    run["model"]["project_path"] = str(project.project_path)
+    run["checkpoints"]["path"] = str(project.loop_dir / "ckpt_{epoch}.pt")
+    jobs = planned_jobs(wf, tmp_path, configfile=write_config(tmp_path / "example.yaml", cfg))
+    assert MODEL_RULES | {"prepare_data", "probes_epoch", "poison_detection"} <= set(jobs), jobs
+    assert jobs["evaluate_checkpoint"] == 2
 
 
 def test_a_factory_that_cannot_be_imported_fails_before_any_job(user_run, tmp_path):

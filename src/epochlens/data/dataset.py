@@ -161,6 +161,10 @@ def write_dataset(dataset: Dataset, path: str | Path) -> None:
             g.create_dataset("images", data=images, chunks=chunk, compression="gzip")
             g.create_dataset("labels", data=labels)
         f["train"].create_dataset("holdout", data=dataset.holdout)
+        if dataset.train_groups is not None:  # optional: cohorts from a data column
+            f["train"].create_dataset("groups", data=dataset.train_groups)
+            f["test"].create_dataset("groups", data=dataset.test_groups)
+            f.attrs["group_names"] = json.dumps(dataset.group_names)
         f.attrs.update(
             name=dataset.name,
             source=dataset.source,
@@ -191,6 +195,9 @@ def read_dataset(path: str | Path) -> Dataset:
                 std=tuple(float(v) for v in f.attrs["std"]),
                 holdout=f["train/holdout"][()],
                 class_names=json.loads(f.attrs["class_names"]),
+                train_groups=f["train/groups"][()] if "groups" in f["train"] else None,
+                test_groups=f["test/groups"][()] if "groups" in f["test"] else None,
+                group_names=json.loads(f.attrs.get("group_names", "[]")),
             )
             stored_hash = str(f.attrs["content_hash"])
     except (OSError, KeyError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import struct
@@ -498,6 +499,26 @@ def test_write_read_round_trip(tmp_path, tiny_dataset):
         assert f["train/labels"].dtype == np.int64
         assert f["train/holdout"].dtype == bool
     torch.testing.assert_close(back.normalized("test"), ds.normalized("test"))
+
+
+def test_groups_round_trip_and_enter_the_hash(tmp_path, tiny_dataset):
+    """Cohorts from a data column (e.g. each image's source) survive dataset.h5; data without
+    groups keeps its hash and reads back without them."""
+    plain_hash = tiny_dataset.content_hash
+    write_dataset(tiny_dataset, tmp_path / "plain.h5")
+    assert read_dataset(tmp_path / "plain.h5").train_groups is None
+    ds = dataclasses.replace(
+        tiny_dataset,
+        train_groups=np.arange(12) % 2,
+        test_groups=np.arange(6) % 2,
+        group_names=["clean", "noisy"],
+    )
+    assert ds.content_hash != plain_hash
+    write_dataset(ds, tmp_path / "groups.h5")
+    back = read_dataset(tmp_path / "groups.h5")
+    np.testing.assert_array_equal(back.groups("train"), ds.train_groups)
+    np.testing.assert_array_equal(back.groups("test"), ds.test_groups)
+    assert back.group_names == ["clean", "noisy"] and back.content_hash == ds.content_hash
 
 
 def test_write_read_round_trip_float_images(tmp_path, tiny_dataset):
