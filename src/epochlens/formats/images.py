@@ -207,7 +207,7 @@ def _array_image(array: np.ndarray, settings: ImageSettings, where: str):
         return Image.fromarray(np.ascontiguousarray(array), mode="RGB" if array.shape[2] == 3 else "RGBA")
     raise DataError(
         f"{where}: image array of shape {array.shape} is not (H, W), (H, W, C) or, with "
-        "data.array_layout: chw, (C, H, W) with C in 1, 3, 4."
+        "data.images.array_layout: chw, (C, H, W) with C in 1, 3, 4."
     )
 
 
@@ -231,7 +231,7 @@ def _assemble(
             elif array.shape != first[0]:
                 raise DataError(
                     f"{where}: image of size {array.shape[1:]} but {first[1]} has {first[0][1:]}. Set "
-                    "data.size in the config to resize every image to one size."
+                    "data.images.size in the config to resize every image to one size."
                 )
             decoded.append(array)
         if not decoded:
@@ -283,7 +283,7 @@ def _encode(
             raise DataError(
                 f"{source}: negative {what} ids in column {column!r}; ids must be 0, 1, 2, ... (datasets "
                 "marks unlabelled rows with -1, e.g. a hidden test split: use a labelled split as "
-                "data.test_split)."
+                "data.images.test_split)."
             )
         if names is None:
             names = [str(i) for i in range(top + 1)]
@@ -322,7 +322,7 @@ def load_image_folder(root: str | Path, settings: ImageSettings | None = None) -
             f"{root}: no split folder(s) {missing} (found folders {found}). Expected the ImageFolder "
             f"layout {root}/{settings.train_split}/<class>/<image> and "
             f"{root}/{settings.test_split}/<class>/<image>; "
-            "set data.train_split / data.test_split to the folder names."
+            "set data.images.train_split / data.images.test_split to the folder names."
         )
     classes = sorted(e.name for e in os.scandir(folders["train"]) if e.is_dir())
     if not classes:
@@ -358,7 +358,7 @@ def load_image_folder(root: str | Path, settings: ImageSettings | None = None) -
         splits[split] = _Split(files, labels, None, [str(f) for f in files])
     if settings.group_column is not None:
         raise ConfigError(
-            f"data.group_column={settings.group_column!r}: an image folder has no columns; use a "
+            f"data.images.group_column={settings.group_column!r}: an image folder has no columns; use a "
             "save_to_disk or parquet data set for groups, or remove data.group_column."
         )
     index = {c: i for i, c in enumerate(classes)}
@@ -383,8 +383,8 @@ class _Table:
     def column(self, name: str, settings_key: str) -> list[Any]:
         if name not in self.table.column_names:
             raise DataError(
-                f"{self.origin}: no column {name!r} (data.{settings_key}); the columns are "
-                f"{self.table.column_names}. Set data.{settings_key} to one of them."
+                f"{self.origin}: no column {name!r} (data.images.{settings_key}); the columns are "
+                f"{self.table.column_names}. Set data.images.{settings_key} to one of them."
             )
         column = self.table.column(name)
         leaf, nested = column.type, False
@@ -427,7 +427,7 @@ def _by_split_column(table: _Table, settings: ImageSettings) -> dict[str, _Table
             present = sorted({str(v) for v in values})[:10]
             raise DataError(
                 f"{table.origin}: no rows with {settings.split_column} == {name!r} (values: {present}); "
-                f"set data.{split}_split to the name of the {split} split."
+                f"set data.images.{split}_split to the name of the {split} split."
             )
         out[split] = _Table(table.table.take(rows), table.origin, table.label_names, table.base)
     return out
@@ -473,13 +473,13 @@ def load_saved_dataset(path: str | Path, settings: ImageSettings | None = None) 
         if missing and settings.split_column is None:
             raise DataError(
                 f"{path}: no split(s) {missing} in the DatasetDict (splits: {list(loaded)}). Set "
-                "data.train_split / data.test_split to the split names."
+                "data.images.train_split / data.images.test_split to the split names."
             )
         if settings.split_column is not None:
             if len(loaded) != 1:
                 raise DataError(
-                    f"{path}: data.split_column is set but the DatasetDict has the splits {list(loaded)}; "
-                    "remove data.split_column to use them."
+                    f"{path}: data.images.split_column is set but the DatasetDict has the splits {list(loaded)}; "
+                    "remove data.images.split_column to use them."
                 )
             (only,) = loaded
             tables = _by_split_column(table_of(loaded[only], f"{path} [{only}]"), settings)
@@ -488,7 +488,7 @@ def load_saved_dataset(path: str | Path, settings: ImageSettings | None = None) 
     else:
         if settings.split_column is None:
             raise DataError(
-                f"{path}: a single Dataset (no splits, columns {loaded.column_names}); set data.split_column "
+                f"{path}: a single Dataset (no splits, columns {loaded.column_names}); set data.images.split_column "
                 "to the column that names each row's split, or save a DatasetDict with train and test."
             )
         tables = _by_split_column(table_of(loaded, str(path)), settings)
@@ -571,13 +571,13 @@ def load_parquet(path: str | Path | Mapping[str, Any], settings: ImageSettings |
                     raise DataError(
                         f"{path}: no parquet file for the {name!r} split (expected {name}.parquet or "
                         f"{name}-*.parquet, also under data/; found {found}). Name the files after the "
-                        "splits or give one file with data.split_column."
+                        "splits or give one file with data.images.split_column."
                     )
                 tables[split] = _read_parquet(files, ", ".join(str(f) for f in files))
         elif path.is_file():
             if settings.split_column is None:
                 raise DataError(
-                    f"{path}: one parquet file needs data.split_column (the column naming each row's split), "
+                    f"{path}: one parquet file needs data.images.split_column (the column naming each row's split), "
                     "or give a folder or a mapping with a file per split."
                 )
             tables = _by_split_column(_read_parquet([path], str(path)), settings)

@@ -147,7 +147,7 @@ def test_save_to_disk_dict_and_single_dataset(tmp_path: Path, samples: dict) -> 
     one = load_saved_dataset(tmp_path / "single", settings)
     assert one.content_hash == folder_data.content_hash and one.class_names == CLASSES
 
-    with pytest.raises(DataError, match=r"single\b.*a single Dataset.*set data.split_column"):
+    with pytest.raises(DataError, match=r"single\b.*a single Dataset.*set data.images.split_column"):
         load_saved_dataset(tmp_path / "single")
     with pytest.raises(DataError, match=r"no split\(s\) \['validation'\].*splits: \['train', 'test'\]"):
         load_saved_dataset(tmp_path / "hf", ImageSettings(test_split="validation"))
@@ -165,9 +165,9 @@ def test_missing_column_names_file_and_columns(tmp_path: Path, samples: dict) ->
     with pytest.raises(DataError) as info:
         load_saved_dataset(tmp_path / "hf", ImageSettings(label_column="fine_label"))
     msg = str(info.value)
-    assert f"{tmp_path / 'hf'} [train]: no column 'fine_label' (data.label_column)" in msg
-    assert "['image', 'label', 'source', 'array']" in msg and "Set data.label_column" in msg
-    with pytest.raises(DataError, match=r"no column 'origin' \(data.group_column\)"):
+    assert f"{tmp_path / 'hf'} [train]: no column 'fine_label' (data.images.label_column)" in msg
+    assert "['image', 'label', 'source', 'array']" in msg and "Set data.images.label_column" in msg
+    with pytest.raises(DataError, match=r"no column 'origin' \(data.images.group_column\)"):
         load_saved_dataset(tmp_path / "hf", ImageSettings(group_column="origin"))
     with pytest.raises(DataError, match=r"not a folder written by datasets' save_to_disk"):
         load_saved_dataset(tmp_path)
@@ -234,13 +234,13 @@ def test_parquet_layouts(tmp_path: Path, samples: dict) -> None:
 
     with pytest.raises(
         DataError,
-        match=r"all.parquet: no column 'image' \(data.image_column\); the columns are "
+        match=r"all.parquet: no column 'image' \(data.images.image_column\); the columns are "
         r"\['img', 'cls', 'source', 's'\]",
     ):
         load_parquet(
             tmp_path / "all.parquet", ImageSettings(split_column="s", train_split="tr", test_split="te")
         )
-    with pytest.raises(DataError, match=r"all.parquet: one parquet file needs data.split_column"):
+    with pytest.raises(DataError, match=r"all.parquet: one parquet file needs data.images.split_column"):
         load_parquet(tmp_path / "all.parquet")
     with pytest.raises(
         DataError, match=r"no parquet file for the 'validation' split.*train-00000-of-00002.parquet"
@@ -253,7 +253,7 @@ def test_bad_images_and_settings(tmp_path: Path, samples: dict) -> None:
     odd = root / "train" / "cat" / "999.png"
     odd.write_bytes(png(np.zeros((7, 7, 3), np.uint8)))
     with pytest.raises(
-        DataError, match=r"999.png: image of size \(7, 7\) but .*000.png has \(6, 5\).*data.size"
+        DataError, match=r"999.png: image of size \(7, 7\) but .*000.png has \(6, 5\).*data.images.size"
     ):
         load_image_folder(root)
     assert load_image_folder(root, ImageSettings(size=4)).train_images.shape == (13, 3, 4, 4)

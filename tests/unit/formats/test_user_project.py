@@ -137,7 +137,7 @@ def test_bad_input_names_the_file_or_key_and_the_fix(project: UserProject, tmp_p
     with pytest.raises(DataError) as info:
         load_saved_dataset(project.saved_dataset, settings_of(project, label_column="class"))
     msg = str(info.value)
-    assert f"{project.saved_dataset} [train]: no column 'class' (data.label_column)" in msg
+    assert f"{project.saved_dataset} [train]: no column 'class' (data.images.label_column)" in msg
     assert "['image', 'label', 'source']" in msg
 
     with pytest.raises(CheckpointError) as info:
