@@ -478,7 +478,8 @@ def load_saved_dataset(path: str | Path, settings: ImageSettings | None = None) 
         if settings.split_column is not None:
             if len(loaded) != 1:
                 raise DataError(
-                    f"{path}: data.images.split_column is set but the DatasetDict has the splits {list(loaded)}; "
+                    f"{path}: data.images.split_column is set but the DatasetDict has the splits "
+                    f"{list(loaded)}; "
                     "remove data.images.split_column to use them."
                 )
             (only,) = loaded
@@ -488,8 +489,8 @@ def load_saved_dataset(path: str | Path, settings: ImageSettings | None = None) 
     else:
         if settings.split_column is None:
             raise DataError(
-                f"{path}: a single Dataset (no splits, columns {loaded.column_names}); set data.images.split_column "
-                "to the column that names each row's split, or save a DatasetDict with train and test."
+                f"{path}: a single Dataset (no splits, columns {loaded.column_names}); set "
+                "data.images.split_column to the column that names each row's split, or save a DatasetDict with train and test."
             )
         tables = _by_split_column(table_of(loaded, str(path)), settings)
     return _assemble(
@@ -577,7 +578,8 @@ def load_parquet(path: str | Path | Mapping[str, Any], settings: ImageSettings |
         elif path.is_file():
             if settings.split_column is None:
                 raise DataError(
-                    f"{path}: one parquet file needs data.images.split_column (the column naming each row's split), "
+                    f"{path}: one parquet file needs data.images.split_column (the column naming each "
+                    "row's split), "
                     "or give a folder or a mapping with a file per split."
                 )
             tables = _by_split_column(_read_parquet([path], str(path)), settings)
