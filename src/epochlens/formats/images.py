@@ -490,7 +490,8 @@ def load_saved_dataset(path: str | Path, settings: ImageSettings | None = None) 
         if settings.split_column is None:
             raise DataError(
                 f"{path}: a single Dataset (no splits, columns {loaded.column_names}); set "
-                "data.images.split_column to the column that names each row's split, or save a DatasetDict with train and test."
+                "data.images.split_column to the column that names each row's split, or save a "
+                "DatasetDict with train and test."
             )
         tables = _by_split_column(table_of(loaded, str(path)), settings)
     return _assemble(
