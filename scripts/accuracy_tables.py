@@ -8,6 +8,7 @@ from _helpers import run_script
 
 from epochlens.atomic import write_atomic, write_json
 from epochlens.evaluation import cohort_table
+from epochlens.formats.trainer_folders import training_epochs
 from epochlens.provenance import table_provenance
 from epochlens.stats import over_replicates
 
@@ -18,12 +19,19 @@ def main(snakemake) -> None:
     per_class = per_class.sort_values(["index", "epoch", "split", "position"])
     cohorts = cohort_table(per_class, snakemake.params.epochs_per_task)
     cohorts.insert(0, "run", snakemake.wildcards.run)
+    # A Trainer folder's checkpoints are numbered by step: the epoch each was written at, too.
+    run_cfg = snakemake.config["runs"][snakemake.wildcards.run]
+    steps = sorted(int(e) for e in per_class["epoch"].unique())
+    epochs = None
+    if run_cfg["checkpoints"]["source"] == "folder":
+        epochs = training_epochs(run_cfg["checkpoints"]["path"], int(per_class["index"].iloc[0]), steps)
+    for table in (per_class, cohorts) if epochs else ():
+        table.insert(table.columns.get_loc("epoch") + 1, "train_epoch", table["epoch"].map(epochs))
     write_atomic(out.per_class, lambda p: per_class.to_csv(p, index=False))
     write_atomic(out.cohorts, lambda p: cohorts.to_csv(p, index=False))
     # mean and Student-t 95% interval over replicate indices
     summary = over_replicates(cohorts, ["run", "epoch", "split", "group", "cohort"], ["accuracy"])
     write_atomic(out.summary, lambda p: summary.to_csv(p, index=False))
-    run_cfg = snakemake.config["runs"][snakemake.wildcards.run]
     tables = [out.per_class, out.cohorts, out.summary]
     write_json(out.provenance, table_provenance(run_cfg, snakemake.input.tables, tables))
 

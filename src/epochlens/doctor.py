@@ -32,7 +32,22 @@ from epochlens.errors import EpochlensError
 from epochlens.models.networks import SmallCNN
 
 #: Packages the workflow imports (distribution names).
-REQUIRED = ("torch", "numpy", "h5py", "pandas", "matplotlib", "scikit-learn", "scipy", "snakemake", "tqdm")
+REQUIRED = (
+    "torch",
+    "numpy",
+    "h5py",
+    "pandas",
+    "matplotlib",
+    "scikit-learn",
+    "scipy",
+    "snakemake",
+    "tqdm",
+    # your own model and data (README: "Your own model")
+    "pillow",
+    "safetensors",
+    "transformers",
+    "datasets",
+)
 #: Largest relative difference from the float64 CPU reference that counts as agreement in float32.
 FLOAT32_TOLERANCE = 1e-3
 

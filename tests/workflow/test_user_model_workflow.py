@@ -125,6 +125,15 @@ def test_every_stage_runs_on_the_users_model(user_run):
     per_class = pd.read_csv(paths.table("accuracy_per_class", "disk"))
     test = per_class[per_class["split"] == "test"]
     assert test.groupby("epoch").size().to_dict() == {4: 2, 8: 3}
+    # steps are the Trainer's: the epoch each checkpoint was written at, from its trainer_state.json
+    states = {
+        s: json.loads((project.trainer_dir / f"checkpoint-{s}" / "trainer_state.json").read_text())
+        for s in (4, 8)
+    }
+    assert dict(zip(cohorts["epoch"], cohorts["train_epoch"], strict=True)) == {
+        s: states[s]["epoch"] for s in (4, 8)
+    }
+    assert "train_epoch" not in pd.read_csv(paths.table("accuracy_per_class", "folder"))
     meta = json.loads(Path(paths.curvature_metadata("disk", 0, 8)).read_text())
     assert len(meta["provenance"]["inputs"]["checkpoint"]) == 64  # the folder's model.safetensors
 

@@ -201,5 +201,19 @@ def step_epoch_table(folder: str | Path, steps_per_epoch: float | None = None):
     )
 
 
+def training_epochs(checkpoint_template: str, index: int, steps: list[int]) -> dict[int, float] | None:
+    """``{step: training epoch}`` of the analysed checkpoints of a run whose ``checkpoints.path`` is a
+    Trainer folder (``.../checkpoint-{epoch}``: the ``{epoch}`` wildcard holds the step); None for
+    any other checkpoint layout (files, or folders without the Trainer's names)."""
+    paths = [Path(checkpoint_template.format(index=index, epoch=step)) for step in steps]
+    if not paths or not all(p.is_dir() and CHECKPOINT_DIR_RE.fullmatch(p.name) for p in paths):
+        return None
+    parents = {p.parent for p in paths}
+    if len(parents) != 1:
+        return None
+    epochs = {row.step: row.epoch for row in trainer_step_epochs(parents.pop())}
+    return {step: epochs[step] for step in steps}
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
