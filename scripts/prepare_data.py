@@ -8,6 +8,7 @@ from _helpers import run_script
 
 from epochlens.atomic import save_npy
 from epochlens.data import holdout_mask, load_source, write_dataset
+from epochlens.formats.images import IMAGE_SOURCES, ImageSettings, load_images
 from epochlens.runner import log
 from epochlens.study.corruption import corrupt
 
@@ -15,7 +16,12 @@ from epochlens.study.corruption import corrupt
 def main(snakemake) -> None:
     cfg = dict(snakemake.params.data)
     corruption = cfg.pop("corruption", None) or {"kind": "none"}
-    dataset = load_source(cfg.pop("source"), cfg.pop("path", None), **cfg)
+    source, path = cfg.pop("source"), cfg.pop("path", None)
+    # Your images are read here only (so an edit of their reader reruns no other stage).
+    if source in IMAGE_SOURCES:
+        dataset = load_images(source, path, ImageSettings(**cfg.get("images", {})))
+    else:
+        dataset = load_source(source, path, **cfg)
     # The holdout first: it is never corrupted (not trained on).
     dataset.holdout = holdout_mask(dataset.train_labels, cfg.get("holdout_per_class", 0))
     dataset, corrupted = corrupt(dataset, corruption)

@@ -30,6 +30,7 @@ CONDA_NAME = {
     "sklearn": "scikit-learn",
     "matplotlib": "matplotlib-base",
     "yaml": "pyyaml",
+    "PIL": "pillow",
 }
 # conda packages with no pip counterpart: which CUDA runtime the CUDA build of pytorch gets
 CONDA_ONLY = {"cuda-version"}

@@ -191,10 +191,7 @@ def load_source(source: str, path: str | None = None, **options) -> Dataset:
         return load_cifar100(path)
     if source == "npz":
         return load_npz(path, options.get("layout", "nchw"), options.get("scale"))
-    if source in ("imagefolder", "save_to_disk", "parquet"):
-        from epochlens.formats.images import ImageSettings, load_images
-
-        return load_images(source, path, ImageSettings(**(options.get("images") or {})))
     raise DataError(
-        f"unknown data.source {source!r}; use digits, cifar100, npz, imagefolder, save_to_disk or parquet."
+        f"unknown data.source {source!r}; use digits, cifar100 or npz here (imagefolder, save_to_disk "
+        "and parquet: epochlens.formats.images.load_images)."
     )
