@@ -12,14 +12,14 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy.special import stdtrit
 
 
 def ci95_halfwidth(std: np.ndarray | float, n: np.ndarray | int) -> np.ndarray:
     """Half-width t₀.₉₇₅(n − 1) · std / √n of a Student-t 95% interval; NaN where n < 2."""
     n = np.asarray(n)
     with np.errstate(invalid="ignore", divide="ignore"):
-        t = np.where(n > 1, stats.t.ppf(0.975, np.maximum(n - 1, 1)), np.nan)
+        t = np.where(n > 1, stdtrit(np.maximum(n - 1, 1), 0.975), np.nan)
         return t * np.asarray(std) / np.sqrt(n)
 
 
@@ -50,3 +50,15 @@ def over_replicates(
         out[f"{m}_std"] = agg["std"].to_numpy()
         out[f"{m}_ci95"] = ci95_halfwidth(out[f"{m}_std"].to_numpy(), n)
     return out
+
+
+def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Spearman's rank correlation of two equally long samples (ties get their mean rank, as
+    scipy.stats.spearmanr); NaN for fewer than 3 pairs. Through pandas, so that a table or
+    plot job does not load scipy.stats (~50 MB and half a second)."""
+    x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
+    if len(x) != len(y):
+        raise ValueError(f"samples of different lengths: {len(x)} and {len(y)}")
+    if len(x) < 3:
+        return float("nan")
+    return float(pd.Series(x).corr(pd.Series(y), method="spearman"))

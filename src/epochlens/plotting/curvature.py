@@ -5,9 +5,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from epochlens.plotting.common import cohort_colors, replicate_line, replicates_note, task_boundaries
+from epochlens.stats import spearman
 
 
 def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title: str) -> plt.Figure:
@@ -110,7 +110,7 @@ def plot_curvature_vs_loss(samples: pd.DataFrame, title: str) -> plt.Figure:
         ax.scatter(
             ok[x], ok[y], c=[colors[int(t)] for t in ok["task"]], s=4, alpha=0.5, lw=0, rasterized=True
         )
-        rho = stats.spearmanr(ok[x], ok[y]).statistic if len(ok) > 2 else float("nan")
+        rho = spearman(ok[x], ok[y])
         ax.set_title(f"Spearman rho = {rho:.2f} (n={len(ok)})", fontsize=9)
         ax.set_xscale("log" if log_x else "linear")
         ax.set_yscale("log")

@@ -27,8 +27,9 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
 from sklearn.metrics import roc_auc_score
+
+from epochlens.stats import spearman
 
 DETECTION_COLUMNS = ("method", "signal", "epoch", "index", "auroc", "precision_at_k")
 AGREEMENT_COLUMNS = ("transform_a", "transform_b", "spearman", "n")
@@ -150,6 +151,6 @@ def transform_agreement(signals: Mapping[str, np.ndarray]) -> pd.DataFrame:
         if x.shape != y.shape:
             raise ValueError(f"signals {a!r} {x.shape} and {b!r} {y.shape} differ in shape")
         ok = np.isfinite(x) & np.isfinite(y)
-        rho = float(spearmanr(x[ok], y[ok]).statistic) if ok.sum() > 2 else np.nan
+        rho = spearman(x[ok], y[ok])
         rows.append({"transform_a": a, "transform_b": b, "spearman": rho, "n": int(ok.sum())})
     return pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))

@@ -119,3 +119,20 @@ def test_mean_ci_is_the_student_t_interval_by_hand():
     assert half == pytest.approx(stats.t.ppf(0.975, 3) * sd / 2.0, rel=1e-12)
     assert half == pytest.approx(2.0542, abs=1e-4)  # t(0.975, 3) = 3.1824
     assert mean_ci(np.array([7.0])) == (7.0, 0.0)  # one replicate: no band
+
+
+def test_spearman_and_t_quantile_equal_scipy_stats():
+    """The light jobs' Spearman (pandas ranks) and t quantile (scipy.special) are scipy.stats's."""
+    from scipy import stats as scipy_stats
+
+    from epochlens.stats import ci95_halfwidth, spearman
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=200)
+    y = x + rng.normal(size=200)
+    y[::7] = y[0]  # ties
+    assert spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert np.isnan(spearman([1.0, 2.0], [2.0, 1.0]))
+    n = np.array([2, 3, 5, 30])
+    expected = scipy_stats.t.ppf(0.975, n - 1) * 1.5 / np.sqrt(n)
+    np.testing.assert_allclose(ci95_halfwidth(1.5, n), expected, rtol=1e-12)
