@@ -17,13 +17,14 @@ from epochlens.plotting.curvature import (
 def main(snakemake) -> None:
     inp, out, run = snakemake.input, snakemake.output, snakemake.wildcards.run
     cohorts = pd.read_csv(inp.cohorts)
+    # One figure at a time (built, saved, closed): the job's peak memory is that of the largest.
     figures = {
-        "by_cohort": plot_curvature_by_cohort(cohorts, snakemake.params.epochs_per_task, run),
-        "distribution": plot_curvature_distribution(pd.read_csv(inp.distribution), run),
-        "vs_loss": plot_curvature_vs_loss(pd.read_csv(inp.samples), run),
+        "by_cohort": lambda: plot_curvature_by_cohort(cohorts, snakemake.params.epochs_per_task, run),
+        "distribution": lambda: plot_curvature_distribution(pd.read_csv(inp.distribution), run),
+        "vs_loss": lambda: plot_curvature_vs_loss(pd.read_csv(inp.samples), run),
     }
-    for name, fig in figures.items():
-        save_figure(fig, [out[f"{name}_png"], out[f"{name}_pdf"]])
+    for name, build in figures.items():
+        save_figure(build(), [out[f"{name}_png"], out[f"{name}_pdf"]])
 
 
 if __name__ == "__main__":

@@ -22,15 +22,16 @@ def main(snakemake) -> None:
     kind = snakemake.params.corruption["kind"]
     title = run if kind == "none" else f"{run} ({kind.replace('_', ' ')})"
     top = pd.read_csv(inp.top)
+    # One figure at a time (built, saved, closed): the job's peak memory is that of the largest.
     figures = {
-        "roc": plot_poison_roc(pd.read_csv(inp.roc), detection, title),
-        "top": plot_top_influential_images(
+        "roc": lambda: plot_poison_roc(pd.read_csv(inp.roc), detection, title),
+        "top": lambda: plot_top_influential_images(
             top, detection, data.train_images, data.scale, title, data.class_names
         ),
-        "conditioning": plot_influence_conditioning(pd.read_csv(inp.conditioning), title),
+        "conditioning": lambda: plot_influence_conditioning(pd.read_csv(inp.conditioning), title),
     }
-    for name, fig in figures.items():
-        save_figure(fig, [out[f"{name}_png"], out[f"{name}_pdf"]])
+    for name, build in figures.items():
+        save_figure(build(), [out[f"{name}_png"], out[f"{name}_pdf"]])
 
 
 if __name__ == "__main__":
