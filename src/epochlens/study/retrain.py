@@ -1,0 +1,156 @@
+"""Retraining on subsets of the training images, for the linear datamodeling score
+(:mod:`epochlens.study.lds`): what the workflow's ``lds_retrain`` jobs do.
+
+Each subset is trained from scratch with the run's own recipe (:func:`epochlens.training.
+train_incremental`: the same initial weights, seed, schedule, learning rates, early stopping on
+the holdout), with the training images outside the subset removed; the model of the analysed
+epoch then gives the log-probabilities of every test image over the classes active at that
+epoch, from which the tables job reads each query's loss. With every image kept, a retraining is
+the run's own training, checkpoint for checkpoint (test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from epochlens.data import Dataset
+from epochlens.layout import epoch_name
+from epochlens.models.networks import restrict_logits
+from epochlens.schedule import ClassSchedule
+from epochlens.training import TrainSettings, train_incremental
+
+log = logging.getLogger("epochlens")
+
+
+def subset_data(data: Dataset, keep: np.ndarray) -> Dataset:
+    """``data`` with the training images outside ``keep`` (N,) bool taken out of training: their
+    label becomes -1, a class no task has (the holdout is kept: it drives early stopping)."""
+    keep = np.asarray(keep, dtype=bool)
+    if keep.shape != data.train_labels.shape:
+        raise ValueError(f"subset mask of shape {keep.shape} for {len(data.train_labels)} training images")
+    labels = np.where(keep | data.holdout, data.train_labels, -1)
+    return dataclasses.replace(data, train_labels=labels)
+
+
+def subset_masks(eligible: np.ndarray, subsets: int, fraction: float, seed: int) -> np.ndarray:
+    """(M, N) bool: subset m keeps round(fraction · n) of the n ``eligible`` training images,
+    drawn without replacement from a generator seeded by (seed, m) alone, so that a subset is the
+    same whichever job (part) retrains it. Images not eligible (the holdout) are in no subset."""
+    eligible = np.asarray(eligible, dtype=bool)
+    pool = np.flatnonzero(eligible)
+    k = int(round(fraction * len(pool)))
+    masks = np.zeros((subsets, len(eligible)), dtype=bool)
+    for m in range(subsets):
+        rng = np.random.default_rng([seed, m])
+        masks[m, rng.choice(pool, size=k, replace=False)] = True
+    return masks
+
+
+def part_subsets(subsets: int, part: int, parts: int) -> np.ndarray:
+    """The subset ids retrained by job ``part`` of ``parts`` (contiguous, as even as possible)."""
+    if not 0 <= part < parts:
+        raise ValueError(f"part {part} is not one of 0..{parts - 1}")
+    return np.array_split(np.arange(subsets), parts)[part]
+
+
+@torch.no_grad()
+def test_log_probs(
+    model: nn.Module, data: Dataset, active: np.ndarray, device: torch.device, batch_size: int = 1024
+) -> np.ndarray:
+    """(N_test, A) float32 log-probabilities of every test image over the ``active`` classes."""
+    model.eval().to(device)
+    x = data.normalized("test")
+    parts = [
+        torch.log_softmax(restrict_logits(model(x[s : s + batch_size].to(device)), active).double(), 1)
+        for s in range(0, len(x), batch_size)
+    ]
+    return torch.cat(parts).float().cpu().numpy()
+
+
+def retrain_subsets(
+    build_model: Callable[[], nn.Module],
+    data: Dataset,
+    schedule: ClassSchedule,
+    settings: TrainSettings,
+    epoch: int,
+    masks: np.ndarray,
+    save_every: int | None = None,
+    device: torch.device | str = "cpu",
+    scratch: str | Path | None = None,
+) -> np.ndarray:
+    """Retrain on each subset ``masks`` (m, N) and return the test log-probabilities (m, N_test, A)
+    of the model at ``epoch`` over the classes active then.
+
+    Args:
+        build_model: a fresh model with the run's initial weights (the same seed as the run).
+        data, schedule, settings, save_every: the run's, as its training job uses them; ``epoch``
+            must be one of its checkpoint epochs.
+        device: where to train.
+        scratch: folder for the retrainings' checkpoints (a temporary folder inside it, deleted
+            after each subset); default: the system's.
+    """
+    device = torch.device(device)
+    if epoch not in schedule.checkpoint_epochs(save_every):
+        raise ValueError(f"epoch {epoch} is not a checkpoint epoch of the run")
+    active = schedule.active_classes(epoch)
+    out = []
+    for k, keep in enumerate(np.asarray(masks, dtype=bool)):
+        start = time.perf_counter()
+        model = build_model()
+        with tempfile.TemporaryDirectory(dir=scratch, prefix="lds-") as tmp:
+            train_incremental(
+                model, subset_data(data, keep), schedule, settings,
+                checkpoint_path=lambda e, folder=Path(tmp): folder / f"{epoch_name(e)}.pt",
+                save_every=save_every, device=device, progress=False,
+            )  # fmt: skip
+            state = torch.load(Path(tmp) / f"{epoch_name(epoch)}.pt", map_location=device, weights_only=True)
+        model.load_state_dict(state)
+        out.append(test_log_probs(model, data, active, device))
+        log.info(
+            "subset %d of %d: %d training images, retrained in %.1f s",
+            k + 1, len(masks), int(keep.sum()), time.perf_counter() - start,
+        )  # fmt: skip
+    return np.stack(out) if out else np.zeros((0, len(data.test_labels), len(active)), np.float32)
+
+
+def retrain_part(
+    build_model: Callable[[], nn.Module],
+    data: Dataset,
+    schedule: ClassSchedule,
+    settings: TrainSettings,
+    epoch: int,
+    lds: dict,
+    part: int,
+    parts: int,
+    save_every: int | None = None,
+    device: torch.device | str = "cpu",
+    scratch: str | Path | None = None,
+) -> dict[str, np.ndarray]:
+    """Part ``part`` of ``parts`` of the retrainings of ``influence.lds`` (``lds``: subsets,
+    fraction, seed): the contents of its ``retrain_{k}-of-{P}.npz``: ``subset_ids`` (m,),
+    ``masks`` (m, N) bool, ``log_probs`` (m, N_test, A) float32, ``active_classes`` (A,)."""
+    eligible = ~data.holdout
+    masks = subset_masks(eligible, lds["subsets"], lds["fraction"], lds["seed"])
+    ids = part_subsets(lds["subsets"], part, parts)
+    log.info(
+        "LDS retrainings %s of %d at epoch %d (part %d of %d), %.0f%% of %d training images each",
+        ids.tolist(), lds["subsets"], epoch, part + 1, parts, 100 * lds["fraction"], int(eligible.sum()),
+    )  # fmt: skip
+    log_probs = retrain_subsets(
+        build_model, data, schedule, settings, epoch, masks[ids], save_every, device, scratch
+    )
+    return {
+        "subset_ids": ids.astype(np.int64),
+        "masks": masks[ids],
+        "log_probs": log_probs,
+        "active_classes": schedule.active_classes(epoch).astype(np.int64),
+    }
