@@ -303,6 +303,83 @@ rule plot_influence:
         "../scripts/plot_influence.py"
 
 
+rule lds_retrain:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        code=get_code("lds_retrain.py"),
+    output:
+        part=layout.lds_part(),
+    log:
+        layout.log(
+            "lds", index="{index}", epoch="{epoch}", name="retrain_{part}-of-{nparts}"
+        ),
+    benchmark:
+        layout.benchmark(
+            "lds", index="{index}", epoch="{epoch}", name="retrain_{part}-of-{nparts}"
+        )
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
+    params:
+        run=lambda w: get_lds_retrain_params(w)["run"],
+        lds=lambda w: get_lds_retrain_params(w)["lds"],
+    script:
+        "../scripts/lds_retrain.py"
+
+
+rule lds_tables:
+    input:
+        scores=get_run_influence_scores,
+        parts=get_lds_parts,
+        code=get_code("lds_tables.py"),
+    output:
+        lds=layout.table("lds"),
+        queries=layout.table("lds_queries"),
+    log:
+        layout.log("lds_tables"),
+    benchmark:
+        layout.benchmark("lds_tables")
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        jobs=get_run_influence_jobs,
+        checkpoints=get_lds_checkpoints,
+        lds=get_lds_table_params,
+    script:
+        "../scripts/lds_tables.py"
+
+
+rule plot_lds:
+    input:
+        lds=rules.lds_tables.output.lds,
+        queries=rules.lds_tables.output.queries,
+        code=get_code("plot_lds.py"),
+    output:
+        png=report(
+            layout.figure("lds", "png"),
+            caption="../report/lds.rst",
+            category="Influence",
+            subcategory="{run}",
+        ),
+        pdf=layout.figure("lds", "pdf"),
+    log:
+        layout.log("plot_lds"),
+    benchmark:
+        layout.benchmark("plot_lds")
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    script:
+        "../scripts/plot_lds.py"
+
+
 rule influence:
     input:
         influence_targets(),
@@ -312,3 +389,5 @@ localrules:
     influence,
     poison_detection,
     plot_influence,
+    lds_tables,
+    plot_lds,

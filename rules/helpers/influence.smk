@@ -141,11 +141,55 @@ def influence_figures():
     ]
 
 
+def lds_runs():
+    """Runs whose influence is checked by the linear datamodeling score (influence.lds)."""
+    return [
+        run
+        for run in influence_runs()
+        if config["runs"][run]["influence"]["lds"]["enabled"]
+    ]
+
+
+def get_lds_retrain_params(wildcards):
+    return run_config.lds_retrain_params(get_run(wildcards))
+
+
+def get_lds_table_params(wildcards):
+    return run_config.lds_table_params(get_run(wildcards))
+
+
+def lds_checkpoints(run):
+    """(index, epoch) of every checkpoint whose LDS is measured, index-major."""
+    return [
+        (index, epoch)
+        for index in config["runs"][run]["indices"]
+        for epoch in get_influence_epochs(run)
+    ]
+
+
+def get_lds_checkpoints(wildcards):
+    return lds_checkpoints(wildcards.run)
+
+
+def get_lds_parts(wildcards):
+    """Every retraining part of the run, checkpoint-major (as lds_checkpoints)."""
+    n = get_run(wildcards)["influence"]["lds"]["parts"]
+    return [
+        layout.lds_part(wildcards.run, index, epoch, part, n)
+        for index, epoch in lds_checkpoints(wildcards.run)
+        for part in range(n)
+    ]
+
+
 def influence_targets():
     """Every influence result: per-epoch scores, the study's tables and figures of every run."""
-    return [
-        path
-        for run in influence_runs()
-        for path in influence_files(run, "metadata.json")
-        + [layout.table("poison_detection", run)]
-    ] + influence_figures()
+    return (
+        [
+            path
+            for run in influence_runs()
+            for path in influence_files(run, "metadata.json")
+            + [layout.table("poison_detection", run)]
+        ]
+        + influence_figures()
+        + [path for run in lds_runs() for path in layout.figures("lds", run)]
+    )

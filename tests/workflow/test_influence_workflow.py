@@ -24,6 +24,8 @@ from epochlens.study.detection import DETECTION_COLUMNS
 pytestmark = pytest.mark.workflow
 
 OFF = {"enabled": False}
+# The linear datamodeling score of the tiny run: 3 retrainings (seconds each) in 2 jobs.
+LDS = {"enabled": True, "subsets": 3, "parts": 2, "bootstrap": 20}
 
 
 def influence_config(tmp_path, influence=None, corruption=None, **run) -> dict:
@@ -50,7 +52,7 @@ def tiny_run(tmp_path_factory):
     """(workflow copy, workdir, config dict, configfile) after the tiny study's `influence` target
     (no evaluation, accuracy tables or their figures: not needed here)."""
     root = tmp_path_factory.mktemp("influence")
-    cfg = influence_config(root)
+    cfg = influence_config(root, influence={"lds": LDS})
     run = make_tiny_run(root, cfg, "influence", name="influence")
     return run.wf, run.work, cfg, run.cfg
 
@@ -88,6 +90,11 @@ def test_dry_run_job_counts(tmp_path):
     ("influence", "corruption", "message"),
     [
         ({}, {"kind": "trigger", "target_class": 12}, "corruption.target_class: 12 is not a class"),
+        (
+            {"lds": LDS, "transforms": ["hflip"]},
+            None,
+            "influence.lds: it correlates the untransformed queries' scores; add none",
+        ),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, influence, corruption, message):
@@ -192,6 +199,16 @@ def test_what_config_changes_rerun(tiny_run):
         "influence_scores": 1,
         "poison_detection": 1,
         "plot_influence": 1,
+        "lds_tables": 1,
+        "plot_lds": 1,
+        "influence": 1,
+    }
+    # LDS: the bootstrap changes its tables only; the subsets rerun the retrainings.
+    assert planned(lds={**LDS, "bootstrap": 30}) == {"lds_tables": 1, "plot_lds": 1, "influence": 1}
+    assert planned(lds={**LDS, "fraction": 0.4}) == {
+        "lds_retrain": 2,
+        "lds_tables": 1,
+        "plot_lds": 1,
         "influence": 1,
     }
     # How query influence is reduced over the queries changes the tables only.
@@ -216,8 +233,40 @@ def test_what_config_changes_rerun(tiny_run):
             "influence_scores": 3,
             "poison_detection": 1,
             "plot_influence": 1,
+            "lds_tables": 1,
+            "plot_lds": 1,
             "influence": 1,
         }
     finally:
         module.write_text(original)
         os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    # Editing LDS's table maths reruns its tables, not the retrainings.
+    module = wf / "src/epochlens/study/lds.py"
+    original, stat = module.read_text(), module.stat()
+    module.write_text(original + "\n# edited\n")
+    try:
+        assert planned_jobs(wf, work, "influence", configfile=path) == {
+            "lds_tables": 1,
+            "plot_lds": 1,
+            "influence": 1,
+        }
+    finally:
+        module.write_text(original)
+        os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_lds_table_and_figure(tiny_run):
+    _, work, _, _ = tiny_run
+    table = pd.read_csv(work / RESULTS.table("lds", "tiny"))
+    assert list(table["method"]) == ["ekfac", "identity", "tracin", "random"]
+    assert (table["epoch"] == 6).all() and (table["n_subsets"] == 3).all()
+    assert (table["fraction"] == 0.5).all()
+    assert table["lds"].between(-1, 1).all() and (table["ci_low"] <= table["ci_high"]).all()
+    queries = pd.read_csv(work / RESULTS.table("lds_queries", "tiny"))
+    assert set(queries["method"]) == set(table["method"])
+    for part in range(2):
+        with np.load(work / RESULTS.lds_part("tiny", 0, 6, part, 2)) as npz:
+            assert npz["masks"].shape[0] == len(npz["subset_ids"]) == npz["log_probs"].shape[0]
+    assert (work / RESULTS.figure("lds", "png", "tiny")).stat().st_size > 10_000
+    assert (work / RESULTS.figure("lds", "pdf", "tiny")).exists()

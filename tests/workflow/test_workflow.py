@@ -79,6 +79,9 @@ def test_default_config_job_list(tmp_path):
         "influence_scores": 5,  # and identity, tracin
         "poison_detection": 1,
         "plot_influence": 1,
+        "lds_retrain": 2,  # 16 retrainings in 2 jobs
+        "lds_tables": 1,
+        "plot_lds": 1,
         "accuracy_tables": 2,
         "plot_accuracy": 2,
         "plot_training": 2,

@@ -111,6 +111,7 @@ def check_influence_config(name: str, run: dict) -> None:
             f"runs.{name}.influence.queries.trigger: true needs a trigger to stamp; set "
             f"runs.{name}.data.corruption.kind: trigger, or queries.trigger: null."
         )
+    check_lds_config(name, run, task_name, corruption)
     if corruption["kind"] == "trigger":
         classes = epochs.num_classes(run["data"])
         if corruption["target_class"] >= classes:
@@ -118,3 +119,30 @@ def check_influence_config(name: str, run: dict) -> None:
                 f"runs.{name}.data.corruption.target_class: {corruption['target_class']} is not a "
                 f"class of this data set (0..{classes - 1})."
             )
+
+
+def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> None:
+    """influence.lds retrains the run: the pipeline must know its recipe, and the queries must be
+    test images it can measure as they are."""
+    spec = run["influence"]
+    lds = spec["lds"]
+    if not (spec["enabled"] and lds["enabled"]):
+        return
+    key = f"runs.{name}.influence.lds"
+    problems = []
+    if run["checkpoints"]["source"] != "train" or "name" not in run["model"]:
+        problems.append(
+            "it retrains the run with the pipeline's recipe, so the run must be trained by the "
+            "pipeline (checkpoints.source: train, a built-in model.name)"
+        )
+    if task_name != "classification":
+        problems.append(f"it measures classification losses; task {task_name} is not supported yet")
+    if "none" not in spec["transforms"]:
+        problems.append("it correlates the untransformed queries' scores; add none to influence.transforms")
+    trigger = spec["queries"]["trigger"]
+    if trigger or (trigger is None and corruption["kind"] == "trigger"):
+        problems.append("it measures clean test images; set influence.queries.trigger: false")
+    if lds["parts"] > lds["subsets"]:
+        problems.append(f"parts ({lds['parts']}) must not exceed subsets ({lds['subsets']})")
+    if problems:
+        raise ConfigError(f"{key}: " + "; ".join(problems) + f". Or set {key}.enabled: false.")

@@ -21,6 +21,7 @@ from epochlens.curvature.settings import CurvatureSettings
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
 from epochlens.probes.settings import ProbeSettings
+from epochlens.study.lds import LdsSettings
 from epochlens.study.settings import QuerySettings, QueryTransformSettings
 
 #: Sections of a run that only analyses read: training and evaluation never see them.
@@ -176,3 +177,15 @@ def poison_detection_params(run: Mapping) -> dict:
     """What the detection tables depend on besides the scores: baseline seed, top k, reduction."""
     spec = run["influence"]
     return {"seed": spec["seed"], "top_k": spec["top_k"], "reduce": spec["queries"]["reduce"]}
+
+
+def lds_retrain_params(run: Mapping) -> dict:
+    """What the LDS retrainings depend on: the run's training recipe, data, model and schedule
+    (as the training job's params) and the subsets (count, fraction, seed); not how they are split
+    into jobs, nor the bootstrap of the tables."""
+    return {"run": run_params(run), "lds": result_settings(run["influence"]["lds"], LdsSettings)}
+
+
+def lds_table_params(run: Mapping) -> dict:
+    """``influence.lds`` as the LDS tables read it (fraction, parts, bootstrap, seed)."""
+    return dict(run["influence"]["lds"])

@@ -17,6 +17,17 @@ from epochlens.stats import mean_ci
 #: Fewest replicate seeds for which figures draw a 95% confidence band (see replicate_line).
 MIN_SEEDS_FOR_CI = 3
 
+#: One colour per influence method (and the loss and random baselines) in every influence figure.
+METHOD_COLORS = {
+    "ekfac": "tab:blue",
+    "kfac": "tab:orange",
+    "diagonal": "tab:green",
+    "identity": "tab:purple",
+    "tracin": "tab:brown",
+    "loss": "k",
+    "random": "0.6",
+}
+
 
 def save_figure(fig: plt.Figure, paths: list[str | Path]) -> None:
     """Save ``fig`` to each path (format from the suffix), atomically, then close it."""

@@ -6,15 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-METHOD_COLORS = {
-    "ekfac": "tab:blue",
-    "kfac": "tab:orange",
-    "diagonal": "tab:green",
-    "identity": "tab:purple",
-    "tracin": "tab:brown",
-    "loss": "k",
-    "random": "0.6",
-}
+from epochlens.plotting.common import METHOD_COLORS
 
 
 def _latest(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:

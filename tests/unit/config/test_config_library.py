@@ -85,6 +85,21 @@ def test_schema_errors_name_the_key_and_the_allowed_values():
             {"influence": {"enabled": True, "methods": ["tracin"], "epochs": [2], "tracin_epochs": [4]}},
             "none is at or before influence epoch 2",
         ),
+        (
+            {"influence": {"enabled": True, "lds": {"enabled": True}, "transforms": ["hflip"]}},
+            "runs.tiny.influence.lds: it correlates the untransformed queries' scores; add none",
+        ),
+        (
+            {
+                "checkpoints": {"source": "folder", "path": "ckpt/epoch_{epoch}.pt"},
+                "influence": {"enabled": True, "lds": {"enabled": True}},
+            },
+            "runs.tiny.influence.lds: it retrains the run with the pipeline's recipe",
+        ),
+        (
+            {"influence": {"enabled": True, "lds": {"enabled": True, "subsets": 4, "parts": 5}}},
+            "parts (5) must not exceed subsets (4)",
+        ),
     ],
 )  # fmt: skip
 def test_cross_field_errors_name_the_key(sections, message):
@@ -150,6 +165,14 @@ def test_result_settings_are_the_dataclass_fields_that_are_not_execution(section
     assert list(got) == expected
     assert set(got) == _result_fields(settings_class) & set(run[section])
     assert "batch_size" not in got or section == "probes"  # part of the probes' method
+
+
+def test_lds_params_leave_out_the_split_into_jobs_and_the_bootstrap():
+    run = validated(influence={"enabled": True, "lds": {"enabled": True, "parts": 4, "bootstrap": 50}})
+    params = run_config.lds_retrain_params(run)
+    assert params["lds"] == {"enabled": True, "subsets": 16, "fraction": 0.5, "seed": 0}
+    assert params["run"] == run_config.run_params(run)  # the training job's: a recipe change reruns
+    assert run_config.lds_table_params(run)["bootstrap"] == 50
 
 
 def test_execution_settings_and_device_change_no_params():

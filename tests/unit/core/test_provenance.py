@@ -100,6 +100,8 @@ OWN = {
     "influence_factor_shard": {"influence"},
     "influence_score_shard": {"influence"},
     "poison_detection": {"influence"},
+    "lds_retrain": set(),  # retrains with the run's recipe; no influence code
+    "lds_tables": set(),  # reads the scores' files, not the influence package
     "evaluate_checkpoint": set(),
     "accuracy_tables": set(),
     "train": set(),

@@ -1,0 +1,49 @@
+"""Rule lds_retrain: part k of P of the retrainings on random subsets of the training images
+that the linear datamodeling score of one checkpoint is measured on (epochlens.study.lds).
+
+By hand, from the run's working directory:
+    python scripts/lds_retrain.py run=digits_noisy index=0 epoch=0075 part=0 nparts=1
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+from _helpers import job_resources, run_script
+
+from epochlens.atomic import write_atomic
+from epochlens.data import read_dataset
+from epochlens.device import job_device
+from epochlens.models.networks import build_model
+from epochlens.provenance import provenance
+from epochlens.schedule import schedule_from_config
+from epochlens.study.retrain import retrain_part
+from epochlens.training import TrainSettings
+
+
+def main(snakemake) -> None:
+    run, lds, wc = snakemake.params.run, snakemake.params.lds, snakemake.wildcards
+    index, epoch = int(wc.index), int(wc.epoch)
+    data = read_dataset(snakemake.input.dataset)
+    schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
+    # The run's own recipe, as its training job (scripts/train.py) applies it.
+    settings = TrainSettings(**{**run["train"], "seed": run["train"]["seed"] + index})
+    channels = data.train_images.shape[1]
+    device = job_device(snakemake.config["device"], job_resources(snakemake))
+    output = Path(snakemake.output.part)
+    arrays = retrain_part(
+        lambda: build_model(run["model"]["name"], data.num_classes, channels, seed=settings.seed),
+        data, schedule, settings, epoch, lds, int(wc.part), int(wc.nparts),
+        save_every=run["checkpoints"].get("save_every"), device=device, scratch=output.parent,
+    )  # fmt: skip
+    info = {"device": str(device), "provenance": provenance(run, {"dataset": data.content_hash})}
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays, info=np.array(json.dumps(info)))
+
+    write_atomic(output, write)
+
+
+if __name__ == "__main__":
+    run_script(main, "lds_retrain", globals().get("snakemake"))
