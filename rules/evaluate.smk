@@ -35,6 +35,7 @@ rule accuracy_tables:
     output:
         per_class=layout.table("accuracy_per_class"),
         cohorts=layout.table("accuracy_per_cohort"),
+        per_group=layout.table("accuracy_per_group"),
         summary=layout.table("accuracy_summary"),
         provenance=layout.table_provenance("accuracy_tables"),
     log:

@@ -7,6 +7,7 @@ include: "helpers/figures.smk"
 rule plot_accuracy:
     input:
         cohorts=rules.accuracy_tables.output.cohorts,
+        per_group=rules.accuracy_tables.output.per_group,
         code=get_code("plot_accuracy.py"),
     output:
         png=report(

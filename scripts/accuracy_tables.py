@@ -1,4 +1,5 @@
-"""Rule accuracy_tables: concatenate per-checkpoint tables; aggregate to task cohorts, old vs new.
+"""Rule accuracy_tables: concatenate per-checkpoint tables; aggregate to task cohorts, old vs new,
+and to data groups (data with a group column; no rows otherwise).
 
 By hand, from the run's working directory: python scripts/accuracy_tables.py run=digits
 """
@@ -7,7 +8,7 @@ import pandas as pd
 from _helpers import run_script
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.evaluation import cohort_table
+from epochlens.evaluation import cohort_table, group_table
 from epochlens.formats.trainer_folders import training_epochs
 from epochlens.provenance import table_provenance
 from epochlens.stats import over_replicates
@@ -27,12 +28,15 @@ def main(snakemake) -> None:
         epochs = training_epochs(run_cfg["checkpoints"]["path"], int(per_class["index"].iloc[0]), steps)
     for table in (per_class, cohorts) if epochs else ():
         table.insert(table.columns.get_loc("epoch") + 1, "train_epoch", table["epoch"].map(epochs))
+    groups = group_table(per_class)
+    groups.insert(0, "run", snakemake.wildcards.run)
     write_atomic(out.per_class, lambda p: per_class.to_csv(p, index=False))
     write_atomic(out.cohorts, lambda p: cohorts.to_csv(p, index=False))
+    write_atomic(out.per_group, lambda p: groups.to_csv(p, index=False))
     # mean and Student-t 95% interval over replicate indices
     summary = over_replicates(cohorts, ["run", "epoch", "split", "group", "cohort"], ["accuracy"])
     write_atomic(out.summary, lambda p: summary.to_csv(p, index=False))
-    tables = [out.per_class, out.cohorts, out.summary]
+    tables = [out.per_class, out.cohorts, out.per_group, out.summary]
     write_json(out.provenance, table_provenance(run_cfg, snakemake.input.tables, tables))
 
 

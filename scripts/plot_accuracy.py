@@ -1,4 +1,5 @@
-"""Rule plot_accuracy: accuracy of each task cohort and of old vs new classes over checkpoints.
+"""Rule plot_accuracy: accuracy of each task cohort and of old vs new classes over checkpoints (and
+of each data group, for data with groups).
 
 By hand, from the run's working directory: python scripts/plot_accuracy.py run=digits
 """
@@ -12,7 +13,10 @@ from epochlens.plotting.common import save_figure
 
 def main(snakemake) -> None:
     cohorts = pd.read_csv(snakemake.input.cohorts)
-    fig = plot_accuracy_by_cohort(cohorts, snakemake.params.epochs_per_task, snakemake.wildcards.run)
+    groups = pd.read_csv(snakemake.input.per_group)
+    fig = plot_accuracy_by_cohort(
+        cohorts, snakemake.params.epochs_per_task, snakemake.wildcards.run, groups=groups
+    )
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
 
 

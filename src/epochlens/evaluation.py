@@ -1,9 +1,10 @@
-"""Per-checkpoint evaluation: accuracy and loss per class and per task cohort.
+"""Per-checkpoint evaluation: accuracy and loss per class and per task cohort, and per data group.
 
 A cohort is the set of classes introduced in the same task. At checkpoint epoch E the "new" cohort
 is the one most recently trained (the task that ended at or is running at E) and the "old" cohorts
 are those trained before it; classes not yet introduced are not evaluated (their logits are not
-part of the restricted output).
+part of the restricted output). Data with groups (a column of each image's cohort, e.g. its
+source: ``data.images.group_column``) is also evaluated per group (:func:`group_table`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def evaluate_checkpoint(
     """Tidy per-class table for one checkpoint on the test set and the training holdout.
 
     Columns: epoch, split, class_id, class_name, position (in the class order), cohort (task that
-    introduced it), n, n_correct, accuracy, mean_loss.
+    introduced it), n, n_correct, accuracy, mean_loss. Data with groups: one row per class and
+    group, the group's name in a ``data_group`` column after ``class_name``.
     """
     from epochlens.models.networks import positions_in
 
@@ -86,13 +88,20 @@ def evaluate_checkpoint(
             device,
         )
         frame = pd.DataFrame({"class_id": labels[idx], "correct": correct, "loss": loss})
-        for class_id, group in frame.groupby("class_id", sort=True):
+        keys = ["class_id"]
+        groups = data.test_groups if base == "test" else data.train_groups
+        if groups is not None:
+            frame["data_group"] = np.asarray(data.group_names, dtype=object)[groups[idx]]
+            keys.append("data_group")
+        for key, group in frame.groupby(keys, sort=True):
+            class_id = int(key[0])
             rows.append(
                 dict(
                     epoch=epoch,
                     split=split,
-                    class_id=int(class_id),
-                    class_name=data.class_names[int(class_id)],
+                    class_id=class_id,
+                    class_name=data.class_names[class_id],
+                    **({"data_group": key[1]} if groups is not None else {}),
                     position=int(position[class_id]),
                     cohort=int(cohort[class_id]),
                     n=len(group),
@@ -102,6 +111,24 @@ def evaluate_checkpoint(
                 )
             )
     return pd.DataFrame(rows)
+
+
+GROUP_COLUMNS = ("index", "epoch", "split", "data_group", "n", "n_correct", "accuracy", "mean_loss")
+
+
+def group_table(per_class: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy and mean loss per data group (``data_group`` of a per-class table: any number of
+    indices and epochs), sample-weighted over the classes; no rows for data without groups.
+    Columns: :data:`GROUP_COLUMNS` (and ``train_epoch`` after ``epoch`` when the table has it)."""
+    keys = ["index", "epoch", *(["train_epoch"] if "train_epoch" in per_class else []), "split", "data_group"]
+    columns = [*keys, *GROUP_COLUMNS[4:]]
+    if "data_group" not in per_class or per_class.empty:
+        return pd.DataFrame(columns=columns)
+    df = per_class.assign(loss_sum=per_class["mean_loss"] * per_class["n"])
+    out = df.groupby(keys, as_index=False, sort=True)[["n", "n_correct", "loss_sum"]].sum()
+    out["accuracy"] = out["n_correct"] / out["n"]
+    out["mean_loss"] = out["loss_sum"] / out["n"]
+    return out[columns]
 
 
 def cohort_table(per_class: pd.DataFrame, epochs_per_task: int) -> pd.DataFrame:

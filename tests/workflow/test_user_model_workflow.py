@@ -76,7 +76,7 @@ def user_config(project) -> dict:
         "data": {
             "source": "save_to_disk",
             "path": str(project.saved_dataset),
-            "images": images,
+            "images": {**images, "group_column": "source"},  # each image's source: a data group
             "num_classes": 3,
         },
         "model": model,
@@ -124,7 +124,14 @@ def test_every_stage_runs_on_the_users_model(user_run):
     assert sorted(cohorts["epoch"].unique()) == [4, 8]
     per_class = pd.read_csv(paths.table("accuracy_per_class", "disk"))
     test = per_class[per_class["split"] == "test"]
-    assert test.groupby("epoch").size().to_dict() == {4: 2, 8: 3}
+    assert test.groupby("epoch")["class_id"].nunique().to_dict() == {4: 2, 8: 3}
+    # by data group (the images' source column): every test image of the active classes once
+    groups = pd.read_csv(paths.table("accuracy_per_group", "disk"))
+    test_groups = groups[groups["split"] == "test"]
+    assert set(test_groups["data_group"]) == {"clean", "noisy"}
+    assert test_groups.groupby("epoch")["n"].sum().to_dict() == test.groupby("epoch")["n"].sum().to_dict()
+    assert "train_epoch" in groups  # steps of a Trainer folder
+    assert pd.read_csv(paths.table("accuracy_per_group", "folder")).empty  # no group column
     # steps are the Trainer's: the epoch each checkpoint was written at, from its trainer_state.json
     states = {
         s: json.loads((project.trainer_dir / f"checkpoint-{s}" / "trainer_state.json").read_text())

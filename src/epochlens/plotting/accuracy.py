@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from epochlens.plotting.common import replicate_line, replicates_note
 
 
 def plot_accuracy_by_cohort(
-    cohorts: pd.DataFrame, epochs_per_task: int, title: str, split: str = "test"
+    cohorts: pd.DataFrame,
+    epochs_per_task: int,
+    title: str,
+    split: str = "test",
+    groups: pd.DataFrame | None = None,
 ) -> plt.Figure:
-    """Two panels: accuracy of each task cohort over checkpoints, and old vs new classes.
+    """Accuracy of each task cohort over checkpoints, old vs new classes, and, for data with
+    groups (``groups``: :func:`epochlens.evaluation.group_table`, with rows), each data group.
 
     ``cohorts`` is the output of :func:`epochlens.evaluation.cohort_table`; with several replicate
-    indices the line is their mean and the band a 95% interval.
+    indices the line is their mean and the band a 95% interval. Checkpoints numbered by step (a
+    Trainer folder: the tables have ``train_epoch``) get the training epoch as a second axis.
     """
     df = cohorts[cohorts["split"] == split]
-    fig, (ax_cohort, ax_age) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    by_group = groups is not None and len(groups[groups["split"] == split]) > 0
+    n_panels = 3 if by_group else 2
+    fig, axes = plt.subplots(1, n_panels, figsize=(5.5 * n_panels, 4.2), sharey=True)
+    ax_cohort, ax_age = axes[0], axes[1]
     cohort_ids = sorted(c for c in df["cohort"].unique() if c >= 0)
     cmap = plt.get_cmap("viridis", max(len(cohort_ids), 2))
     for k, cohort in enumerate(cohort_ids):
@@ -29,16 +39,44 @@ def plot_accuracy_by_cohort(
         replicate_line(ax_age, df[df["group"] == group], color=color, label=f"{group} classes")
     ax_age.set_title("newest task vs earlier tasks")
     ax_age.legend(fontsize=8)
-    for ax in (ax_cohort, ax_age):
-        ax.set_xlabel("checkpoint epoch")
+    if by_group:
+        sub = groups[groups["split"] == split]
+        palette = plt.get_cmap("tab10")
+        for k, name in enumerate(sorted(sub["data_group"].astype(str).unique())):
+            replicate_line(
+                axes[2], sub[sub["data_group"].astype(str) == name], color=palette(k % 10), label=name
+            )
+        axes[2].set_title("each data group")
+        axes[2].legend(fontsize=8, title="group")
+    steps = "train_epoch" in df.columns
+    for ax in axes:
+        ax.set_xlabel("checkpoint step" if steps else "checkpoint epoch")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         for boundary in range(0, int(df["epoch"].max()) + 1, epochs_per_task):
             ax.axvline(boundary, color="0.85", lw=0.8, zorder=0)
+        if steps:
+            step_epoch_axis(ax, df[["epoch", "train_epoch"]].drop_duplicates())
     ax_cohort.set_ylabel(f"{split} accuracy")
     fig.suptitle(f"{title}: class-incremental accuracy{replicates_note(df['index'].nunique())}")
     fig.tight_layout()
     return fig
+
+
+def step_epoch_axis(ax: plt.Axes, mapping: pd.DataFrame) -> None:
+    """A top axis with the training epoch of the step on the bottom axis (piecewise linear
+    between step 0 and the checkpoints' (step, epoch) pairs of a Trainer's trainer_state.json)."""
+    pairs = mapping.dropna().sort_values("epoch")
+    if pairs.empty:
+        return
+    steps, epochs = pairs["epoch"].to_numpy(float), pairs["train_epoch"].to_numpy(float)
+    if steps[0] > 0:  # step 0 is epoch 0
+        steps, epochs = np.r_[0.0, steps], np.r_[0.0, epochs]
+    top = ax.secondary_xaxis(
+        "top", functions=(lambda s: np.interp(s, steps, epochs), lambda e: np.interp(e, epochs, steps))
+    )
+    top.set_xlabel("training epoch", fontsize=8)
+    top.tick_params(labelsize=7)
 
 
 def plot_training_curves(logs: pd.DataFrame, epochs_per_task: int, title: str) -> plt.Figure:
