@@ -25,6 +25,7 @@ from torch import nn
 from epochlens.checkpoints import load_into
 from epochlens.data import Dataset, read_dataset
 from epochlens.device import job_device
+from epochlens.errors import CheckpointError
 from epochlens.models.networks import build_model
 from epochlens.provenance import file_sha256
 from epochlens.schedule import ClassSchedule, schedule_from_config
@@ -85,8 +86,38 @@ class CheckpointJob:
             attach_output_adapter(model, factory.output)
         else:
             model = build_model(spec["name"], self.data.num_classes, self.in_channels)
-        fit_weights(model, load_weights(path, spec.get("key")), source=path, strip=spec.get("strip_prefix"))
+        state = load_weights(path, spec.get("key"))
+        try:
+            fit_weights(model, state, source=path, strip=spec.get("strip_prefix"))
+            return model
+        except CheckpointError:
+            pass
+        # Again (outside the handler: one error, not two), naming the closest of the models the
+        # config could mean; the candidates are built only for a checkpoint that does not fit.
+        fit_weights(
+            model,
+            state,
+            source=path,
+            strip=spec.get("strip_prefix"),
+            candidates=self._candidates(model, spec),
+        )
         return model
+
+    def _candidates(self, model: nn.Module, spec: Mapping[str, Any]) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Key shapes of the configured model and of every built-in network for this data."""
+        from epochlens.formats.weights import shapes_of
+        from epochlens.models.networks import MODELS
+
+        configured = (
+            f"model.factory: {spec['factory']}" if "factory" in spec else f"model.name: {spec['name']}"
+        )
+        candidates = {configured: shapes_of(model)}
+        for name in MODELS:
+            if name != spec.get("name"):
+                candidates[f"model.name: {name}"] = shapes_of(
+                    build_model(name, self.data.num_classes, self.in_channels)
+                )
+        return candidates
 
     @cached_property
     def model(self) -> nn.Module:

@@ -55,3 +55,21 @@ def test_without_a_class_order_and_lazily(files, tmp_path):
         job.model  # noqa: B018 - the model is loaded on first use only
     with pytest.raises(ConfigError, match="device: 'tpu'"):
         load_checkpoint_job(dataset, ckpt, "small_cnn", 20, "tpu")
+
+
+def test_weights_of_another_model_name_the_closest_one(files, tmp_path):
+    """A dict checkpoint holding a ResNet-18 read as the configured small CNN: the error lists the
+    misfit and names the built-in whose keys and shapes the file has."""
+    from epochlens.models.networks import ResNet18LoP
+
+    dataset, order, _ = files
+    ckpt = tmp_path / "resnet.pt"
+    torch.save({"model": ResNet18LoP(num_classes=3, in_channels=3).state_dict(), "step": 7}, ckpt)
+    job = load_checkpoint_job(
+        dataset, ckpt, {"name": "small_cnn", "key": "model"}, 20, "cpu", order, SCHEDULE
+    )
+    with pytest.raises(CheckpointError) as err:
+        job.model  # noqa: B018
+    message = str(err.value)
+    assert "resnet.pt: the weights do not fit SmallCNN" in message and "missing keys" in message
+    assert "the keys look most like 'model.name: resnet18_lop' (100% of names and shapes shared)" in message
