@@ -61,6 +61,7 @@ rule curvature_epoch:
 
 rule curvature_tables:
     input:
+        dataset=rules.prepare_data.output.dataset,
         metadata=get_run_curvature_metadata,
         arrays=get_run_curvature_arrays,
         class_orders=get_class_orders,

@@ -1,4 +1,5 @@
-"""Rule curvature_tables: per-sample CSL / learning time and per-cohort curvature of one run.
+"""Rule curvature_tables: per-sample CSL / learning time and per-cohort (and per data group)
+curvature of one run.
 
 By hand, from the run's working directory: python scripts/curvature_tables.py run=digits
 """
@@ -9,6 +10,7 @@ from _helpers import run_script
 
 from epochlens.atomic import write_atomic, write_json
 from epochlens.curvature.dynamics import run_tables
+from epochlens.data.labels import read_labels
 from epochlens.provenance import table_provenance
 
 
@@ -16,7 +18,10 @@ def main(snakemake) -> None:
     p, inp, out, run = snakemake.params, snakemake.input, snakemake.output, snakemake.wildcards.run
     # metadata.json of each (index, epoch), index-major: the epoch folders to read
     folders = [Path(m).parent for m in inp.metadata]
-    tables = run_tables(run, p.indices, p.epochs, folders, inp.class_orders, p.schedule, p.epochs_per_task)
+    groups = read_labels(inp.dataset, "train").group_of_each()  # data groups (None: no group column)
+    tables = run_tables(
+        run, p.indices, p.epochs, folders, inp.class_orders, p.schedule, p.epochs_per_task, groups
+    )
     for key, df in tables.items():
         write_atomic(out[key], lambda path, df=df: df.to_csv(path, index=False))
     inputs = [*inp.arrays, *inp.class_orders]  # not metadata.json: it holds timings

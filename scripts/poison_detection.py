@@ -9,7 +9,7 @@ import numpy as np
 from _helpers import run_script
 
 from epochlens.atomic import write_atomic
-from epochlens.data import read_dataset
+from epochlens.data.labels import read_labels
 from epochlens.runner import log
 from epochlens.study.poison import detection_tables
 
@@ -19,7 +19,7 @@ def main(snakemake) -> None:
     corrupted = np.load(inp.corrupted)
     if len(corrupted) == 0:
         log.warning("no corrupted training images (data.corruption absent or kind: none): AUROC is NaN")
-    labels = read_dataset(inp.dataset).train_labels
+    labels = read_labels(inp.dataset, "train").labels  # not the images: a table job stays light
     study = p.study
     tables = detection_tables(
         snakemake.wildcards.run, p.jobs, inp.scores, inp.diagnostics, corrupted, labels,

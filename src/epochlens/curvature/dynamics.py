@@ -133,17 +133,23 @@ def sample_dynamics(
 
 
 def cohort_curvature(
-    epochs: Sequence[int], per_epoch: Sequence[dict], sample_task: np.ndarray, epochs_per_task: int
+    epochs: Sequence[int],
+    per_epoch: Sequence[dict],
+    sample_task: np.ndarray,
+    epochs_per_task: int,
+    sample_group: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Curvature, loss and accuracy per (epoch, group) over the active samples.
 
     Groups: ``cohort <k>`` for each task k active at the epoch, and ``old`` / ``new`` (the task the
     checkpoint was most recently trained on is new, as in epochlens.evaluation.cohort_table).
     ``sample_task`` (N,) is the task of each sample's class; taking it per sample (not per class)
-    lets the samples of several indices, with their own class orders, be pooled.
+    lets the samples of several indices, with their own class orders, be pooled. With
+    ``sample_group`` (N,) names of each sample's data group (data with a group column), also one
+    row per data group, ``group`` ``data: <name>`` and cohort -2.
 
     Returns:
-        DataFrame with columns epoch, group, cohort (-1 for old/new), n, curvature_mean,
+        DataFrame with columns epoch, group, cohort (-1 for old/new, -2 data groups), n, curvature_mean,
         curvature_q05 … curvature_q95, directional_eig_mean, loss_mean, accuracy.
     """
     _check(epochs, per_epoch)
@@ -155,6 +161,9 @@ def cohort_curvature(
         newest = int(task_at_epoch(epoch, epochs_per_task))
         groups = [(f"cohort {k}", k, active & (task == k)) for k in np.unique(task[active])]
         groups += [("old", -1, active & (task < newest)), ("new", -1, active & (task == newest))]
+        if sample_group is not None:
+            names = np.asarray(sample_group, dtype=object)
+            groups += [(f"data: {g}", -2, active & (names == g)) for g in sorted(set(names[active]))]
         for name, cohort, mask in groups:
             if not mask.any():
                 continue
@@ -177,6 +186,7 @@ def run_tables(
     class_orders: Sequence[str | Path],
     schedule: Mapping,
     epochs_per_task: int,
+    sample_group: np.ndarray | None = None,
 ) -> dict[str, pd.DataFrame]:
     """The curvature tables of one run from its merged epoch folders.
 
@@ -188,6 +198,8 @@ def run_tables(
         class_orders: each index's ``class_order.npy``.
         schedule: the config's ``schedule`` section.
         epochs_per_task: epochs between task boundaries.
+        sample_group: (N_train,) each training image's data group name, for data with groups
+            (rows ``data: <name>`` in the cohort tables); None: none.
 
     Returns:
         ``samples`` (:func:`sample_dynamics` per index), ``cohorts`` (:func:`cohort_curvature` per
@@ -201,7 +213,9 @@ def run_tables(
         table = sample_dynamics(epochs, results, task_of_class, epochs_per_task)
         samples.append(table.assign(index=index))
         sample_task = task_of_class[results[0]["labels"]]
-        cohorts.append(cohort_curvature(epochs, results, sample_task, epochs_per_task).assign(index=index))
+        cohorts.append(
+            cohort_curvature(epochs, results, sample_task, epochs_per_task, sample_group).assign(index=index)
+        )
         pooled_results.append(results)
         pooled_tasks.append(sample_task)
         learned = table["learning_time"].notna().mean()
@@ -212,7 +226,8 @@ def run_tables(
         {key: np.concatenate([res[k][key] for res in pooled_results]) for key in pooled_results[0][k]}
         for k in range(len(epochs))
     ]
-    pooled = cohort_curvature(epochs, per_epoch, np.concatenate(pooled_tasks), epochs_per_task)
+    pooled_groups = None if sample_group is None else np.concatenate([sample_group] * len(indices))
+    pooled = cohort_curvature(epochs, per_epoch, np.concatenate(pooled_tasks), epochs_per_task, pooled_groups)
 
     def first(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
         df.insert(0, "run", run)

@@ -87,3 +87,27 @@ def test_cohort_curvature_groups_and_quantiles():
     # epoch 3: only task 0 active, and it is the newest: no "old" row
     assert set(at3.index) == {"cohort 0", "new"}
     assert pd.api.types.is_integer_dtype(df["cohort"])
+
+
+def test_cohort_curvature_per_data_group():
+    """Data groups (e.g. each image's source) get rows of their own over the active samples."""
+    source = np.array(["lab", "web", "web", "lab"], dtype=object)
+    df = cohort_curvature(EPOCHS, PER_EPOCH, TASK_OF_CLASS[LABELS], 6, sample_group=source)
+    at9 = df[df["epoch"] == 9].set_index("group")
+    assert {"data: lab", "data: web"} <= set(at9.index) and (
+        at9.loc[["data: lab", "data: web"], "cohort"] == -2
+    ).all()
+    curvature, loss = PER_EPOCH[3]["curvature"], PER_EPOCH[3]["loss"]  # epoch 9
+    active = np.isfinite(loss)
+    for name in ("lab", "web"):
+        mask = active & (source == name)
+        assert at9.loc[f"data: {name}", "n"] == mask.sum()
+        np.testing.assert_allclose(
+            at9.loc[f"data: {name}", "curvature_mean"], np.mean(curvature[mask]), rtol=1e-6
+        )
+    # without groups: as before
+    assert (
+        not cohort_curvature(EPOCHS, PER_EPOCH, TASK_OF_CLASS[LABELS], 6)["group"]
+        .str.startswith("data")
+        .any()
+    )

@@ -595,3 +595,25 @@ def test_write_dataset_failure_keeps_the_previous_file(written, tiny_dataset):
         write_dataset(broken, written)
     assert written.read_bytes() == before
     assert [p.name for p in written.parent.iterdir()] == [written.name]
+
+
+def test_read_labels_reads_labels_groups_and_holdout_without_images(tmp_path, tiny_dataset):
+    from epochlens.data.labels import read_labels
+
+    tiny_dataset.train_groups = np.arange(12) % 3
+    tiny_dataset.test_groups = np.zeros(6, dtype=np.int64)
+    tiny_dataset.group_names = ["a", "b", "c"]
+    tiny_dataset.holdout = np.arange(12) < 2
+    write_dataset(tiny_dataset, tmp_path / "d.h5")
+    train = read_labels(tmp_path / "d.h5", "train")
+    np.testing.assert_array_equal(train.labels, tiny_dataset.train_labels)
+    np.testing.assert_array_equal(train.holdout, tiny_dataset.holdout)
+    assert list(train.group_of_each()[:4]) == ["a", "b", "c", "a"]
+    test = read_labels(tmp_path / "d.h5", "test")
+    assert test.holdout is None and set(test.group_of_each()) == {"a"}
+    tiny_dataset.train_groups = tiny_dataset.test_groups = None
+    tiny_dataset.group_names = []
+    write_dataset(tiny_dataset, tmp_path / "plain.h5")
+    assert read_labels(tmp_path / "plain.h5").group_of_each() is None
+    with pytest.raises(DataError, match="not a complete epochlens dataset.h5"):
+        read_labels(tmp_path / "missing.h5")
