@@ -4,6 +4,7 @@ and to data groups (data with a group column; no rows otherwise).
 By hand, from the run's working directory: python scripts/accuracy_tables.py run=digits
 """
 
+import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module)
 import pandas as pd
 from _helpers import run_script
 

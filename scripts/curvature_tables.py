@@ -6,6 +6,7 @@ By hand, from the run's working directory: python scripts/curvature_tables.py ru
 
 from pathlib import Path
 
+import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module)
 from _helpers import run_script
 
 from epochlens.atomic import write_atomic, write_json

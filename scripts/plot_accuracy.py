@@ -4,6 +4,7 @@ of each data group, for data with groups).
 By hand, from the run's working directory: python scripts/plot_accuracy.py run=digits
 """
 
+import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module)
 import pandas as pd
 from _helpers import run_script
 

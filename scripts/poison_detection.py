@@ -5,6 +5,7 @@ across query transforms, ROC curves, the top-ranked images and per-layer conditi
 By hand, from the run's working directory: python scripts/poison_detection.py run=digits_noisy
 """
 
+import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module)
 import numpy as np
 from _helpers import run_script
 

@@ -110,10 +110,10 @@ def third_party_imports(script: Path) -> set[str]:
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module.split(".")[0])
-    # _helpers is the scripts' own module (its imports are counted through module_sources);
-    # snakemake reaches every script through the search path Snakemake's preamble adds (the by-hand
-    # runner in _helpers uses it too), so no environment needs it.
-    local = {"epochlens", "_helpers", "snakemake"}
+    # _helpers and _no_pyarrow are the scripts' own modules (their imports are counted through
+    # module_sources); snakemake reaches every script through the search path Snakemake's preamble
+    # adds (the by-hand runner in _helpers uses it too), so no environment needs it.
+    local = {"epochlens", "snakemake"} | {p.stem for p in (REPO / "scripts").glob("_*.py")}
     return {n for n in names if n not in sys.stdlib_module_names and n not in local}
 
 
