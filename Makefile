@@ -17,10 +17,13 @@ $(BIN)/activate:
 
 # The torch now installed is a constraint of everything else: no dependency may replace it (an
 # unpinned torch pulls gigabytes of CUDA wheels onto a CPU machine, or a CPU wheel over a CUDA build).
-$(VENV)/.installed: $(BIN)/activate pyproject.toml
+# The other packages: the versions the tests ran with, as pinned in envs/*.yaml (the conda
+# environments of `--sdm conda`), so that every fresh install is the tested one.
+$(VENV)/.installed: $(BIN)/activate pyproject.toml envs/epochlens.yaml envs/plots.yaml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt
+	$(BIN)/python envs/pip_constraints.py envs/*.yaml >> $(VENV)/constraints.txt
 	$(BIN)/python -m pip install --quiet -e ".[dev]" -c $(VENV)/constraints.txt
 	touch $@
 

@@ -47,6 +47,8 @@ LIGHT_RULES = {
     "plot_probes": "plot_probes.py",
     "plot_ablation": "plot_ablation.py",
     "plot_influence": "plot_influence.py",
+    "lds_tables": "lds_tables.py",
+    "plot_lds": "plot_lds.py",
 }
 
 _PEAK = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"

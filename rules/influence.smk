@@ -373,7 +373,7 @@ rule plot_lds:
     benchmark:
         layout.benchmark("plot_lds")
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
     envmodules:
         *config["envmodules"],
     script:

@@ -4,6 +4,7 @@
 By hand, from the run's working directory: python scripts/lds_tables.py run=digits_noisy
 """
 
+import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module)
 from _helpers import run_script
 
 from epochlens.atomic import write_atomic

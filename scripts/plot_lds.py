@@ -3,6 +3,7 @@
 By hand, from the run's working directory: python scripts/plot_lds.py run=digits_noisy
 """
 
+import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module)
 import pandas as pd
 from _helpers import run_script
 

@@ -127,3 +127,19 @@ def test_every_rule_gets_what_its_script_imports():
         if lacks:
             missing[rule] = (env, sorted(lacks))
     assert not missing, f"rules whose environment lacks what their script imports: {missing}"
+
+
+def test_make_installs_the_pinned_versions():
+    """envs/pip_constraints.py turns the pins into the pip constraints that `make` installs with:
+    every pinned package but python, pytorch and conda-only ones, at the installed version."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, str(REPO / "envs" / "pip_constraints.py"), *map(str, ENV_FILES)],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    pinned = {PIP_NAME.get(name, name) for f in ENV_FILES for name in dependencies(f)}
+    assert sorted(c.split("==")[0] for c in out) == sorted(pinned - {"python", "torch", *CONDA_ONLY})
+    for constraint in out:
+        name, version = constraint.split("==")
+        assert installed(name) == version, constraint
