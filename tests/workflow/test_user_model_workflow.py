@@ -132,6 +132,8 @@ def test_every_stage_runs_on_the_users_model(user_run):
     assert test_groups.groupby("epoch")["n"].sum().to_dict() == test.groupby("epoch")["n"].sum().to_dict()
     assert "train_epoch" in groups  # steps of a Trainer folder
     assert pd.read_csv(paths.table("accuracy_per_group", "folder")).empty  # no group column
+    curvature = pd.read_csv(paths.table("curvature_per_cohort", "disk"))
+    assert {"data: clean", "data: noisy"} <= set(curvature["group"])
     # steps are the Trainer's: the epoch each checkpoint was written at, from its trainer_state.json
     states = {
         s: json.loads((project.trainer_dir / f"checkpoint-{s}" / "trainer_state.json").read_text())

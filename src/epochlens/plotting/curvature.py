@@ -27,12 +27,16 @@ def rank_correlation(x, y) -> float:
 
 
 def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title: str) -> plt.Figure:
-    """Mean curvature of each task cohort over checkpoints, and of old vs new classes.
+    """Mean curvature of each task cohort over checkpoints, of old vs new classes and, for data
+    with groups (rows ``data: <name>``, cohort -2), of each data group.
 
     ``cohorts`` is :func:`epochlens.curvature.dynamics.cohort_curvature` per index with an ``index``
     column; lines are means over indices with a Student-t 95% band.
     """
-    fig, (ax_cohort, ax_age) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    data_groups = cohorts[cohorts["cohort"] == -2]
+    n_panels = 3 if len(data_groups) else 2
+    fig, axes = plt.subplots(1, n_panels, figsize=(5.5 * n_panels, 4.2), sharey=True)
+    ax_cohort, ax_age = axes[0], axes[1]
     by_cohort = cohorts[cohorts["cohort"] >= 0]
     colors = cohort_colors(by_cohort["cohort"].unique())
     for cohort, color in colors.items():
@@ -45,7 +49,14 @@ def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title:
         replicate_line(ax_age, sub, color, f"{group} classes", "curvature_mean")
     ax_age.set_title("newest task vs earlier tasks")
     ax_age.legend(fontsize=8)
-    for ax in (ax_cohort, ax_age):
+    if len(data_groups):
+        palette = plt.get_cmap("tab10")
+        for k, name in enumerate(sorted(data_groups["group"].unique())):
+            sub = data_groups[data_groups["group"] == name]
+            replicate_line(axes[2], sub, palette(k % 10), name.removeprefix("data: "), "curvature_mean")
+        axes[2].set_title("each data group")
+        axes[2].legend(fontsize=8, title="group")
+    for ax in axes:
         ax.set_xlabel("checkpoint epoch")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
