@@ -24,11 +24,15 @@ def main(snakemake) -> None:
     # A Trainer folder's checkpoints are numbered by step: the epoch each was written at, too.
     run_cfg = snakemake.config["runs"][snakemake.wildcards.run]
     steps = sorted(int(e) for e in per_class["epoch"].unique())
-    epochs = None
-    if run_cfg["checkpoints"]["source"] == "folder":
-        epochs = training_epochs(run_cfg["checkpoints"]["path"], int(per_class["index"].iloc[0]), steps)
-    for table in (per_class, cohorts) if epochs else ():
-        table.insert(table.columns.get_loc("epoch") + 1, "train_epoch", table["epoch"].map(epochs))
+    epochs = {}
+    if run_cfg["checkpoints"]["source"] == "folder":  # per replicate: each has its Trainer folder
+        epochs = {
+            i: training_epochs(run_cfg["checkpoints"]["path"], int(i), steps)
+            for i in per_class["index"].unique()
+        }
+    for table in (per_class, cohorts) if epochs and all(epochs.values()) else ():
+        train_epoch = [epochs[i][e] for i, e in zip(table["index"], table["epoch"], strict=True)]
+        table.insert(table.columns.get_loc("epoch") + 1, "train_epoch", train_epoch)
     groups = group_table(per_class)
     groups.insert(0, "run", snakemake.wildcards.run)
     write_atomic(out.per_class, lambda p: per_class.to_csv(p, index=False))

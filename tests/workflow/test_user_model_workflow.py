@@ -142,6 +142,9 @@ def test_every_stage_runs_on_the_users_model(user_run):
     assert dict(zip(cohorts["epoch"], cohorts["train_epoch"], strict=True)) == {
         s: states[s]["epoch"] for s in (4, 8)
     }
+    assert dict(zip(curvature["epoch"], curvature["train_epoch"], strict=True)) == {
+        s: states[s]["epoch"] for s in (4, 8)
+    }
     assert "train_epoch" not in pd.read_csv(paths.table("accuracy_per_class", "folder"))
     meta = json.loads(Path(paths.curvature_metadata("disk", 0, 8)).read_text())
     assert len(meta["provenance"]["inputs"]["checkpoint"]) == 64  # the folder's model.safetensors

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
-from epochlens.plotting.common import replicate_line, replicates_note
+from epochlens.plotting.common import replicate_line, replicates_note, step_epoch_axis
 
 
 def plot_accuracy_by_cohort(
@@ -61,22 +60,6 @@ def plot_accuracy_by_cohort(
     fig.suptitle(f"{title}: class-incremental accuracy{replicates_note(df['index'].nunique())}")
     fig.tight_layout()
     return fig
-
-
-def step_epoch_axis(ax: plt.Axes, mapping: pd.DataFrame) -> None:
-    """A top axis with the training epoch of the step on the bottom axis (piecewise linear
-    between step 0 and the checkpoints' (step, epoch) pairs of a Trainer's trainer_state.json)."""
-    pairs = mapping.dropna().sort_values("epoch")
-    if pairs.empty:
-        return
-    steps, epochs = pairs["epoch"].to_numpy(float), pairs["train_epoch"].to_numpy(float)
-    if steps[0] > 0:  # step 0 is epoch 0
-        steps, epochs = np.r_[0.0, steps], np.r_[0.0, epochs]
-    top = ax.secondary_xaxis(
-        "top", functions=(lambda s: np.interp(s, steps, epochs), lambda e: np.interp(e, epochs, steps))
-    )
-    top.set_xlabel("training epoch", fontsize=8)
-    top.tick_params(labelsize=7)
 
 
 def plot_training_curves(logs: pd.DataFrame, epochs_per_task: int, title: str) -> plt.Figure:

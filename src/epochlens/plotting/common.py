@@ -75,6 +75,22 @@ def task_boundaries(ax: plt.Axes, last_epoch: int, epochs_per_task: int) -> None
         ax.axvline(boundary, color="0.85", lw=0.8, zorder=0)
 
 
+def step_epoch_axis(ax: plt.Axes, mapping: pd.DataFrame) -> None:
+    """A top axis with the training epoch of the step on the bottom axis (piecewise linear
+    between step 0 and the checkpoints' (step, epoch) pairs of a Trainer's trainer_state.json)."""
+    pairs = mapping.dropna().sort_values("epoch")
+    if pairs.empty:
+        return
+    steps, epochs = pairs["epoch"].to_numpy(float), pairs["train_epoch"].to_numpy(float)
+    if steps[0] > 0:  # step 0 is epoch 0
+        steps, epochs = np.r_[0.0, steps], np.r_[0.0, epochs]
+    top = ax.secondary_xaxis(
+        "top", functions=(lambda s: np.interp(s, steps, epochs), lambda e: np.interp(e, epochs, steps))
+    )
+    top.set_xlabel("training epoch", fontsize=8)
+    top.tick_params(labelsize=7)
+
+
 def cohort_colors(cohorts) -> dict[int, tuple]:
     cohorts = sorted(int(c) for c in cohorts)
     cmap = plt.get_cmap("viridis", max(len(cohorts), 2))

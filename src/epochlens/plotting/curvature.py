@@ -6,7 +6,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from epochlens.plotting.common import cohort_colors, replicate_line, replicates_note, task_boundaries
+from epochlens.plotting.common import (
+    cohort_colors,
+    replicate_line,
+    replicates_note,
+    step_epoch_axis,
+    task_boundaries,
+)
 
 
 def rank_correlation(x, y) -> float:
@@ -56,11 +62,14 @@ def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title:
             replicate_line(axes[2], sub, palette(k % 10), name.removeprefix("data: "), "curvature_mean")
         axes[2].set_title("each data group")
         axes[2].legend(fontsize=8, title="group")
+    steps = "train_epoch" in cohorts.columns  # a Trainer folder's checkpoints: steps
     for ax in axes:
-        ax.set_xlabel("checkpoint epoch")
+        ax.set_xlabel("checkpoint step" if steps else "checkpoint epoch")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
         task_boundaries(ax, cohorts["epoch"].max(), epochs_per_task)
+        if steps:
+            step_epoch_axis(ax, cohorts[["epoch", "train_epoch"]].drop_duplicates())
     ax_cohort.set_ylabel("mean input-loss curvature")
     note = replicates_note(cohorts["index"].nunique())
     fig.suptitle(f"{title}: per-image curvature by task cohort{note}")
