@@ -325,8 +325,8 @@ rule lds_retrain:
     resources:
         **get_gpu_resources(),
     params:
-        run=lambda w: get_lds_retrain_params(w)["run"],
-        lds=lambda w: get_lds_retrain_params(w)["lds"],
+        run=get_lds_retrain_run,
+        lds=get_lds_retrain_settings,
     script:
         "../scripts/lds_retrain.py"
 

@@ -150,8 +150,14 @@ def lds_runs():
     ]
 
 
-def get_lds_retrain_params(wildcards):
-    return run_config.lds_retrain_params(get_run(wildcards))
+def get_lds_retrain_run(wildcards):
+    """The run's training recipe, data, model and schedule (what its training job reads)."""
+    return run_config.lds_retrain_params(get_run(wildcards))["run"]
+
+
+def get_lds_retrain_settings(wildcards):
+    """influence.lds's settings that change the retrainings (subsets, fraction, seed)."""
+    return run_config.lds_retrain_params(get_run(wildcards))["lds"]
 
 
 def get_lds_table_params(wildcards):
