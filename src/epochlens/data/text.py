@@ -1,0 +1,200 @@
+"""Tokenised text data sets: what a text run's jobs read, as :class:`epochlens.data.Dataset` is for
+images (torch-free but for :meth:`TextDataset.inputs`).
+
+A :class:`TextDataset` holds each split's token ids and attention mask (N, L), padded to one length
+L, and either class labels (N,) (``kind`` classification: a sequence classifier) or token labels
+(N, L) (``kind`` causal_lm: the ids to predict, -100 where nothing is predicted, i.e. the prompt
+and the padding, as Hugging Face's causal LMs expect). Optional per-sample groups (e.g. the prompt
+set: facts / counterfactual / negation) work as for images. The tokenizer that made the ids is
+named and fingerprinted, so its change is a change of data.
+
+``text.h5`` layout (:func:`write_text_dataset`): ``train/`` and ``test/`` with ``input_ids``,
+``attention_mask``, ``labels`` (and ``groups``), ``train/holdout``, attributes ``kind``,
+``num_classes``, ``class_names``, ``group_names``, ``tokenizer``, ``content_hash``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import h5py
+import numpy as np
+
+from epochlens.atomic import atomic_path
+from epochlens.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
+
+TEXT_KINDS = ("classification", "causal_lm")
+IGNORE_INDEX = -100  # token labels that no loss counts (Hugging Face's convention)
+
+
+@dataclass
+class TextDataset:
+    """Token ids, masks and labels of a train and a test split."""
+
+    name: str
+    source: str
+    kind: Literal["classification", "causal_lm"]
+    train_input_ids: np.ndarray  # (N, L) int64
+    train_attention_mask: np.ndarray  # (N, L) int64, 1 = a real token
+    train_labels: np.ndarray  # (N,) int64 class ids, or (N, L) int64 token labels
+    test_input_ids: np.ndarray
+    test_attention_mask: np.ndarray
+    test_labels: np.ndarray
+    num_classes: int = 0  # classification: the classes; causal_lm: 0
+    class_names: list[str] = field(default_factory=list)
+    holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    train_groups: np.ndarray | None = None
+    test_groups: np.ndarray | None = None
+    group_names: list[str] = field(default_factory=list)
+    tokenizer: str = ""  # "<name or folder> sha256:<fingerprint of its files>"
+
+    def __post_init__(self) -> None:
+        if self.kind not in TEXT_KINDS:
+            raise ValueError(f"kind must be one of {TEXT_KINDS}, not {self.kind!r}")
+        for split in ("train", "test"):
+            ids = np.asarray(getattr(self, f"{split}_input_ids"), dtype=np.int64)
+            mask = np.asarray(getattr(self, f"{split}_attention_mask"), dtype=np.int64)
+            labels = np.asarray(getattr(self, f"{split}_labels"), dtype=np.int64)
+            if ids.ndim != 2 or mask.shape != ids.shape:
+                raise ValueError(
+                    f"{split}: input_ids {ids.shape} and attention_mask {mask.shape} must be (N, L)"
+                )
+            want = ids.shape if self.kind == "causal_lm" else ids.shape[:1]
+            if labels.shape != want:
+                raise ValueError(f"{split}: labels of shape {labels.shape}, expected {want} for {self.kind}")
+            setattr(self, f"{split}_input_ids", ids)
+            setattr(self, f"{split}_attention_mask", mask)
+            setattr(self, f"{split}_labels", labels)
+        if self.train_input_ids.shape[1] != self.test_input_ids.shape[1]:
+            raise ValueError("train and test must be padded to the same length")
+        if len(self.holdout) == 0:
+            self.holdout = np.zeros(len(self.train_input_ids), dtype=bool)
+        if self.kind == "classification" and not self.class_names:
+            self.class_names = [str(c) for c in range(self.num_classes)]
+        if (self.train_groups is None) != (self.test_groups is None):
+            raise ValueError("train_groups and test_groups must both be given or both be None")
+        if self.train_groups is not None:
+            self.train_groups = np.asarray(self.train_groups, dtype=np.int64)
+            self.test_groups = np.asarray(self.test_groups, dtype=np.int64)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.train_input_ids.shape[1])
+
+    @property
+    def content_hash(self) -> str:
+        """SHA-256 of the ids, masks and labels of both splits (and the groups), and of the tokenizer's
+        fingerprint: what the numbers depend on."""
+        h = hashlib.sha256(f"{self.kind}|{self.tokenizer}".encode())
+        arrays = [
+            self.train_input_ids, self.train_attention_mask, self.train_labels,
+            self.test_input_ids, self.test_attention_mask, self.test_labels,
+        ]  # fmt: skip
+        if self.train_groups is not None:
+            arrays += [self.train_groups, self.test_groups]
+            h.update(json.dumps(self.group_names).encode())
+        for arr in arrays:
+            a = np.ascontiguousarray(arr)
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+    def labels(self, split: str) -> np.ndarray:
+        return self.train_labels if _check_split(split) == "train" else self.test_labels
+
+    def groups(self, split: str) -> np.ndarray | None:
+        return self.train_groups if _check_split(split) == "train" else self.test_groups
+
+    def inputs(self, split: str, indices: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+        """``{"input_ids", "attention_mask"}`` (N, L) int64 tensors of ``split``: a model's keyword
+        arguments (``model(**inputs)``), as batches of :mod:`epochlens.batches` carry them."""
+        import torch  # here: tables and figures read text data sets without torch
+
+        ids = getattr(self, f"{_check_split(split)}_input_ids")
+        mask = getattr(self, f"{split}_attention_mask")
+        if indices is not None:
+            ids, mask = ids[indices], mask[indices]
+        return {
+            "input_ids": torch.from_numpy(np.ascontiguousarray(ids)),
+            "attention_mask": torch.from_numpy(np.ascontiguousarray(mask)),
+        }
+
+    def lengths(self, split: str) -> np.ndarray:
+        """(N,) number of real (non-padding) tokens of every sample."""
+        return getattr(self, f"{_check_split(split)}_attention_mask").sum(axis=1)
+
+
+def _check_split(split: str) -> str:
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    return split
+
+
+def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
+    """Write ``dataset`` to ``path`` (``text.h5``), atomically."""
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for split in ("train", "test"):
+            g = f.create_group(split)
+            for key in ("input_ids", "attention_mask", "labels"):
+                g.create_dataset(key, data=getattr(dataset, f"{split}_{key}"), compression="gzip")
+            if dataset.train_groups is not None:
+                g.create_dataset("groups", data=dataset.groups(split))
+        f["train"].create_dataset("holdout", data=dataset.holdout)
+        f.attrs.update(
+            format="epochlens-text-1",
+            name=dataset.name,
+            source=dataset.source,
+            kind=dataset.kind,
+            num_classes=dataset.num_classes,
+            class_names=json.dumps(dataset.class_names),
+            group_names=json.dumps(dataset.group_names),
+            tokenizer=dataset.tokenizer,
+            content_hash=dataset.content_hash,
+        )
+
+
+def read_text_dataset(path: str | Path) -> TextDataset:
+    """Read a ``text.h5`` written by :func:`write_text_dataset`; a corrupt file is an error that says
+    to rerun prepare_data."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != "epochlens-text-1":
+                raise KeyError("not a text data set (format attribute)")
+            arrays = {
+                f"{split}_{key}": f[f"{split}/{key}"][()]
+                for split in ("train", "test")
+                for key in ("input_ids", "attention_mask", "labels")
+            }
+            grouped = "groups" in f["train"]
+            ds = TextDataset(
+                name=str(f.attrs["name"]),
+                source=str(f.attrs["source"]),
+                kind=str(f.attrs["kind"]),  # type: ignore[arg-type]
+                num_classes=int(f.attrs["num_classes"]),
+                class_names=json.loads(f.attrs["class_names"]),
+                holdout=f["train/holdout"][()],
+                train_groups=f["train/groups"][()] if grouped else None,
+                test_groups=f["test/groups"][()] if grouped else None,
+                group_names=json.loads(f.attrs["group_names"]),
+                tokenizer=str(f.attrs["tokenizer"]),
+                **arrays,
+            )
+            stored = str(f.attrs["content_hash"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise DataError(
+            f"{path}: not a complete epochlens text data set ({exc}). Delete it and rerun the "
+            "prepare_data rule."
+        ) from exc
+    if ds.content_hash != stored:
+        raise DataError(
+            f"{path}: content hash mismatch; the file is corrupt. Delete it and rerun prepare_data."
+        )
+    return ds

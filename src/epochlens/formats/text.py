@@ -1,0 +1,341 @@
+"""Text data in the layouts users have, tokenised into :class:`epochlens.data.text.TextDataset`.
+
+Layouts (``source``): ``jsonl``, ``csv``, ``parquet`` (one file with a split column, or a folder
+with ``train.<ext>`` and ``test.<ext>``, split names from the settings) and ``save_to_disk`` (a
+``datasets`` DatasetDict, or one Dataset with a split column).
+
+Columns: classification reads ``text_column`` and ``label_column`` (class ids, or names sorted as
+for image folders, or a ``ClassLabel``'s names); a causal language model reads ``prompt_column``
+and ``target_column``: the sample is the prompt followed by the target, and only the target's
+tokens are predicted (its per-sample loss is the mean NLL of the target tokens). The optional
+``group_column`` gives each sample's cohort (e.g. the prompt set).
+
+Tokenisation: the tokenizer of a local folder (``tokenizer.json`` / vocab files, as
+``save_pretrained`` writes them; nothing is downloaded), truncation to ``max_length`` (a causal
+LM's prompt is cut from the left, its target kept whole), padding on the tokenizer's side to the
+longest sample of both splits (``padding: longest``) or to ``max_length``. The tokenizer's files
+are fingerprinted into the data set's content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from epochlens.data.text import IGNORE_INDEX, TextDataset
+from epochlens.errors import ConfigError, DataError
+from epochlens.formats.images import _encode as encode_values
+
+TEXT_SOURCES = ("jsonl", "csv", "parquet", "save_to_disk")
+_EXTENSIONS = {"jsonl": (".jsonl", ".json"), "csv": (".csv",), "parquet": (".parquet",)}
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "vocab.txt",
+    "merges.txt", "tokenizer.model", "spiece.model", "added_tokens.json",
+)  # fmt: skip
+
+
+@dataclass
+class TextSettings:
+    """How text data is read and tokenised (the ``data.text`` section of a text run)."""
+
+    text_column: str = field(default="text", metadata={"help": "column of the texts (classification)"})
+    label_column: str = field(default="label", metadata={"help": "column of the class ids or names"})
+    prompt_column: str | None = field(
+        default=None, metadata={"help": "causal LM: column of the prompts (with target_column)"}
+    )
+    target_column: str | None = field(
+        default=None, metadata={"help": "causal LM: column of the targets, whose tokens the loss counts"}
+    )
+    group_column: str | None = field(default=None, metadata={"help": "column of each sample's cohort"})
+    split_column: str | None = field(default=None, metadata={"help": "column naming each row's split"})
+    train_split: str = field(default="train", metadata={"help": "name of the training split"})
+    test_split: str = field(default="test", metadata={"help": "name of the test split"})
+    max_length: int = field(default=128, metadata={"help": "tokens per sample at most (truncated)"})
+    padding: Literal["longest", "max_length"] = field(
+        default="longest", metadata={"help": "pad to the longest sample of both splits, or to max_length"}
+    )
+    pad_token: str | None = field(
+        default=None, metadata={"help": "the pad token, for a tokenizer without one (e.g. its eos token)"}
+    )
+    name: str | None = field(default=None, metadata={"help": "data set name; None: the file or folder name"})
+
+    def __post_init__(self) -> None:
+        problems = []
+        if (self.prompt_column is None) != (self.target_column is None):
+            problems.append("prompt_column and target_column go together (a causal LM's samples)")
+        if self.max_length < 2:
+            problems.append(f"max_length={self.max_length} must be >= 2")
+        if self.padding not in ("longest", "max_length"):
+            problems.append(f"padding={self.padding!r} must be longest or max_length")
+        if self.train_split == self.test_split:
+            problems.append(f"train_split and test_split are both {self.train_split!r}")
+        if problems:
+            raise ConfigError("data.text: " + "; ".join(problems) + ". Fix the config.")
+
+    @property
+    def kind(self) -> Literal["classification", "causal_lm"]:
+        return "causal_lm" if self.target_column else "classification"
+
+    @property
+    def split_names(self) -> dict[str, str]:
+        return {"train": self.train_split, "test": self.test_split}
+
+    def columns(self) -> list[str]:
+        cols = [self.prompt_column, self.target_column] if self.kind == "causal_lm" else [self.text_column]
+        cols += [] if self.kind == "causal_lm" else [self.label_column]
+        return [c for c in [*cols, self.group_column] if c]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the tables
+
+
+def read_text_tables(
+    source: str, path: str | Path, settings: TextSettings
+) -> tuple[dict[str, pd.DataFrame], list[str] | None]:
+    """``{"train": df, "test": df}`` with the settings' columns, and the label names a
+    ``ClassLabel`` column carries (None otherwise)."""
+    if source not in TEXT_SOURCES:
+        raise ConfigError(f"data.source: {source!r} is not a text layout; use one of {list(TEXT_SOURCES)}.")
+    path = Path(path)
+    names = None
+    if source == "save_to_disk":
+        tables, names = _read_saved(path, settings)
+    elif path.is_file():
+        tables = _by_split_column(_read_file(source, path), settings, str(path))
+    elif path.is_dir():
+        tables = {
+            s: _read_file(source, _split_file(path, n, source)) for s, n in settings.split_names.items()
+        }
+    else:
+        raise DataError(f"{path}: no such file or folder. Set data.path to your {source} data.")
+    for split, df in tables.items():
+        missing = [c for c in settings.columns() if c not in df.columns]
+        if missing:
+            raise DataError(
+                f"{path} [{settings.split_names[split]}]: no column(s) {missing} (columns: "
+                f"{list(df.columns)[:20]}). Set data.text's column names to yours."
+            )
+        if df.empty:
+            raise DataError(f"{path}: the {settings.split_names[split]!r} split has no rows.")
+    return tables, names
+
+
+def _read_file(source: str, path: Path) -> pd.DataFrame:
+    try:
+        if source == "jsonl":
+            return pd.read_json(path, lines=True, dtype=False)
+        if source == "csv":
+            return pd.read_csv(path, keep_default_na=False)
+        return pd.read_parquet(path)
+    except (ValueError, OSError) as exc:
+        raise DataError(
+            f"{path}: not a readable {source} file ({type(exc).__name__}: {str(exc)[:200]})."
+        ) from exc
+
+
+def _split_file(folder: Path, name: str, source: str) -> Path:
+    for ext in _EXTENSIONS[source]:
+        if (folder / f"{name}{ext}").is_file():
+            return folder / f"{name}{ext}"
+    found = sorted(p.name for p in folder.iterdir())[:15]
+    raise DataError(
+        f"{folder}: no {name}{_EXTENSIONS[source][0]} (found {found}). Name the files after the splits, "
+        "set data.text.train_split / test_split, or give one file with data.text.split_column."
+    )
+
+
+def _by_split_column(df: pd.DataFrame, settings: TextSettings, origin: str) -> dict[str, pd.DataFrame]:
+    column = settings.split_column
+    if column is None:
+        raise DataError(
+            f"{origin}: one table for both splits; set data.text.split_column to the column that names "
+            "each row's split, or give a folder with one file per split."
+        )
+    if column not in df.columns:
+        raise DataError(f"{origin}: no split column {column!r} (columns: {list(df.columns)[:20]}).")
+    return {s: df[df[column] == n].reset_index(drop=True) for s, n in settings.split_names.items()}
+
+
+def _read_saved(path: Path, settings: TextSettings) -> tuple[dict[str, pd.DataFrame], list[str] | None]:
+    import datasets
+
+    if not path.is_dir():
+        raise DataError(f"{path}: no such folder. Set data.path to the folder written by save_to_disk.")
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        raise DataError(
+            f"{path}: not a folder written by datasets' save_to_disk "
+            f"({type(exc).__name__}: {str(exc)[:200]})."
+        ) from exc
+    parts = loaded if isinstance(loaded, datasets.DatasetDict) else {"": loaded}
+    first = next(iter(parts.values()))
+    label = first.features.get(settings.label_column)
+    names = list(label.names) if isinstance(label, datasets.ClassLabel) else None
+    if isinstance(loaded, datasets.DatasetDict) and settings.split_column is None:
+        missing = [n for n in settings.split_names.values() if n not in loaded]
+        if missing:
+            raise DataError(
+                f"{path}: no split(s) {missing} in the DatasetDict (splits: {list(loaded)}). Set "
+                "data.text.train_split / test_split."
+            )
+        return {s: loaded[n].to_pandas() for s, n in settings.split_names.items()}, names
+    if len(parts) != 1:
+        raise DataError(
+            f"{path}: data.text.split_column is set but the DatasetDict has splits {list(loaded)}."
+        )
+    return _by_split_column(first.to_pandas(), settings, str(path)), names
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenising
+
+
+def tokenizer_fingerprint(folder: str | Path) -> str:
+    """``<folder name> sha256:<digest>`` of the tokenizer files in ``folder``."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            h.update(name.encode())
+            h.update((folder / name).read_bytes())
+    return f"{folder.name} sha256:{h.hexdigest()}"
+
+
+def load_tokenizer(folder: str | Path, pad_token: str | None = None) -> Any:
+    """The tokenizer saved in ``folder`` (``AutoTokenizer``, local files only), with a pad token."""
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    if not folder.is_dir() or not any((folder / n).is_file() for n in TOKENIZER_FILES):
+        raise DataError(
+            f"{folder}: no tokenizer files ({', '.join(TOKENIZER_FILES[:5])}, ...). Set data.text.tokenizer "
+            "to a folder written by tokenizer.save_pretrained (or the model's checkpoint folder)."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise DataError(
+            f"{folder}: cannot load the tokenizer ({type(exc).__name__}: {str(exc)[:300]})."
+        ) from exc
+    if pad_token is not None:
+        tokenizer.pad_token = pad_token
+    if tokenizer.pad_token_id is None:
+        raise DataError(
+            f"{folder}: the tokenizer has no pad token; set data.text.pad_token (e.g. to its eos token "
+            f"{tokenizer.eos_token!r})."
+        )
+    return tokenizer
+
+
+def _pad(rows: Sequence[list[int]], length: int, value: int, left: bool) -> np.ndarray:
+    out = np.full((len(rows), length), value, dtype=np.int64)
+    for i, row in enumerate(rows):
+        if left:
+            out[i, length - len(row) :] = row
+        else:
+            out[i, : len(row)] = row
+    return out
+
+
+def tokenize_splits(
+    tokenizer: Any, tables: Mapping[str, pd.DataFrame], settings: TextSettings
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per split: ``input_ids``, ``attention_mask`` (N, L) and, for a causal LM, token ``labels``
+    (N, L) with :data:`IGNORE_INDEX` outside the target; both splits padded to one length L."""
+    encoded: dict[str, tuple[list[list[int]], list[list[int]] | None]] = {}
+    for split, df in tables.items():
+        if settings.kind == "classification":
+            texts = [str(t) for t in df[settings.text_column]]
+            ids = tokenizer(texts, truncation=True, max_length=settings.max_length)["input_ids"]
+            encoded[split] = (ids, None)
+        else:
+            encoded[split] = _prompt_target(tokenizer, df, settings, split)
+    longest = max(len(r) for ids, _ in encoded.values() for r in ids)
+    length = settings.max_length if settings.padding == "max_length" else longest
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    out = {}
+    for split, (ids, labels) in encoded.items():
+        arrays = {
+            "input_ids": _pad(ids, length, tokenizer.pad_token_id, left),
+            "attention_mask": _pad([[1] * len(r) for r in ids], length, 0, left),
+        }
+        if labels is not None:
+            arrays["labels"] = _pad(labels, length, IGNORE_INDEX, left)
+        out[split] = arrays
+    return out
+
+
+def _prompt_target(
+    tokenizer: Any, df: pd.DataFrame, settings: TextSettings, split: str
+) -> tuple[list[list[int]], list[list[int]]]:
+    prompts = tokenizer([str(p) for p in df[settings.prompt_column]])["input_ids"]
+    targets = tokenizer([str(t) for t in df[settings.target_column]], add_special_tokens=False)["input_ids"]
+    ids, labels = [], []
+    for row, (prompt, target) in enumerate(zip(prompts, targets, strict=True)):
+        if not target:
+            raise DataError(f"{settings.split_names[split]} row {row}: the target has no tokens.")
+        if len(target) >= settings.max_length:
+            raise DataError(
+                f"{settings.split_names[split]} row {row}: the target alone has {len(target)} tokens, "
+                f"max_length is {settings.max_length}; raise data.text.max_length."
+            )
+        prompt = (
+            prompt[len(prompt) + len(target) - settings.max_length :]
+            if len(prompt) + len(target) > settings.max_length
+            else prompt
+        )
+        ids.append(prompt + target)
+        labels.append([IGNORE_INDEX] * len(prompt) + target)
+    return ids, labels
+
+
+def load_text(
+    source: str,
+    path: str | Path,
+    settings: TextSettings,
+    tokenizer_folder: str | Path,
+) -> TextDataset:
+    """Read, tokenise and assemble a text data set (classification or causal LM)."""
+    tables, label_names = read_text_tables(source, path, settings)
+    tokenizer = load_tokenizer(tokenizer_folder, settings.pad_token)
+    tokens = tokenize_splits(tokenizer, tables, settings)
+    origin = f"{source}:{path}"
+    if settings.kind == "classification":
+        labels, class_names = encode_values(
+            {s: df[settings.label_column].tolist() for s, df in tables.items()},
+            label_names, "label", settings.label_column, origin,
+        )  # fmt: skip
+        labels = {s: labels[s] for s in tables}
+    else:
+        labels, class_names = {s: tokens[s]["labels"] for s in tables}, []
+    groups, group_names = None, []
+    if settings.group_column:
+        groups, group_names = encode_values(
+            {s: df[settings.group_column].tolist() for s, df in tables.items()},
+            None, "group", settings.group_column, origin,
+        )  # fmt: skip
+    return TextDataset(
+        name=settings.name or Path(path).stem,
+        source=origin,
+        kind=settings.kind,
+        train_input_ids=tokens["train"]["input_ids"],
+        train_attention_mask=tokens["train"]["attention_mask"],
+        train_labels=labels["train"],
+        test_input_ids=tokens["test"]["input_ids"],
+        test_attention_mask=tokens["test"]["attention_mask"],
+        test_labels=labels["test"],
+        num_classes=len(class_names),
+        class_names=class_names,
+        train_groups=None if groups is None else groups["train"],
+        test_groups=None if groups is None else groups["test"],
+        group_names=group_names,
+        tokenizer=tokenizer_fingerprint(tokenizer_folder),
+    )
