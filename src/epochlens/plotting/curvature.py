@@ -13,23 +13,7 @@ from epochlens.plotting.common import (
     step_epoch_axis,
     task_boundaries,
 )
-
-
-def rank_correlation(x, y) -> float:
-    """Spearman's rho of two equally long samples: Pearson's correlation of their ranks (ties get
-    their mean rank), over the pairs where neither is NaN; NaN for fewer than 3 pairs.
-
-    The value of scipy.stats.spearmanr and of :func:`epochlens.stats.spearman` (a unit test checks
-    it), without loading scipy.stats: pandas' ``corr(method="spearman")``, which that function
-    uses, imports scipy.stats (about 50 MB of this job's peak memory).
-    """
-    x, y = pd.Series(np.asarray(x, np.float64).ravel()), pd.Series(np.asarray(y, np.float64).ravel())
-    if len(x) != len(y):
-        raise ValueError(f"samples of different lengths: {len(x)} and {len(y)}")
-    both = x.notna() & y.notna()
-    if both.sum() < 3:
-        return float("nan")
-    return float(x[both].rank().corr(y[both].rank(), method="pearson"))
+from epochlens.stats import spearman
 
 
 def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title: str) -> plt.Figure:
@@ -146,7 +130,7 @@ def plot_curvature_vs_loss(samples: pd.DataFrame, title: str) -> plt.Figure:
         ax.scatter(
             ok[x], ok[y], c=[colors[int(t)] for t in ok["task"]], s=4, alpha=0.5, lw=0, rasterized=True
         )
-        rho = rank_correlation(ok[x], ok[y])
+        rho = spearman(ok[x], ok[y])
         ax.set_title(f"Spearman rho = {rho:.2f} (n={len(ok)})", fontsize=9)
         ax.set_xscale("log" if log_x else "linear")
         ax.set_yscale("log")
