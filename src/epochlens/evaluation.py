@@ -9,12 +9,14 @@ source: ``data.images.group_column``) is also evaluated per group (:func:`group_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from epochlens.data import Dataset
+from epochlens.data.text import TextDataset
 from epochlens.schedule import ClassSchedule, task_at_epoch
 
 if TYPE_CHECKING:  # torch is imported by the functions that run a model: the tables need none
@@ -24,25 +26,34 @@ if TYPE_CHECKING:  # torch is imported by the functions that run a model: the ta
 
 def predict(
     model: nn.Module,
-    images: torch.Tensor,
+    images: torch.Tensor | Mapping[str, torch.Tensor],
     targets: np.ndarray,
     active_classes: np.ndarray,
     batch_size: int = 512,
     device: torch.device | str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample correctness (bool) and cross-entropy over the restricted logits, eval mode."""
+    """Per-sample correctness (bool) and cross-entropy over the restricted logits, eval mode.
+
+    ``images``: a tensor (N, ...) of model inputs, or a mapping of them for keyword inputs (a text
+    model's ``input_ids`` and ``attention_mask``), each with N rows."""
     import torch
 
+    from epochlens.batches import to_device
     from epochlens.models.networks import restrict_logits
+    from epochlens.tasks import call_model
 
     model.eval().to(device)
     correct, losses = [], []
     t = torch.as_tensor(targets)
     with torch.no_grad():
-        for start in range(0, len(images), batch_size):
-            xb = images[start : start + batch_size].to(device)
-            yb = t[start : start + batch_size].to(device)
-            logits = restrict_logits(model(xb), active_classes)
+        for start in range(0, len(t), batch_size):
+            rows = slice(start, start + batch_size)
+            if isinstance(images, Mapping):
+                xb = to_device({k: v[rows] for k, v in images.items()}, device)
+            else:
+                xb = images[rows].to(device)
+            yb = t[rows].to(device)
+            logits = restrict_logits(call_model(model, xb), active_classes)
             losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none").cpu())
             correct.append((logits.argmax(1) == yb).cpu())
     if not correct:
@@ -52,7 +63,7 @@ def predict(
 
 def evaluate_checkpoint(
     model: nn.Module,
-    data: Dataset,
+    data: Dataset | TextDataset,
     schedule: ClassSchedule,
     epoch: int,
     batch_size: int = 512,
@@ -66,6 +77,11 @@ def evaluate_checkpoint(
     """
     from epochlens.models.networks import positions_in
 
+    if isinstance(data, TextDataset) and data.kind != "classification":
+        raise ValueError(
+            f"evaluate_checkpoint: a {data.kind} data set has token labels, not classes; its per-sample "
+            "loss is the task's (epochlens.tasks.LanguageModelTask), not a per-class accuracy."
+        )
     active = schedule.active_classes(epoch)
     cohort = schedule.task_of_class()
     position = np.argsort(schedule.class_order)
@@ -81,7 +97,7 @@ def evaluate_checkpoint(
             continue
         correct, loss = predict(
             model,
-            data.normalized(base, idx),
+            data.inputs(base, idx) if isinstance(data, TextDataset) else data.normalized(base, idx),
             positions_in(labels[idx], active),
             active,
             batch_size,

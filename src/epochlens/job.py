@@ -24,6 +24,7 @@ from torch import nn
 
 from epochlens.checkpoints import load_into
 from epochlens.data import Dataset, read_dataset
+from epochlens.data.text import TextDataset, is_text_dataset, read_text_dataset
 from epochlens.device import job_device
 from epochlens.errors import CheckpointError
 from epochlens.models.networks import build_model
@@ -36,7 +37,7 @@ class CheckpointJob:
     """A checkpoint of a run with its data, classes and device.
 
     Attributes:
-        data: the run's data set (``dataset.h5``).
+        data: the run's data set (``dataset.h5``: images, or tokenised text for a text run).
         epoch: the checkpoint's epoch.
         model_name: the config's ``model.name``, or a mapping (:func:`epochlens.config.model_param`):
             your model (``factory``, ``kwargs``, ``project_path``, ``output``) or a built-in ``name``,
@@ -49,7 +50,7 @@ class CheckpointJob:
         new: int64 classes of the newest task at ``epoch`` (a subset of ``active``).
     """
 
-    data: Dataset
+    data: Dataset | TextDataset
     epoch: int
     model_name: str | Mapping[str, Any]
     checkpoint: Path
@@ -71,6 +72,8 @@ class CheckpointJob:
         fit exactly: the error lists missing and unexpected keys and the prefix to strip."""
         path = Path(checkpoint or self.checkpoint)
         spec = self.model_name
+        if isinstance(spec, Mapping) and "hf" in spec:
+            return self._build_hf_model(path, spec["hf"])
         if isinstance(spec, str):
             return load_into(build_model(spec, self.data.num_classes, self.in_channels), path)
         from epochlens.formats.weights import fit_weights, load_weights
@@ -101,6 +104,24 @@ class CheckpointJob:
             strip=spec.get("strip_prefix"),
             candidates=self._candidates(model, spec),
         )
+        return model
+
+    def _build_hf_model(self, path: Path, hf: Mapping[str, Any]) -> nn.Module:
+        """A Hugging Face transformer (``model.hf``: ``task``, ``attention``) with the weights of the
+        checkpoint folder or file, returning its logits (as every model a job builds does)."""
+        from epochlens.formats.user_model import attach_output_adapter
+        from epochlens.models.hf import load_hf_model
+
+        task = hf.get("task", "sequence_classification")
+        model = load_hf_model(
+            path,
+            task=task,
+            num_labels=self.data.num_classes if task == "sequence_classification" else None,
+            pad_token_id=getattr(self.data, "pad_token_id", None),
+            config=hf.get("config"),
+            attention=hf.get("attention", "eager"),
+        )
+        attach_output_adapter(model, "logits")
         return model
 
     def _candidates(self, model: nn.Module, spec: Mapping[str, Any]) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -183,7 +204,7 @@ def load_checkpoint_job(
     """
     epoch = int(epoch)
     job = CheckpointJob(
-        data=read_dataset(dataset),
+        data=read_text_dataset(dataset) if is_text_dataset(dataset) else read_dataset(dataset),
         epoch=epoch,
         model_name=model,
         checkpoint=Path(checkpoint),

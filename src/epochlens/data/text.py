@@ -54,6 +54,7 @@ class TextDataset:
     test_groups: np.ndarray | None = None
     group_names: list[str] = field(default_factory=list)
     tokenizer: str = ""  # "<name or folder> sha256:<fingerprint of its files>"
+    pad_token_id: int = 0  # the tokenizer's (a GPT-2-style classifier reads its last non-pad token)
 
     def __post_init__(self) -> None:
         if self.kind not in TEXT_KINDS:
@@ -137,6 +138,16 @@ def _check_split(split: str) -> str:
     return split
 
 
+def is_text_dataset(path: str | Path) -> bool:
+    """Whether ``path`` is a ``text.h5`` (:func:`write_text_dataset`) rather than an image
+    ``dataset.h5``; False for a file that is not HDF5."""
+    try:
+        with h5py.File(path, "r") as f:
+            return f.attrs.get("format") == "epochlens-text-1"
+    except OSError:
+        return False
+
+
 def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
     """Write ``dataset`` to ``path`` (``text.h5``), atomically."""
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
@@ -156,6 +167,7 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
             class_names=json.dumps(dataset.class_names),
             group_names=json.dumps(dataset.group_names),
             tokenizer=dataset.tokenizer,
+            pad_token_id=dataset.pad_token_id,
             content_hash=dataset.content_hash,
         )
 
@@ -185,6 +197,7 @@ def read_text_dataset(path: str | Path) -> TextDataset:
                 test_groups=f["test/groups"][()] if grouped else None,
                 group_names=json.loads(f.attrs["group_names"]),
                 tokenizer=str(f.attrs["tokenizer"]),
+                pad_token_id=int(f.attrs["pad_token_id"]),
                 **arrays,
             )
             stored = str(f.attrs["content_hash"])

@@ -338,4 +338,5 @@ def load_text(
         test_groups=None if groups is None else groups["test"],
         group_names=group_names,
         tokenizer=tokenizer_fingerprint(tokenizer_folder),
+        pad_token_id=int(tokenizer.pad_token_id),
     )
