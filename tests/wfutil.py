@@ -143,13 +143,16 @@ TINY_EPOCHS = (0, 2, 4, 6)
 
 
 def tiny_config(ckpt_dir: Path, **overrides) -> dict:
-    """The tiny run's config (``overrides`` replace whole run sections)."""
+    """The tiny run's config (``overrides`` replace whole run sections). Its probes are cheap (one
+    seed, 20 passes: most of a tiny run's time otherwise); tests/workflow/test_features_workflow.py
+    runs them in full."""
     run = {
         "data": {"source": "digits", "holdout_per_class": 5},
         "model": {"name": "small_cnn"},
         "schedule": {"initial_classes": 4, "increment": 3, "epochs_per_task": 2},
         "indices": [0],
         "checkpoints": {"source": "folder", "path": str(ckpt_dir / "index-{index}_epoch-{epoch}.pt")},
+        "probes": {"seeds": [0], "max_epochs": 20},
     }
     run.update(overrides)
     return {"device": "cpu", "runs": {"tiny": run}}

@@ -84,6 +84,7 @@ def test_two_runs_give_identical_results(tmp_path):
         "schedule": {"initial_classes": 4, "increment": 3, "epochs_per_task": 2},
         "indices": [0],
         "checkpoints": {"source": "train"},  # task boundaries: epochs 0, 2, 4, 6
+        "probes": {"seeds": [0], "max_epochs": 20},  # every stage, probes cheap (as wfutil's tiny run)
     }
     cfg = write_config(tmp_path / "repro.yaml", {"device": "cpu", "runs": {"repro": run}})
     digests = []
