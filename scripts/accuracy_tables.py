@@ -10,7 +10,7 @@ from _helpers import run_script
 
 from epochlens.atomic import write_atomic, write_json
 from epochlens.evaluation import cohort_table, group_table
-from epochlens.formats.trainer_folders import training_epochs
+from epochlens.formats.trainer_folders import insert_training_epochs
 from epochlens.provenance import table_provenance
 from epochlens.stats import over_replicates
 
@@ -23,16 +23,8 @@ def main(snakemake) -> None:
     cohorts.insert(0, "run", snakemake.wildcards.run)
     # A Trainer folder's checkpoints are numbered by step: the epoch each was written at, too.
     run_cfg = snakemake.config["runs"][snakemake.wildcards.run]
-    steps = sorted(int(e) for e in per_class["epoch"].unique())
-    epochs = {}
-    if run_cfg["checkpoints"]["source"] == "folder":  # per replicate: each has its Trainer folder
-        epochs = {
-            i: training_epochs(run_cfg["checkpoints"]["path"], int(i), steps)
-            for i in per_class["index"].unique()
-        }
-    for table in (per_class, cohorts) if epochs and all(epochs.values()) else ():
-        train_epoch = [epochs[i][e] for i, e in zip(table["index"], table["epoch"], strict=True)]
-        table.insert(table.columns.get_loc("epoch") + 1, "train_epoch", train_epoch)
+    for table in (per_class, cohorts):
+        insert_training_epochs(table, run_cfg["checkpoints"])
     groups = group_table(per_class)
     groups.insert(0, "run", snakemake.wildcards.run)
     write_atomic(out.per_class, lambda p: per_class.to_csv(p, index=False))

@@ -12,7 +12,7 @@ from _helpers import run_script
 from epochlens.atomic import write_atomic, write_json
 from epochlens.curvature.dynamics import run_tables
 from epochlens.data.labels import read_labels
-from epochlens.formats.trainer_folders import training_epochs
+from epochlens.formats.trainer_folders import insert_training_epochs
 from epochlens.provenance import table_provenance
 
 
@@ -25,14 +25,7 @@ def main(snakemake) -> None:
         run, p.indices, p.epochs, folders, inp.class_orders, p.schedule, p.epochs_per_task, groups
     )
     # A Trainer folder's checkpoints are numbered by step: the epoch each was written at, too.
-    ckpt = snakemake.config["runs"][run]["checkpoints"]
-    if ckpt["source"] == "folder":
-        steps = [int(e) for e in p.epochs]
-        mapping = {i: training_epochs(ckpt["path"], int(i), steps) for i in p.indices}
-        if all(mapping.values()):
-            cohorts = tables["cohorts"]
-            train_epoch = [mapping[i][e] for i, e in zip(cohorts["index"], cohorts["epoch"], strict=True)]
-            cohorts.insert(cohorts.columns.get_loc("epoch") + 1, "train_epoch", train_epoch)
+    insert_training_epochs(tables["cohorts"], snakemake.config["runs"][run]["checkpoints"])
     for key, df in tables.items():
         write_atomic(out[key], lambda path, df=df: df.to_csv(path, index=False))
     inputs = [*inp.arrays, *inp.class_orders]  # not metadata.json: it holds timings

@@ -224,36 +224,28 @@ def test_what_config_changes_rerun(tiny_run):
     assert jobs["prepare_data"] == 1 and jobs["train_tiny"] == 1
     assert jobs["influence_factors"] == 1 and jobs["influence_scores"] == 3
 
-    # Editing the scoring module reruns the scores and what reads them, not the factors.
-    module = wf / "src/epochlens/influence/scores.py"
-    original, stat = module.read_text(), module.stat()
-    module.write_text(original + "\n# edited\n")
-    try:
-        assert planned_jobs(wf, work, "influence", configfile=path) == {
-            "influence_scores": 3,
-            "poison_detection": 1,
-            "plot_influence": 1,
-            "lds_tables": 1,
-            "plot_lds": 1,
-            "influence": 1,
-        }
-    finally:
-        module.write_text(original)
-        os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    def planned_after_editing(module: str) -> dict:
+        """The plan with ``src/epochlens/<module>`` edited; the file restored afterwards."""
+        source = wf / "src/epochlens" / module
+        original, stat = source.read_text(), source.stat()
+        source.write_text(original + "\n# edited\n")
+        try:
+            return planned_jobs(wf, work, "influence", configfile=path)
+        finally:
+            source.write_text(original)
+            os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
+    # Editing the scoring module reruns the scores and what reads them, not the factors.
+    assert planned_after_editing("influence/scores.py") == {
+        "influence_scores": 3,
+        "poison_detection": 1,
+        "plot_influence": 1,
+        "lds_tables": 1,
+        "plot_lds": 1,
+        "influence": 1,
+    }
     # Editing LDS's table maths reruns its tables, not the retrainings.
-    module = wf / "src/epochlens/study/lds.py"
-    original, stat = module.read_text(), module.stat()
-    module.write_text(original + "\n# edited\n")
-    try:
-        assert planned_jobs(wf, work, "influence", configfile=path) == {
-            "lds_tables": 1,
-            "plot_lds": 1,
-            "influence": 1,
-        }
-    finally:
-        module.write_text(original)
-        os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert planned_after_editing("study/lds.py") == {"lds_tables": 1, "plot_lds": 1, "influence": 1}
 
 
 def test_lds_table_and_figure(tiny_run):

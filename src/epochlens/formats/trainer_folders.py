@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -213,6 +214,22 @@ def training_epochs(checkpoint_template: str, index: int, steps: list[int]) -> d
         return None
     epochs = {row.step: row.epoch for row in trainer_step_epochs(parents.pop())}
     return {step: epochs[step] for step in steps}
+
+
+def insert_training_epochs(table: Any, checkpoints: Mapping[str, Any]) -> bool:
+    """Insert a ``train_epoch`` column after ``epoch`` in ``table`` (a DataFrame with ``index`` and
+    ``epoch`` columns, the epochs being a Trainer folder's steps), read per replicate from its
+    ``trainer_state.json`` (:func:`training_epochs`). Nothing for checkpoints that are not Trainer
+    folders (the config's ``checkpoints`` section). Returns whether the column was inserted."""
+    if checkpoints.get("source") != "folder" or table.empty:
+        return False
+    steps = sorted({int(e) for e in table["epoch"]})
+    epochs = {int(i): training_epochs(checkpoints["path"], int(i), steps) for i in table["index"].unique()}
+    if not all(epochs.values()):
+        return False
+    train_epoch = [epochs[int(i)][int(e)] for i, e in zip(table["index"], table["epoch"], strict=True)]
+    table.insert(table.columns.get_loc("epoch") + 1, "train_epoch", train_epoch)
+    return True
 
 
 def _is_number(value: object) -> bool:
