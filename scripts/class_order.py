@@ -6,14 +6,14 @@ By hand, from the run's working directory: python scripts/class_order.py run=dig
 from _helpers import run_script
 
 from epochlens.atomic import save_npy
-from epochlens.data import read_dataset
+from epochlens.data.labels import read_num_classes
 from epochlens.runner import log
 from epochlens.schedule import load_class_order, make_class_order
 
 
 def main(snakemake) -> None:
     spec = snakemake.params.spec
-    num_classes = read_dataset(snakemake.input.dataset).num_classes
+    num_classes = read_num_classes(snakemake.input.dataset)
     if spec["source"] == "file":
         order = load_class_order(snakemake.input.user_file[0], num_classes)
     else:

@@ -1,4 +1,5 @@
-"""Rule plot_influence: ROC curves per method, the top-ranked training images, per-layer conditioning.
+"""Rule plot_influence: ROC curves per method, the top-ranked training images (a text run: texts),
+per-layer conditioning.
 
 By hand, from the run's working directory: python scripts/plot_influence.py run=digits_noisy
 """
@@ -7,27 +8,32 @@ import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module
 import pandas as pd
 from _helpers import run_script
 
-from epochlens.data import read_dataset
+from epochlens.data.text import TextDataset, read_any_dataset
 from epochlens.plotting.common import save_figure
 from epochlens.plotting.influence import (
     plot_influence_conditioning,
     plot_poison_roc,
     plot_top_influential_images,
+    plot_top_influential_texts,
 )
 
 
 def main(snakemake) -> None:
     inp, out, run = snakemake.input, snakemake.output, snakemake.wildcards.run
     detection = pd.read_csv(inp.detection)
-    data = read_dataset(inp.dataset)
+    data = read_any_dataset(inp.dataset)
     kind = snakemake.params.corruption["kind"]
     title = run if kind == "none" else f"{run} ({kind.replace('_', ' ')})"
     top = pd.read_csv(inp.top)
     # One figure at a time (built, saved, closed): the job's peak memory is that of the largest.
     figures = {
         "roc": lambda: plot_poison_roc(pd.read_csv(inp.roc), detection, title),
-        "top": lambda: plot_top_influential_images(
-            top, detection, data.train_images, data.scale, title, data.class_names
+        "top": lambda: (
+            plot_top_influential_texts(top, detection, data.texts("train"), title, data.class_names)
+            if isinstance(data, TextDataset)
+            else plot_top_influential_images(
+                top, detection, data.train_images, data.scale, title, data.class_names
+            )
         ),
         "conditioning": lambda: plot_influence_conditioning(pd.read_csv(inp.conditioning), title),
     }

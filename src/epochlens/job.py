@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from epochlens.checkpoints import load_into
-from epochlens.data import Dataset, read_dataset
-from epochlens.data.text import TextDataset, is_text_dataset, read_text_dataset
+from epochlens.data import Dataset
+from epochlens.data.text import TextDataset, read_any_dataset
 from epochlens.device import job_device
 from epochlens.errors import CheckpointError
 from epochlens.models.networks import build_model
@@ -62,7 +62,7 @@ class CheckpointJob:
 
     @property
     def in_channels(self) -> int:
-        return int(self.data.train_images.shape[1])
+        return int(self.data.train_images.shape[1]) if isinstance(self.data, Dataset) else 0
 
     def build_model(self, checkpoint: str | Path | None = None) -> nn.Module:
         """The model with the weights of ``checkpoint`` (default: the job's), on the CPU.
@@ -120,6 +120,7 @@ class CheckpointJob:
             pad_token_id=getattr(self.data, "pad_token_id", None),
             config=hf.get("config"),
             attention=hf.get("attention", "eager"),
+            vocab_size=getattr(self.data, "vocab_size", None) or None,
         )
         attach_output_adapter(model, "logits")
         return model
@@ -204,7 +205,7 @@ def load_checkpoint_job(
     """
     epoch = int(epoch)
     job = CheckpointJob(
-        data=read_text_dataset(dataset) if is_text_dataset(dataset) else read_dataset(dataset),
+        data=read_any_dataset(dataset),
         epoch=epoch,
         model_name=model,
         checkpoint=Path(checkpoint),

@@ -1,5 +1,10 @@
 """Class-incremental training with checkpoints at task boundaries (loss-of-plasticity protocol).
 
+The data set is images (:class:`epochlens.data.Dataset`, normalised) or a text run's tokens
+(:class:`epochlens.data.text.TextDataset`: ``model(input_ids=..., attention_mask=...)``, a model
+returning its logits); images train with SGD as in the original, transformers usually with
+``optimizer: adamw``.
+
 For each task: train on the training images (holdout excluded) of the classes active in that task,
 with the loss on the restricted logits; evaluate holdout accuracy after every epoch; with early
 stopping, restore the weights of the best holdout epoch at the end of the task; then write the
@@ -25,12 +30,14 @@ from epochlens import resume as resume_module
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import save_state_dict
 from epochlens.data import Dataset
+from epochlens.data.text import TextDataset
 from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.progress import progress_bar
 from epochlens.resume import ResumeDir, file_digest, fingerprint, rng_state, set_rng_state
 from epochlens.schedule import ClassSchedule
 
 log = logging.getLogger("epochlens")
+NORMALISATION = ("scale", "mean", "std")  # an image data set's (a text data set has none)
 
 
 @dataclass
@@ -49,6 +56,9 @@ class TrainSettings:
         default=True, metadata={"help": "restore the best-holdout weights at each task's end"}
     )
     augment: str = field(default="none", metadata={"help": "none | flip_crop (CIFAR-style)"})
+    optimizer: str = field(
+        default="sgd", metadata={"help": "sgd (momentum, weight_decay) | adamw (decoupled weight_decay)"}
+    )
     seed: int = field(default=0, metadata={"help": "seed of initialisation and batch order"})
 
 
@@ -62,15 +72,33 @@ def _augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return padded[:, :, dy : dy + hgt, dx : dx + wid]
 
 
+Inputs = torch.Tensor | dict[str, torch.Tensor]  # images (N, C, H, W) or a text model's keyword inputs
+
+
+def _rows(x: Inputs, rows: torch.Tensor | slice) -> Inputs:
+    return {k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows]
+
+
+def _forward(model: nn.Module, x: Inputs) -> torch.Tensor:
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
+def _training_inputs(data: Dataset | TextDataset, device: torch.device) -> Inputs:
+    if isinstance(data, TextDataset):
+        return {k: v.to(device) for k, v in data.inputs("train").items()}
+    return data.normalized("train").to(device)
+
+
 @torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, active: np.ndarray) -> float:
+def accuracy(model: nn.Module, x: Inputs, targets: torch.Tensor, active: np.ndarray) -> float:
     """Top-1 accuracy over the restricted logits, in eval mode."""
     model.eval()
     correct = 0
-    for start in range(0, len(x), 1024):
-        logits = restrict_logits(model(x[start : start + 1024]), active)
-        correct += int((logits.argmax(1) == targets[start : start + 1024]).sum())
-    return correct / max(len(x), 1)
+    for start in range(0, len(targets), 1024):
+        rows = slice(start, start + 1024)
+        logits = restrict_logits(_forward(model, _rows(x, rows)), active)
+        correct += int((logits.argmax(1) == targets[rows]).sum())
+    return correct / max(len(targets), 1)
 
 
 #: Columns of the train log (train_log.csv), in order.
@@ -114,7 +142,7 @@ class TrainLog:
 
 def resume_key(
     model: nn.Module,
-    data: Dataset,
+    data: Dataset | TextDataset,
     schedule: ClassSchedule,
     settings: TrainSettings,
     save_every: int | None,
@@ -132,7 +160,11 @@ def resume_key(
                 schedule.epochs_per_task,
             ],
             "checkpoints": schedule.checkpoint_epochs(save_every),
-            "data": [data.content_hash, data.holdout, data.scale, data.mean, data.std],
+            "data": [
+                data.content_hash,
+                data.holdout,
+                *[getattr(data, k, None) for k in NORMALISATION],
+            ],
             "model": [type(model).__name__, [(k, list(v.shape)) for k, v in model.state_dict().items()]],
             "code": file_digest(__file__, resume_module.__file__),
         }
@@ -141,7 +173,7 @@ def resume_key(
 
 def train_incremental(
     model: nn.Module,
-    data: Dataset,
+    data: Dataset | TextDataset,
     schedule: ClassSchedule,
     settings: TrainSettings,
     checkpoint_path: Callable[[int], Path],
@@ -170,13 +202,16 @@ def train_incremental(
     generator = torch.Generator().manual_seed(settings.seed)
     model.to(device)
     save_at = set(schedule.checkpoint_epochs(save_every))
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=settings.lr,
-        momentum=settings.momentum,
-        weight_decay=settings.weight_decay,
-    )
-    x_all = data.normalized("train").to(device)
+    if settings.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(
+            model.parameters(),
+            lr=settings.lr,
+            momentum=settings.momentum,
+            weight_decay=settings.weight_decay,
+        )
+    x_all = _training_inputs(data, device)
     labels = data.train_labels
     holdout = data.holdout
     ept = schedule.epochs_per_task
@@ -259,10 +294,10 @@ def train_incremental(
         total_loss, total_correct = 0.0, 0
         for start in range(0, len(order), settings.batch_size):
             batch = torch.as_tensor(order[start : start + settings.batch_size], device=device)
-            xb, yb = x_all[batch], targets[batch]
+            xb, yb = _rows(x_all, batch), targets[batch]
             if settings.augment == "flip_crop":
                 xb = _augment(xb, generator)
-            logits = restrict_logits(model(xb), active)
+            logits = restrict_logits(_forward(model, xb), active)
             loss = nn.functional.cross_entropy(logits, yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -272,7 +307,7 @@ def train_incremental(
         val_acc = float("nan")
         if len(val_idx):
             vi = torch.as_tensor(val_idx, device=device)
-            val_acc = accuracy(model, x_all[vi], targets[vi], active)
+            val_acc = accuracy(model, _rows(x_all, vi), targets[vi], active)
             if settings.early_stopping and val_acc > best_acc:
                 best_acc, best_state = val_acc, copy.deepcopy(model.state_dict())
         is_task_end = epoch_in_task == ept - 1

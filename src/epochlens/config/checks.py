@@ -16,6 +16,7 @@ def check_run(name: str, run: dict) -> None:
     """Every cross-field check of run ``name`` (defaults filled in); raises ConfigError."""
     check_checkpoint_config(name, run)
     check_model_config(name, run)
+    check_text_config(name, run)
     epochs.analysis_epochs(name, run)
     epochs.curvature_epochs(name, run)
     check_feature_config(name, run)
@@ -49,6 +50,42 @@ def check_model_config(name: str, run: dict) -> None:
         factory_sources(FactorySpec.from_config(model))
     except FactoryError as exc:
         raise ConfigError(f"runs.{name}.model: {exc}") from None
+
+
+def is_text_run(run: dict) -> bool:
+    """A run of tokenised text (data.text, or the polarity source) and a transformer (model.hf)."""
+    return "text" in run["data"] or run["data"]["source"] == "polarity"
+
+
+#: Stages that read images only, so far: a text run must switch them off.
+IMAGE_ONLY_STAGES = ("curvature", "features", "probes", "ablation")
+
+
+def check_text_config(name: str, run: dict) -> None:
+    """A text run: model.hf and text data go together; what text runs do not have (yet) is named
+    with the keys to switch off, all at once."""
+    text, hf = is_text_run(run), "hf" in run["model"]
+    if text != hf:
+        raise ConfigError(
+            f"runs.{name}: model.hf (a transformer) goes with text data (data.text or data.source: "
+            f"polarity) and the reverse; this run has {'text data' if text else 'model.hf'} without "
+            f'{"model.hf" if text else "text data"}. README "Language models".'
+        )
+    if not text:
+        return
+    problems = [
+        f"{stage}.enabled: false (per-sample {stage} of text runs is not available yet)"
+        for stage in IMAGE_ONLY_STAGES
+        if run[stage]["enabled"]
+    ]
+    if run["checkpoints"]["source"] == "train" and not run["model"]["hf"].get("config"):
+        problems.append("model.hf.config: the model's config.json as a mapping (the pipeline trains it)")
+    if run["train"].get("augment", "none") != "none":
+        problems.append("train.augment: none (flip_crop is for images)")
+    if run["influence"]["enabled"] and run["influence"]["transforms"] != ["none"]:
+        problems.append("influence.transforms: [none] (hflip, noise and crop are image transforms)")
+    if problems:
+        raise ConfigError(f"runs.{name} is a text run; set " + "; ".join(problems) + ".")
 
 
 def check_config(config: dict) -> None:

@@ -44,7 +44,7 @@ def listed_epochs(run_cfg: dict) -> list[int]:
     return sorted(found)
 
 
-KNOWN_NUM_CLASSES = {"digits": 10, "cifar100": 100}
+KNOWN_NUM_CLASSES = {"digits": 10, "cifar100": 100, "polarity": 2}
 
 
 def num_classes(data_cfg: dict) -> int:
@@ -66,7 +66,7 @@ def num_classes(data_cfg: dict) -> int:
         if not classes:
             raise DataError(f"{split}: no class folders; an imagefolder split holds <class_name>/ folders.")
         return len(classes)
-    if source in ("save_to_disk", "parquet"):
+    if source in ("save_to_disk", "parquet", "jsonl", "csv"):
         raise ConfigError(
             f"data.source: {source} with a class-incremental schedule: set data.num_classes (the "
             "classes are known only once the data is read), or use schedule: none."

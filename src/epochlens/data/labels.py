@@ -1,8 +1,8 @@
-"""The labels and groups of a ``dataset.h5`` without its images: what table jobs need (a CIFAR-100
-data set's images are ~180 MB, more than a whole table job may use). Same file layout as
-:func:`epochlens.data.dataset.write_dataset` (a separate module, so that table jobs reading it do
-not rerun when the image code changes, and jobs that read images do not rerun when this does).
-"""
+"""The labels and groups of a ``dataset.h5`` without its images (or a text run's tokens): what
+table jobs need (a CIFAR-100 data set's images are ~180 MB, more than a whole table job may use).
+Same file layout as :func:`epochlens.data.dataset.write_dataset` and
+:func:`epochlens.data.text.write_text_dataset` (a separate module, so that table jobs reading it do
+not rerun when the image code changes, and jobs that read images do not rerun when this does)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,17 @@ def read_labels(path: str | Path, split: str = "train") -> SplitLabels:
                 group_names=json.loads(f.attrs.get("group_names", "[]")),
                 holdout=np.asarray(g["holdout"][()], dtype=bool) if "holdout" in g else None,
             )
+    except (OSError, KeyError) as exc:
+        raise DataError(
+            f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."
+        ) from exc
+
+
+def read_num_classes(path: str | Path) -> int:
+    """The number of classes of a ``dataset.h5`` (images or text), read from its attributes."""
+    try:
+        with h5py.File(path, "r") as f:
+            return int(f.attrs["num_classes"])
     except (OSError, KeyError) as exc:
         raise DataError(
             f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."

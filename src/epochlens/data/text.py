@@ -9,8 +9,9 @@ set: facts / counterfactual / negation) work as for images. The tokenizer that m
 named and fingerprinted, so its change is a change of data.
 
 ``text.h5`` layout (:func:`write_text_dataset`): ``train/`` and ``test/`` with ``input_ids``,
-``attention_mask``, ``labels`` (and ``groups``), ``train/holdout``, attributes ``kind``,
-``num_classes``, ``class_names``, ``group_names``, ``tokenizer``, ``content_hash``.
+``attention_mask``, ``labels`` (and ``groups``, and the raw ``text`` for tables and figures),
+``train/holdout``, attributes ``kind``, ``num_classes``, ``class_names``, ``group_names``,
+``tokenizer``, ``pad_token_id``, ``vocab_size``, ``content_hash``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class TextDataset:
     group_names: list[str] = field(default_factory=list)
     tokenizer: str = ""  # "<name or folder> sha256:<fingerprint of its files>"
     pad_token_id: int = 0  # the tokenizer's (a GPT-2-style classifier reads its last non-pad token)
+    vocab_size: int = 0  # the tokenizer's (a model trained from a config gets this many embeddings)
+    train_text: list[str] | None = None  # the raw texts, for tables and figures (not hashed)
+    test_text: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TEXT_KINDS:
@@ -73,6 +77,12 @@ class TextDataset:
             setattr(self, f"{split}_input_ids", ids)
             setattr(self, f"{split}_attention_mask", mask)
             setattr(self, f"{split}_labels", labels)
+        for split in ("train", "test"):
+            texts = getattr(self, f"{split}_text")
+            if texts is not None and len(texts) != len(getattr(self, f"{split}_input_ids")):
+                raise ValueError(
+                    f"{split}: {len(texts)} texts for {len(getattr(self, f'{split}_input_ids'))} samples"
+                )
         if self.train_input_ids.shape[1] != self.test_input_ids.shape[1]:
             raise ValueError("train and test must be padded to the same length")
         if len(self.holdout) == 0:
@@ -127,6 +137,10 @@ class TextDataset:
             "attention_mask": torch.from_numpy(np.ascontiguousarray(mask)),
         }
 
+    def texts(self, split: str) -> list[str] | None:
+        """The raw texts of ``split`` (None when the data set was written without them)."""
+        return self.train_text if _check_split(split) == "train" else self.test_text
+
     def lengths(self, split: str) -> np.ndarray:
         """(N,) number of real (non-padding) tokens of every sample."""
         return getattr(self, f"{_check_split(split)}_attention_mask").sum(axis=1)
@@ -157,6 +171,8 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
                 g.create_dataset(key, data=getattr(dataset, f"{split}_{key}"), compression="gzip")
             if dataset.train_groups is not None:
                 g.create_dataset("groups", data=dataset.groups(split))
+            if dataset.texts(split) is not None:
+                g.create_dataset("text", data=dataset.texts(split), dtype=h5py.string_dtype())
         f["train"].create_dataset("holdout", data=dataset.holdout)
         f.attrs.update(
             format="epochlens-text-1",
@@ -168,6 +184,7 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
             group_names=json.dumps(dataset.group_names),
             tokenizer=dataset.tokenizer,
             pad_token_id=dataset.pad_token_id,
+            vocab_size=dataset.vocab_size,
             content_hash=dataset.content_hash,
         )
 
@@ -198,6 +215,9 @@ def read_text_dataset(path: str | Path) -> TextDataset:
                 group_names=json.loads(f.attrs["group_names"]),
                 tokenizer=str(f.attrs["tokenizer"]),
                 pad_token_id=int(f.attrs["pad_token_id"]),
+                vocab_size=int(f.attrs.get("vocab_size", 0)),
+                train_text=_strings(f["train"], "text"),
+                test_text=_strings(f["test"], "text"),
                 **arrays,
             )
             stored = str(f.attrs["content_hash"])
@@ -211,3 +231,15 @@ def read_text_dataset(path: str | Path) -> TextDataset:
             f"{path}: content hash mismatch; the file is corrupt. Delete it and rerun prepare_data."
         )
     return ds
+
+
+def _strings(group: h5py.Group, key: str) -> list[str] | None:
+    return [t.decode() if isinstance(t, bytes) else str(t) for t in group[key][()]] if key in group else None
+
+
+def read_any_dataset(path: str | Path):
+    """A run's ``dataset.h5``: a :class:`TextDataset` for a text run, else the image
+    :class:`epochlens.data.Dataset`."""
+    from epochlens.data import read_dataset
+
+    return read_text_dataset(path) if is_text_dataset(path) else read_dataset(path)

@@ -19,6 +19,7 @@ are fingerprinted into the data set's content hash.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -305,9 +306,42 @@ def load_text(
 ) -> TextDataset:
     """Read, tokenise and assemble a text data set (classification or causal LM)."""
     tables, label_names = read_text_tables(source, path, settings)
+    name = settings.name or Path(path).stem
+    return text_dataset(tables, label_names, settings, tokenizer_folder, name, f"{source}:{path}")
+
+
+def load_polarity(settings: TextSettings, train: int = 600, test: int = 200, seed: int = 0) -> TextDataset:
+    """The synthetic polarity data set (:mod:`epochlens.data.polarity`), tokenised by its own
+    word-level tokenizer (written to a temporary folder: its fingerprint is the vocabulary's)."""
+    import tempfile
+
+    from epochlens.data.polarity import CLASS_NAMES, polarity_tables, write_polarity_tokenizer
+
+    settings = dataclasses.replace(settings, text_column="text", label_column="label", group_column="group")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_polarity_tokenizer(Path(tmp) / "polarity-tokenizer")  # a fixed name: hashed
+        return text_dataset(
+            polarity_tables(train, test, seed),
+            list(CLASS_NAMES),
+            settings,
+            folder,
+            "polarity",
+            f"polarity(train={train}, test={test}, seed={seed})",
+        )
+
+
+def text_dataset(
+    tables: Mapping[str, pd.DataFrame],
+    label_names: list[str] | None,
+    settings: TextSettings,
+    tokenizer_folder: str | Path,
+    name: str,
+    origin: str,
+) -> TextDataset:
+    """Tokenise ``{"train": df, "test": df}`` and assemble the data set (``label_names``: the
+    class names in id order, or None to sort the label column's names)."""
     tokenizer = load_tokenizer(tokenizer_folder, settings.pad_token)
     tokens = tokenize_splits(tokenizer, tables, settings)
-    origin = f"{source}:{path}"
     if settings.kind == "classification":
         labels, class_names = encode_values(
             {s: df[settings.label_column].tolist() for s, df in tables.items()},
@@ -322,8 +356,18 @@ def load_text(
             {s: df[settings.group_column].tolist() for s, df in tables.items()},
             None, "group", settings.group_column, origin,
         )  # fmt: skip
+    if settings.kind == "classification":
+        texts = {s: [str(t) for t in df[settings.text_column]] for s, df in tables.items()}
+    else:
+        texts = {
+            s: [
+                f"{p} {t}"
+                for p, t in zip(df[settings.prompt_column], df[settings.target_column], strict=True)
+            ]
+            for s, df in tables.items()
+        }
     return TextDataset(
-        name=settings.name or Path(path).stem,
+        name=settings.name or name,
         source=origin,
         kind=settings.kind,
         train_input_ids=tokens["train"]["input_ids"],
@@ -339,4 +383,7 @@ def load_text(
         group_names=group_names,
         tokenizer=tokenizer_fingerprint(tokenizer_folder),
         pad_token_id=int(tokenizer.pad_token_id),
+        vocab_size=len(tokenizer),
+        train_text=texts["train"],
+        test_text=texts["test"],
     )

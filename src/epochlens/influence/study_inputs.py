@@ -1,5 +1,8 @@
 """What the influence jobs of one checkpoint share (factors, their shards and the scores): the
-training images the checkpoint was trained on, the run's task, and which of them a shard covers.
+training samples the checkpoint was trained on, the run's task, and which of them a shard covers.
+
+Images are in-memory tensors with their labels; a text run's samples are a torch Dataset of dicts
+(``input_ids``, ``attention_mask``, ``labels``: what the engine reads from a Dataset, labels None).
 """
 
 from __future__ import annotations
@@ -8,16 +11,44 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset, StackDataset, Subset
 
+from epochlens.data.text import TextDataset
 from epochlens.job import CheckpointJob
 from epochlens.tasks import ClassificationTask, Task, task_from_config
 
 
-def trained_samples(job: CheckpointJob) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-    """The training images outside the holdout (the ones a checkpoint is trained on):
-    (x (N', C, H, W) normalised, y (N',) labels, positions (N',) in the training split)."""
+def trained_samples(job: CheckpointJob) -> tuple[torch.Tensor | Dataset, np.ndarray | None, np.ndarray]:
+    """The training samples outside the holdout (the ones a checkpoint is trained on): (x (N', C,
+    H, W) normalised images, y (N',) labels, positions (N',) in the training split); for a text
+    run x is a Dataset of dicts holding the labels and y is None."""
     trained = np.flatnonzero(~job.data.holdout)
+    if isinstance(job.data, TextDataset):
+        return (
+            with_labels(job.data.inputs("train", trained), job.data.train_labels[trained])[0],
+            None,
+            trained,
+        )
     return job.data.normalized("train", trained), job.data.train_labels[trained], trained
+
+
+def shard_samples(
+    x: torch.Tensor | Dataset, y: np.ndarray | None, trained: np.ndarray, rows: np.ndarray
+) -> tuple[torch.Tensor | Dataset, np.ndarray | None, np.ndarray]:
+    """The samples ``rows`` (positions in ``trained``) of :func:`trained_samples`' output."""
+    if y is None:
+        return Subset(x, rows.tolist()), None, trained[rows]
+    return x[torch.as_tensor(rows, dtype=torch.long)], y[rows], trained[rows]
+
+
+def with_labels(
+    inputs: torch.Tensor | Mapping[str, torch.Tensor], labels: np.ndarray
+) -> tuple[torch.Tensor | Dataset, np.ndarray | None]:
+    """(data, labels) as the engine takes them: a tensor of images with its labels, or keyword
+    inputs (a text model's) as a Dataset of dicts that hold the labels, with labels None."""
+    if isinstance(inputs, Mapping):
+        return StackDataset(**inputs, labels=torch.as_tensor(np.asarray(labels, np.int64))), None
+    return inputs, labels
 
 
 def run_task(spec: str | Mapping | None, active: np.ndarray | None) -> tuple[Task, np.ndarray | None]:

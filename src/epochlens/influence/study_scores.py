@@ -21,13 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from epochlens.atomic import write_atomic
 from epochlens.errors import InfluenceError
 from epochlens.influence.io import factor_cache_key, load_factors
 from epochlens.influence.scores import pairwise_influence, self_influence
-from epochlens.influence.study_inputs import run_task, shard_rows, trained_samples
+from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples, with_labels
 from epochlens.job import CheckpointJob
 from epochlens.provenance import file_sha256, provenance
 from epochlens.study.corruption import transform_queries
@@ -143,7 +142,7 @@ def score_shard(
     task, active = run_task(params.get("task"), job.active)
     x_all, y_all, trained_all = trained_samples(job)  # holdout images were not trained on: NaN scores
     rows = shard_rows(len(trained_all), shard, nshards)
-    x, y, trained = x_all[torch.as_tensor(rows, dtype=torch.long)], y_all[rows], trained_all[rows]
+    x, y, trained = shard_samples(x_all, y_all, trained_all, rows)
     q = spec["queries"]
     trigger = q["trigger"] if q["trigger"] is not None else corruption["kind"] == "trigger"
     queries = select_queries(
@@ -228,8 +227,7 @@ def score_shard(
                 factors,
                 x,
                 y,
-                images,
-                queries.labels,
+                *with_labels(images, queries.labels),
                 act,
                 settings,
                 trained,

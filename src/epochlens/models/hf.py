@@ -110,26 +110,49 @@ def _config_folder(path: str | Path, what: str) -> Path:
     return folder
 
 
+def config_from_mapping(spec: Mapping[str, Any], vocab_size: int | None = None):
+    """A ``PretrainedConfig`` from a mapping as ``config.json`` holds it (``model_type`` and the
+    sizes: the config's ``model.hf.config`` of a run the pipeline trains); ``vocab_size`` (the
+    tokenizer's) when the mapping has none."""
+    from transformers import AutoConfig
+
+    spec = dict(spec)
+    model_type = spec.pop("model_type", None)
+    if not model_type:
+        raise ConfigError("model.hf.config needs model_type (bert, gpt2, llama, t5, ...) and the sizes.")
+    if vocab_size and "vocab_size" not in spec:
+        spec["vocab_size"] = int(vocab_size)
+    try:
+        return AutoConfig.for_model(model_type, **spec)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"model.hf.config: transformers cannot build this config ({exc}).") from exc
+
+
 def load_config(
-    folder: str | Path,
+    folder: str | Path | Mapping[str, Any],
     task: str,
     num_labels: int | None = None,
     pad_token_id: int | None = None,
     attention: str = "eager",
+    vocab_size: int | None = None,
 ):
-    """The ``PretrainedConfig`` in ``folder``, adapted to the task: ``num_labels`` (classification),
-    ``pad_token_id`` when the config has none, ``use_cache`` off and the attention implementation."""
+    """The ``PretrainedConfig`` in ``folder`` (or of a mapping: :func:`config_from_mapping`),
+    adapted to the task: ``num_labels`` (classification), ``pad_token_id`` when the config has
+    none, ``use_cache`` off and the attention implementation."""
     _offline()
     from transformers import AutoConfig
 
-    folder = _config_folder(folder, "model folder")
-    try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(
-            f"{folder / CONFIG_FILE}: transformers cannot read this config ({type(exc).__name__}: "
-            f"{str(exc)[:300]}). Check model_type against the installed transformers version."
-        ) from exc
+    if isinstance(folder, Mapping):
+        config = config_from_mapping(folder, vocab_size)
+    else:
+        folder = _config_folder(folder, "model folder")
+        try:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"{folder / CONFIG_FILE}: transformers cannot read this config ({type(exc).__name__}: "
+                f"{str(exc)[:300]}). Check model_type against the installed transformers version."
+            ) from exc
     _auto_class(task)  # checks the task name
     if task == "sequence_classification" and num_labels is not None:
         if config.num_labels != num_labels:
@@ -167,22 +190,25 @@ def _finish(model: nn.Module, task: str, folder: Path) -> nn.Module:
 
 
 def build_hf_model(
-    folder: str | Path,
+    folder: str | Path | Mapping[str, Any],
     task: str = "sequence_classification",
     num_labels: int | None = None,
     pad_token_id: int | None = None,
     seed: int | None = 0,
     attention: str = "eager",
+    vocab_size: int | None = None,
 ) -> nn.Module:
-    """A freshly initialised model of the config in ``folder`` (its weight files are ignored).
+    """A freshly initialised model of the config in ``folder`` (its weight files are ignored), or
+    of a config mapping (``model.hf.config``; ``vocab_size`` fills its vocabulary).
 
     With ``seed`` the initial weights are a function of it (torch's global generator is left as it
     was), as for :func:`epochlens.models.networks.build_model`.
     """
-    config = load_config(folder, task, num_labels, pad_token_id, attention)
+    config = load_config(folder, task, num_labels, pad_token_id, attention, vocab_size)
     with _seeded(seed):
         model = _auto_class(task).from_config(config, attn_implementation=attention)
-    return _finish(model, task, Path(folder))
+    where = Path("model.hf.config") if isinstance(folder, Mapping) else Path(folder)
+    return _finish(model, task, where)
 
 
 def has_weights(folder: str | Path) -> bool:
@@ -195,8 +221,9 @@ def load_hf_model(
     task: str = "sequence_classification",
     num_labels: int | None = None,
     pad_token_id: int | None = None,
-    config: str | Path | None = None,
+    config: str | Path | Mapping[str, Any] | None = None,
     attention: str = "eager",
+    vocab_size: int | None = None,
 ) -> nn.Module:
     """The model with the weights of ``checkpoint``, float32, in eval mode, on the CPU.
 
@@ -207,8 +234,10 @@ def load_hf_model(
         task: ``sequence_classification`` or ``causal_lm``.
         num_labels: classes of the data (classification); must fit the checkpoint's head.
         pad_token_id: the tokenizer's pad token id, set on the config when it has none.
-        config: the folder with ``config.json`` when ``checkpoint`` is a file or a folder without one.
+        config: the folder with ``config.json`` (or a config mapping, :func:`config_from_mapping`)
+            when ``checkpoint`` is a file or a folder without one.
         attention: ``attn_implementation``.
+        vocab_size: the tokenizer's, for a config mapping without one.
 
     Raises:
         CheckpointError: no config, no weights, or weights that do not fit (missing, unexpected or
@@ -219,7 +248,7 @@ def load_hf_model(
         config_folder = path if (path / CONFIG_FILE).is_file() else config
         if config_folder is None:
             _config_folder(path, "checkpoint folder")  # raises, naming what the folder holds
-        cfg = load_config(config_folder, task, num_labels, pad_token_id, attention)
+        cfg = load_config(config_folder, task, num_labels, pad_token_id, attention, vocab_size)
         if not has_weights(path):
             found = sorted(p.name for p in path.iterdir())[:12]
             raise CheckpointError(
@@ -250,7 +279,9 @@ def load_hf_model(
             f"{path}: a weights file needs the model's config.json: give the model folder (config=...) "
             "or point the checkpoint at a save_pretrained folder."
         )
-    model = build_hf_model(config, task, num_labels, pad_token_id, seed=0, attention=attention)
+    model = build_hf_model(
+        config, task, num_labels, pad_token_id, seed=0, attention=attention, vocab_size=vocab_size
+    )
     if path.suffix == ".safetensors":
         state = _read_safetensors(path)
         _load_state(model, state, path)

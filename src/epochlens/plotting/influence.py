@@ -94,24 +94,7 @@ def plot_top_influential_images(
     last epoch of the first replicate index; corrupted images are framed in red.
     ``images`` are the stored training images (N, C, H, W), shown as ``images * scale``.
     """
-    top, epoch = _latest(top)
-    index = int(top["index"].min())
-    top = top[top["index"] == index]
-    det = detection[(detection["epoch"] == epoch) & (detection["index"] == index)]
-    rows = []
-    for signal in ("self_influence", _query_signal(det["signal"])):
-        sub = det[(det["signal"] == signal) & det["auroc"].notna()] if signal else det.iloc[:0]
-        if len(sub):
-            best = sub.loc[sub["auroc"].idxmax()]
-            rows.append((best["method"], signal, best["auroc"]))
-    for method in ("loss", "random"):
-        sub = det[det["method"] == method]
-        if len(sub) and method == "loss":
-            rows.append((method, method, sub["auroc"].iloc[0]))
-    if not rows:  # no corrupted images: show what each signal ranks first anyway
-        rows = [
-            (m, s, np.nan) for m, s in top[["method", "signal"]].drop_duplicates().itertuples(index=False)
-        ][:4]
+    top, epoch, index, rows = _signal_rows(top, detection)
     k = min(max_images, int(top["rank"].max()) if len(top) else 1)
     fig, axes = plt.subplots(len(rows), k, figsize=(1.1 * k + 1.6, 1.45 * len(rows) + 0.6), squeeze=False)
     for i, (method, signal, auc) in enumerate(rows):
@@ -133,10 +116,7 @@ def plot_top_influential_images(
             for spine in ax.spines.values():
                 spine.set_edgecolor("tab:red" if row["corrupted"] else "0.7")
                 spine.set_linewidth(2.5 if row["corrupted"] else 0.6)
-        label = signal.replace("_", " ") if method == signal else f"{method}\n{signal.replace('_', ' ')}"
-        hits = int(sub["corrupted"].head(k).sum())
-        auc_text = "" if np.isnan(auc) else f"\nAUROC {auc:.3f}"
-        axes[i, 0].set_ylabel(f"{label}{auc_text}\n{hits}/{min(k, len(sub))} corrupted", fontsize=7)
+        axes[i, 0].set_ylabel(_row_label(method, signal, auc, sub, k), fontsize=7)
     fig.suptitle(
         f"{title}: top-ranked training images (epoch {epoch}, index {index}; red: corrupted; "
         "y: label trained on)",
@@ -144,6 +124,81 @@ def plot_top_influential_images(
     )
     fig.tight_layout()
     return fig
+
+
+def plot_top_influential_texts(
+    top: pd.DataFrame,
+    detection: pd.DataFrame,
+    texts: list[str],
+    title: str,
+    class_names: list[str] | None = None,
+    max_texts: int = 8,
+    width: int = 70,
+) -> plt.Figure:
+    """The training texts each signal ranks most suspicious (as :func:`plot_top_influential_images`
+    for a text run): one panel per signal, its top ``max_texts`` texts with the label they were
+    trained on, corrupted ones in red; texts longer than ``width`` characters are shortened."""
+    top, epoch, index, rows = _signal_rows(top, detection)
+    k = min(max_texts, int(top["rank"].max()) if len(top) else 1)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8.5, 0.24 * k * len(rows) + 0.5 * len(rows) + 0.6))
+    axes = np.atleast_1d(axes)
+    for ax, (method, signal, auc) in zip(axes, rows, strict=True):
+        sub = top[(top["method"] == method) & (top["signal"] == signal)].sort_values("rank").head(k)
+        ax.set_axis_off()
+        ax.set_title(_row_label(method, signal, auc, sub, k).replace("\n", ", "), fontsize=8, loc="left")
+        for j, row in enumerate(sub.itertuples(index=False)):
+            text = texts[int(row.sample)]
+            text = text if len(text) <= width else text[: width - 1] + "…"
+            name = class_names[int(row.label)] if class_names else str(int(row.label))
+            ax.text(
+                0.0,
+                1.0 - (j + 0.5) / k,
+                f"#{int(row.rank):<3d} y={name:<10s} {text}",
+                transform=ax.transAxes,
+                fontsize=7.5,
+                family="monospace",
+                va="center",
+                color="tab:red" if row.corrupted else "k",
+            )
+    fig.suptitle(
+        f"{title}: top-ranked training texts (epoch {epoch}, index {index}; red: corrupted; "
+        "y: label trained on)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+def _row_label(method: str, signal: str, auc: float, sub: pd.DataFrame, k: int) -> str:
+    label = signal.replace("_", " ") if method == signal else f"{method}\n{signal.replace('_', ' ')}"
+    hits = int(sub["corrupted"].head(k).sum())
+    auc_text = "" if np.isnan(auc) else f"\nAUROC {auc:.3f}"
+    return f"{label}{auc_text}\n{hits}/{min(k, len(sub))} corrupted"
+
+
+def _signal_rows(top: pd.DataFrame, detection: pd.DataFrame) -> tuple[pd.DataFrame, int, int, list]:
+    """The last epoch's first index of ``top`` and the (method, signal, AUROC) shown: the best
+    method of each influence signal and the loss baseline (what each ranks first, without
+    corrupted samples)."""
+    top, epoch = _latest(top)
+    index = int(top["index"].min())
+    top = top[top["index"] == index]
+    det = detection[(detection["epoch"] == epoch) & (detection["index"] == index)]
+    rows = []
+    for signal in ("self_influence", _query_signal(det["signal"])):
+        sub = det[(det["signal"] == signal) & det["auroc"].notna()] if signal else det.iloc[:0]
+        if len(sub):
+            best = sub.loc[sub["auroc"].idxmax()]
+            rows.append((best["method"], signal, best["auroc"]))
+    for method in ("loss", "random"):
+        sub = det[det["method"] == method]
+        if len(sub) and method == "loss":
+            rows.append((method, method, sub["auroc"].iloc[0]))
+    if not rows:  # no corrupted samples: show what each signal ranks first anyway
+        rows = [
+            (m, s, np.nan) for m, s in top[["method", "signal"]].drop_duplicates().itertuples(index=False)
+        ][:4]
+    return top, epoch, index, rows
 
 
 def plot_influence_conditioning(conditioning: pd.DataFrame, title: str) -> plt.Figure:

@@ -1,7 +1,7 @@
 """Corrupting a training set on purpose, to test whether influence finds the corrupted samples.
 
 * :func:`flip_labels`: a seeded fraction of the training samples gets another *active* class's
-  label (uniform among the other active classes), the images unchanged.
+  label (uniform among the other active classes), the images (or a text data set's tokens) unchanged.
 * :func:`plant_trigger`: a seeded fraction of the training samples of the other active classes
   gets a fixed checkerboard patch in a corner and the target class's label (a backdoor, as in
   BadNets, Gu et al. 2017); :func:`apply_trigger` puts the same patch on queries.
@@ -51,10 +51,11 @@ def _pick(eligible: np.ndarray, fraction: float, rng: np.random.Generator, what:
     return np.sort(rng.choice(eligible, size=k, replace=False)).astype(np.int64)
 
 
-def _with_train(dataset: Dataset, images: np.ndarray, labels: np.ndarray, note: str) -> Dataset:
+def _with_train(dataset: Dataset, images: np.ndarray | None, labels: np.ndarray, note: str) -> Dataset:
+    """A copy with new training labels (and images; None: a text data set, whose ids stay)."""
     return dataclasses.replace(
         dataset,
-        train_images=images,
+        **({} if images is None else {"train_images": images}),
         train_labels=labels,
         source=f"{dataset.source} + {note}",
         holdout=dataset.holdout.copy(),
@@ -93,7 +94,8 @@ def flip_labels(
     new_labels = labels.copy()
     new_labels[idx] = active[(old + offset) % len(active)]
     note = f"label_flip(fraction={fraction}, seed={seed}, n={len(idx)})"
-    return _with_train(dataset, dataset.train_images.copy(), new_labels, note), idx
+    images = dataset.train_images.copy() if hasattr(dataset, "train_images") else None
+    return _with_train(dataset, images, new_labels, note), idx
 
 
 def trigger_value(dataset: Dataset) -> float:
@@ -170,6 +172,10 @@ def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:
     if kind == "label_flip":
         return flip_labels(dataset, spec["fraction"], spec["seed"])
     if kind == "trigger":
+        if not hasattr(dataset, "train_images"):
+            raise ConfigError(
+                "data.corruption.kind=trigger stamps a patch on images; a text run takes label_flip."
+            )
         return plant_trigger(
             dataset, spec["fraction"], spec["target_class"], spec["seed"], spec["patch_size"], spec["corner"]
         )
@@ -188,6 +194,10 @@ def transform_queries(
     """A transformed copy of normalised query images (Q, C, H, W); see the module doc for ``kind``."""
     if kind not in QUERY_TRANSFORMS:
         raise ConfigError(f"query transform {kind!r} must be one of {list(QUERY_TRANSFORMS)}")
+    if isinstance(images, dict):  # a text model's keyword inputs: no image transform applies
+        if kind != "none":
+            raise ConfigError(f"query transform {kind!r} transforms images; a text run takes none only.")
+        return {k: v.clone() for k, v in images.items()}
     images = torch.as_tensor(images)
     if kind == "none":
         return images.clone()

@@ -13,11 +13,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from epochlens.batches import num_samples, select_rows, to_device
 from epochlens.data import Dataset
+from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError
 from epochlens.models.networks import restrict_logits
 from epochlens.study.corruption import apply_trigger, trigger_value
 from epochlens.study.settings import QUERY_LABELS, QUERY_SELECTIONS
+from epochlens.tasks import call_model
 
 
 @dataclasses.dataclass
@@ -26,7 +29,8 @@ class QuerySet:
 
     Attributes:
         test_indices: (Q,) int64 positions in the test split.
-        images: (Q, C, H, W) float32 normalised images (trigger stamped where ``triggered``).
+        images: (Q, C, H, W) float32 normalised images (trigger stamped where ``triggered``), or a
+            text run's keyword inputs (``input_ids``, ``attention_mask``: (Q, L) each).
         labels: (Q,) int64 labels whose loss each query measures (predicted or correct).
         true_labels, predicted: (Q,) int64 the test set's labels and the checkpoint's predictions.
         triggered: whether the trigger patch was stamped on the queries.
@@ -49,7 +53,7 @@ class QuerySet:
 @torch.no_grad()
 def predict(
     model: nn.Module,
-    images: torch.Tensor,
+    images: torch.Tensor | Mapping[str, torch.Tensor],
     active_classes: np.ndarray,
     device: torch.device,
     batch_size: int = 512,
@@ -59,8 +63,10 @@ def predict(
     model.eval().to(device)
     active = np.asarray(active_classes, np.int64)
     out = []
-    for start in range(0, len(images), batch_size):
-        logits = restrict_logits(model(images[start : start + batch_size].to(device)), active)
+    n = num_samples(images)
+    for start in range(0, n, batch_size):
+        rows = torch.arange(start, min(start + batch_size, n))
+        logits = restrict_logits(call_model(model, to_device(select_rows(images, rows), device)), active)
         out.append(active[logits.argmax(1).cpu().numpy()])
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0, np.int64)
@@ -117,7 +123,11 @@ def select_queries(
         )
         data = dataclasses.replace(data, test_images=stamped)
     candidates = np.flatnonzero(eligible)
-    images = data.normalized("test", candidates)
+    images = (
+        data.inputs("test", candidates)
+        if isinstance(data, TextDataset)
+        else data.normalized("test", candidates)
+    )
     predicted = predict(model, images, active, device)
     true = data.test_labels[candidates]
     keep = predicted != true if select == "misclassified" else np.ones(len(candidates), bool)
@@ -127,7 +137,7 @@ def select_queries(
         rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_count, replace=False))
     return QuerySet(
         test_indices=candidates[rows].astype(np.int64),
-        images=images[torch.as_tensor(rows, dtype=torch.long)],
+        images=select_rows(images, torch.as_tensor(rows, dtype=torch.long)),
         labels=(predicted if labels == "predicted" else true)[rows].astype(np.int64),
         true_labels=true[rows].astype(np.int64),
         predicted=predicted[rows].astype(np.int64),

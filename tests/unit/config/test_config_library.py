@@ -252,3 +252,60 @@ def test_config_logic_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+TEXT_MODEL = {"hf": {"config": {"model_type": "bert", "hidden_size": 16}}}
+IMAGE_STAGES_OFF = {s: {"enabled": False} for s in ("curvature", "features", "probes", "ablation")}
+
+
+def text_run(**sections) -> dict:
+    run = {
+        "data": {"source": "polarity", "text": {"max_length": 16}},
+        "model": copy.deepcopy(TEXT_MODEL),
+        "schedule": {"initial_classes": 2, "increment": 0, "epochs_per_task": 4},
+        **copy.deepcopy(IMAGE_STAGES_OFF),
+    }
+    run.update(copy.deepcopy(sections))
+    return run
+
+
+def test_a_text_run_validates_and_plans_its_checkpoints():
+    cfg = run_config.validate({"runs": {"pol": text_run()}}, SCHEMA)
+    run = cfg["runs"]["pol"]
+    assert (
+        run["model"]["hf"]["task"] == "sequence_classification" and run["model"]["hf"]["attention"] == "eager"
+    )
+    assert run_config.checkpoint_epochs(run) == [0, 4]
+    assert run_config.model_param(run) == run["model"]  # the jobs build the transformer from it
+    # An image run's params are unchanged by the text keys (no defaults added to data or train).
+    image = validated()
+    assert (
+        "text" not in image["data"] and "polarity" not in image["data"] and "optimizer" not in image["train"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("run", "match"),
+    [
+        (text_run(model={"name": "small_cnn"}), "model.hf .a transformer. goes with text data"),
+        (tiny_run(model=TEXT_MODEL), "this run has model.hf without text data"),
+        (
+            text_run(curvature={"enabled": True}, ablation={"enabled": True}),
+            r"set curvature.enabled: false .*; ablation.enabled: false",
+        ),
+        (text_run(model={"hf": {}}), r"model.hf.config: the model's config.json as a mapping"),
+        (
+            text_run(influence={"enabled": True, "transforms": ["none", "hflip"]}),
+            r"influence.transforms: \[none\]",
+        ),
+    ],
+)
+def test_text_run_errors_name_the_keys_to_fix(run, match):
+    with pytest.raises(ConfigError, match=match):
+        run_config.validate({"runs": {"pol": run}}, SCHEMA)
+
+
+def test_a_user_text_file_needs_its_text_section_and_path():
+    run = text_run(data={"source": "jsonl", "path": "texts.jsonl"})
+    with pytest.raises(ConfigError, match="text"):
+        run_config.validate({"runs": {"pol": run}}, SCHEMA)

@@ -13,6 +13,7 @@ from epochlens.errors import ConfigError
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 from epochlens.study.corruption import (
     apply_trigger,
+    corrupt,
     flip_labels,
     plant_trigger,
     transform_queries,
@@ -235,3 +236,20 @@ def test_detection_study_finds_a_backdoor_by_influence_on_misclassified_queries(
     table = detection_table(signals, idx, epoch=0, index=0).set_index("method")
     assert table.loc["ekfac", "auroc"] > 0.85, table
     assert table.loc["ekfac", "auroc"] > table.loc["loss", "auroc"] + 0.1, table
+
+
+def test_label_flip_of_a_text_data_set_keeps_its_tokens():
+    from epochlens.data import holdout_mask
+    from epochlens.formats.text import TextSettings, load_polarity
+
+    clean = load_polarity(TextSettings(max_length=16), train=80, test=8)
+    clean.holdout = holdout_mask(clean.train_labels, 5)
+    flipped, idx = corrupt(clean, {"kind": "label_flip", "fraction": 0.1, "seed": 0})
+    assert len(idx) == 7 and not clean.holdout[idx].any()  # 10% of the 70 outside the holdout
+    np.testing.assert_array_equal(flipped.train_labels[idx], 1 - clean.train_labels[idx])
+    rest = np.setdiff1d(np.arange(80), idx)
+    np.testing.assert_array_equal(flipped.train_labels[rest], clean.train_labels[rest])
+    np.testing.assert_array_equal(flipped.train_input_ids, clean.train_input_ids)
+    assert flipped.train_text == clean.train_text and flipped.content_hash != clean.content_hash
+    with pytest.raises(ConfigError, match="a text run takes label_flip"):
+        corrupt(clean, {"kind": "trigger", "fraction": 0.1, "seed": 0})
