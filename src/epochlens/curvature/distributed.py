@@ -34,6 +34,7 @@ from torch import nn
 from epochlens.curvature.estimator import per_sample_curvature
 from epochlens.curvature.io import shard_range
 from epochlens.curvature.settings import CurvatureSettings
+from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError, EpochlensError
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def parallel_curvature(
     device: torch.device,
     processes: int = 1,
     progress: bool = False,
+    tokens: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`per_sample_curvature` of N samples split over ``processes`` ranks on this node.
 
@@ -94,7 +96,7 @@ def parallel_curvature(
     labels, sample_indices = np.asarray(labels), np.asarray(sample_indices)
     if processes == 1 or len(labels) < processes:
         return per_sample_curvature(
-            model, images, labels, sample_indices, active_classes, settings, device, progress
+            model, images, labels, sample_indices, active_classes, settings, device, progress, tokens
         )
     payload = (
         copy.deepcopy(model).cpu(),
@@ -103,6 +105,7 @@ def parallel_curvature(
         sample_indices,
         active_classes,
         settings,
+        tokens,
     )
     threads = max(1, torch.get_num_threads() // processes)
     # Rank 0 leaves the merged result (or the ranks' errors) in a file: a pipe back to this
@@ -145,9 +148,10 @@ def curvature_shard(
         job.epoch, shard, nshards, lo, hi, len(job.active), processes, job.device,
     )  # fmt: skip
     start = time.perf_counter()
+    inputs, tokens = curvature_inputs(job, idx)
     results = parallel_curvature(
-        job.model, data.normalized("train", idx), data.train_labels[idx], idx, job.active, settings,
-        job.device, processes, progress=progress,
+        job.model, inputs, data.train_labels[idx], idx, job.active, settings,
+        job.device, processes, progress=progress, tokens=tokens,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
     results.update(labels=data.train_labels[idx], holdout=data.holdout[idx])
@@ -163,6 +167,20 @@ def curvature_shard(
     }
     log.info("%d samples in %.1f s", hi - lo, elapsed)
     return lo, hi, results, header
+
+
+def curvature_inputs(
+    job: CheckpointJob, idx: np.ndarray
+) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """What curvature differentiates for the training samples ``idx``: normalised images (and no
+    tokens), or a text run's input embeddings (the model's token-embedding rows of the ids,
+    float32) with the ids and attention mask."""
+    if isinstance(job.data, TextDataset):
+        tokens = job.data.inputs("train", idx)
+        with torch.no_grad():
+            embeds = job.model.get_input_embeddings()(tokens["input_ids"]).float()
+        return embeds, tokens
+    return job.data.normalized("train", idx), None
 
 
 @contextlib.contextmanager
@@ -192,7 +210,7 @@ def _worker(rank, world, port, device, threads, payload, out_dir, progress) -> N
     else:
         torch.set_num_threads(threads)
     dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timedelta(minutes=30))
-    model, images, labels, indices, active, settings = payload
+    model, images, labels, indices, active, settings, tokens = payload
     lo, hi = shard_range(len(labels), rank, world)
     try:
         part = per_sample_curvature(
@@ -204,6 +222,7 @@ def _worker(rank, world, port, device, threads, payload, out_dir, progress) -> N
             settings,
             device,
             progress=progress and rank == 0,
+            tokens=None if tokens is None else {k: v[lo:hi] for k, v in tokens.items()},
         )
         message = ("ok", part)
     except Exception as exc:  # every rank must reach the gather, or rank 0 waits forever

@@ -33,6 +33,16 @@ Properties the implementation guarantees:
   of the results per batch. TF32 is switched off while computing (and restored afterwards): its
   10-bit mantissa would swamp the finite difference.
 
+Text (a transformer on token ids, given with ``tokens``): x is the sample's input embeddings
+(T, D), the rows of the model's token-embedding matrix (``get_input_embeddings()``) for its ids.
+The model runs on its ids and attention mask as always, with the embedding lookup's output
+replaced by x (a forward hook): position embeddings, layer norms and everything after the lookup
+are part of f, and a classifier that reads the last non-padding token finds it from the ids.
+Directions are Rademacher on the real tokens only
+(zero on padding): sample k's stream covers its own len_k x D entries, in position order, so the
+directions, like every result, do not depend on how much padding the data set adds or on which
+side. The padding's embeddings reach no real token (the attention mask), so g is zero there.
+
 The two modes measure different things on ReLU networks. Their input gradient is piecewise
 constant in the ReLU pattern, H holds only the softmax curvature (ReLU'' = 0 almost everywhere),
 and a step of h = 1e-3 along a Rademacher direction (length h·sqrt(C·H·W), 0.055 on CIFAR) flips
@@ -53,7 +63,7 @@ import contextlib
 import copy
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -87,6 +97,27 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _MUL1
     z = (z ^ (z >> np.uint64(27))) * _MUL2
     return z ^ (z >> np.uint64(31))
+
+
+def token_directions(
+    seed: int,
+    sample_indices: np.ndarray,
+    attention_mask: torch.Tensor,
+    width: int,
+    n: int,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Rademacher directions (B, n, T, width) on each sample's real tokens, zero on its padding.
+
+    Sample k's directions are :func:`rademacher_directions` of shape (len_k, width), len_k its
+    number of real tokens (``attention_mask`` (B, T), 1 = real), placed at those positions in
+    order: the same whatever the padding around them."""
+    mask = torch.as_tensor(attention_mask).bool().cpu()
+    out = torch.zeros(len(mask), n, mask.shape[1], width, dtype=dtype)
+    for k, (index, real) in enumerate(zip(np.asarray(sample_indices), mask, strict=True)):
+        length = int(real.sum())
+        out[k][:, real] = rademacher_directions(seed, np.array([index]), (length, width), n, dtype)[0]
+    return out
 
 
 def rademacher_directions(
@@ -167,6 +198,7 @@ def per_sample_curvature(
     settings: CurvatureSettings | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
+    tokens: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
     """Curvature, directional eigenvalue, loss, gradient norm and correctness of every sample.
 
@@ -182,6 +214,8 @@ def per_sample_curvature(
         settings: estimator settings (defaults: h=1e-3, n=10, T=1, l2, finite difference).
         device: "auto", "cpu", "cuda", ... or a torch.device; None: the model's device.
         progress: show a progress bar (tqdm) over samples.
+        tokens: a text model's ``input_ids`` and ``attention_mask`` (N, T): ``images`` are then their
+            input embeddings (N, T, D), what the curvature is taken with respect to (module doc).
 
     Returns:
         dict of length-N numpy arrays: ``curvature``, ``directional_eig`` (see module doc; input
@@ -229,7 +263,8 @@ def per_sample_curvature(
     shape = tuple(images.shape[1:])
     chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(shape)))
     active_idx = torch.as_tensor(active_classes, device=device)
-    _check_outputs(net, images[torch.as_tensor(active[:1])].to(device, dtype), active_classes)
+    first = torch.as_tensor(active[:1])
+    _check_outputs(net, images[first].to(device, dtype), active_classes, _token_rows(tokens, first, device))
 
     bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
@@ -237,10 +272,17 @@ def per_sample_curvature(
             rows = active[start : start + settings.batch_size]
             x = images[torch.as_tensor(rows)].to(device=device, dtype=dtype)
             y = torch.as_tensor(targets[rows], device=device)
-            signs = rademacher_directions(
-                settings.seed, sample_indices[rows], shape, settings.n_directions, torch.int8
-            ).to(device)
-            stats = _batch_statistics(net, x, y, signs, active_idx, settings, chunks)
+            t = _token_rows(tokens, torch.as_tensor(rows), device)
+            if t is None:
+                signs = rademacher_directions(
+                    settings.seed, sample_indices[rows], shape, settings.n_directions, torch.int8
+                )
+            else:
+                mask = t["attention_mask"].cpu()
+                signs = token_directions(
+                    settings.seed, sample_indices[rows], mask, shape[-1], settings.n_directions, torch.int8
+                )
+            stats = _batch_statistics(net, x, y, signs.to(device), active_idx, settings, chunks, t)
             stats = stats.cpu().numpy()  # the one device-to-host copy per batch
             _check_finite_results(stats, sample_indices[rows])
             for j, key in enumerate(RESULT_KEYS[:4]):
@@ -296,12 +338,14 @@ def _loss_and_grad(
     active_idx: torch.Tensor,
     temperature: float,
     create_graph: bool = False,
+    tokens: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample losses (R,), restricted logits (R, A) and input gradients (R, *shape) at x.
+    """Per-sample losses (R,), restricted logits (R, A) and input gradients (R, *shape) at x
+    (a text model's input embeddings of ``tokens``).
 
     ``x`` must be a leaf tensor that requires grad (the caller keeps it for double backward).
     """
-    logits = net(x)
+    logits = _forward(net, x, tokens)
     restricted = restrict_logits(logits, active_idx)
     losses = F.cross_entropy(restricted / temperature, y, reduction="none")
     # The sum, not the mean: each sample's gradient is then its own (eval mode, no coupling).
@@ -317,10 +361,12 @@ def _batch_statistics(
     active_idx: torch.Tensor,
     settings: CurvatureSettings,
     chunks: _RowChunks,
+    tokens: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(B, 5) tensor: curvature, directional_eig, loss, grad_norm, correct, for one batch.
 
-    x: (B, *shape) inputs; y: (B,) targets (positions in active_idx); signs: (B, n, *shape) ±1.
+    x: (B, *shape) inputs; y: (B,) targets (positions in active_idx); signs: (B, n, *shape) ±1 (0
+    on padding); tokens: ids and attention mask (B, T) of a text model's input embeddings, or None.
     """
     n_batch, n_dir, h = len(x), settings.n_directions, settings.h
     temperature, exact = settings.temperature, settings.mode == "exact"
@@ -330,7 +376,8 @@ def _batch_statistics(
 
     def clean(lo: int, hi: int) -> None:  # g(x), loss and correctness, once per sample
         leaf = x[lo:hi].detach().requires_grad_(True)
-        loss, restricted, grad = _loss_and_grad(net, leaf, y[lo:hi], active_idx, temperature)
+        t = _token_rows(tokens, slice(lo, hi))
+        loss, restricted, grad = _loss_and_grad(net, leaf, y[lo:hi], active_idx, temperature, tokens=t)
         g0[lo:hi] = grad.flatten(1)
         losses[lo:hi] = loss.detach()
         correct[lo:hi] = restricted.detach().argmax(1) == y[lo:hi]
@@ -344,15 +391,16 @@ def _batch_statistics(
         owner = torch.arange(lo, hi, device=x.device) // n_dir
         v = v_all[lo:hi].to(x.dtype)
         x_rows = x[owner]
+        t = _token_rows(tokens, owner)
         if exact:
             leaf = x_rows.requires_grad_(True)
-            _, _, grad = _loss_and_grad(net, leaf, y[owner], active_idx, temperature, True)
+            _, _, grad = _loss_and_grad(net, leaf, y[owner], active_idx, temperature, True, t)
             # Rows are independent, so the gradient of sum_r v_r·g_r with respect to x_r is H_r v_r.
             (hvp,) = torch.autograd.grad(grad, leaf, grad_outputs=v.view_as(grad))
             delta = h * hvp.flatten(1)
         else:
             leaf = (x_rows + h * v.view_as(x_rows)).requires_grad_(True)
-            _, _, grad = _loss_and_grad(net, leaf, y[owner], active_idx, temperature)
+            _, _, grad = _loss_and_grad(net, leaf, y[owner], active_idx, temperature, tokens=t)
             delta = grad.flatten(1) - g0[owner]
         sq = (delta * delta).sum(1)
         norms[lo:hi] = sq if settings.norm == "l2_squared" else sq.sqrt()
@@ -372,10 +420,34 @@ def _batch_statistics(
     )
 
 
-def _check_outputs(net: nn.Module, x: torch.Tensor, active_classes: np.ndarray) -> None:
+def _token_rows(
+    tokens: Mapping[str, torch.Tensor] | None, rows: torch.Tensor | slice, device: torch.device | None = None
+) -> dict[str, torch.Tensor] | None:
+    if tokens is None:
+        return None
+    return {k: torch.as_tensor(v)[rows].to(device) for k, v in tokens.items()}
+
+
+def _forward(net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
+    """The model at inputs x, or a text model on its tokens with x as its embedding lookup's output."""
+    if tokens is None:
+        return net(x)
+    handle = net.get_input_embeddings().register_forward_hook(lambda module, inputs, output: x)
+    try:
+        return net(**tokens)
+    finally:
+        handle.remove()
+
+
+def _check_outputs(
+    net: nn.Module,
+    x: torch.Tensor,
+    active_classes: np.ndarray,
+    tokens: Mapping[str, torch.Tensor] | None = None,
+) -> None:
     """Check on one sample that the model returns (batch, classes) logits covering the classes."""
     with torch.no_grad():
-        logits = net(x)
+        logits = _forward(net, x, tokens)
     if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
         raise EpochlensError(
             f"the model must return logits of shape (batch, classes), got {type(logits).__name__}"
