@@ -123,6 +123,15 @@ class CheckpointJob:
             vocab_size=getattr(self.data, "vocab_size", None) or None,
         )
         attach_output_adapter(model, "logits")
+        if isinstance(self.data, TextDataset):
+            rows = model.get_input_embeddings().num_embeddings
+            top = int(max(self.data.train_input_ids.max(initial=0), self.data.test_input_ids.max(initial=0)))
+            if top >= rows:
+                raise CheckpointError(
+                    f"{path}: the data's token ids reach {top} but the model has {rows} token embeddings: "
+                    f"the data was tokenised with another tokenizer ({self.data.tokenizer}). Point "
+                    "data.text.tokenizer at the model's own tokenizer folder and rerun prepare_data."
+                )
         return model
 
     def _candidates(self, model: nn.Module, spec: Mapping[str, Any]) -> dict[str, dict[str, tuple[int, ...]]]:

@@ -57,7 +57,8 @@ def plot_accuracy_by_cohort(
         if steps:
             step_epoch_axis(ax, df[["epoch", "train_epoch"]].drop_duplicates())
     ax_cohort.set_ylabel(f"{split} accuracy")
-    fig.suptitle(f"{title}: class-incremental accuracy{replicates_note(df['index'].nunique())}")
+    kind = "class-incremental accuracy" if len(cohort_ids) > 1 else "accuracy (every class from the start)"
+    fig.suptitle(f"{title}: {kind}{replicates_note(df['index'].nunique())}")
     fig.tight_layout()
     return fig
 
@@ -83,6 +84,7 @@ def plot_training_curves(logs: pd.DataFrame, epochs_per_task: int, title: str) -
     ax_loss.set_yscale("log")
     ax_acc.set_ylabel("holdout accuracy (active classes)")
     ax_acc.set_ylim(-0.02, 1.02)
-    fig.suptitle(f"{title}: class-incremental training")
+    one_task = logs["task"].nunique() == 1 if "task" in logs else False
+    fig.suptitle(f"{title}: {'training' if one_task else 'class-incremental training'}")
     fig.tight_layout()
     return fig

@@ -32,7 +32,7 @@ def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title:
     for cohort, color in colors.items():
         sub = by_cohort[by_cohort["cohort"] == cohort]
         replicate_line(ax_cohort, sub, color, f"task {cohort}", column="curvature_mean")
-    ax_cohort.set_title("each task's training images")
+    ax_cohort.set_title("each task's training samples")
     ax_cohort.legend(fontsize=7, ncol=2 if len(colors) > 6 else 1, title="introduced in")
     for group, color in (("new", "tab:orange"), ("old", "tab:blue")):
         sub = cohorts[cohorts["group"] == group]
@@ -56,13 +56,13 @@ def plot_curvature_by_cohort(cohorts: pd.DataFrame, epochs_per_task: int, title:
             step_epoch_axis(ax, cohorts[["epoch", "train_epoch"]].drop_duplicates())
     ax_cohort.set_ylabel("mean input-loss curvature")
     note = replicates_note(cohorts["index"].nunique())
-    fig.suptitle(f"{title}: per-image curvature by task cohort{note}")
+    fig.suptitle(f"{title}: per-sample curvature by task cohort{note}")
     fig.tight_layout()
     return fig
 
 
 def plot_curvature_distribution(pooled: pd.DataFrame, title: str, max_panels: int = 6) -> plt.Figure:
-    """Box plots of per-image curvature by task cohort at up to ``max_panels`` checkpoints.
+    """Box plots of per-sample curvature by task cohort at up to ``max_panels`` checkpoints.
 
     ``pooled`` is :func:`epochlens.curvature.dynamics.cohort_curvature` over the samples of every
     index together: boxes span the quartiles, whiskers the 5% and 95% quantiles, a line the median.
@@ -104,14 +104,14 @@ def plot_curvature_distribution(pooled: pd.DataFrame, title: str, max_panels: in
     for ax in axes.flat[len(picks) :]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
-        ax.set_ylabel("per-image curvature")
+        ax.set_ylabel("per-sample curvature")
     fig.suptitle(f"{title}: curvature distribution by cohort (box 25-75%, whiskers 5-95%, ▲ mean)")
     fig.tight_layout()
     return fig
 
 
 def plot_curvature_vs_loss(samples: pd.DataFrame, title: str) -> plt.Figure:
-    """Per-image curvature against loss (last analysed epoch), CSL and learning time.
+    """Per-sample curvature against loss (last analysed epoch), CSL and learning time.
 
     ``samples`` is :func:`epochlens.curvature.dynamics.sample_dynamics` of every index, concatenated.
     Log-log scatter coloured by task cohort, Spearman's rho over all points in each title.

@@ -47,3 +47,22 @@ def test_a_transformer_checkpoint_is_evaluated_per_class_and_group(tmp_path, mod
         assert row["n"] == in_cell.sum() and row["n_correct"] == correct[in_cell].sum()
     assert set(test["data_group"]) == {"plain", "intensified", "negated", "contrast"}
     assert group_table(table.assign(index=0))["n"].sum() == len(data.test_labels)  # holdout: none
+
+
+def test_data_from_another_tokenizer_is_refused_naming_the_fix(tmp_path):
+    """Token ids beyond the model's embeddings: a clear error, not an IndexError deep in the model."""
+    from epochlens.errors import CheckpointError
+    from epochlens.formats.text import load_polarity
+    from epochlens.models.hf import build_hf_model
+
+    data = load_polarity(TextSettings(max_length=16), train=16, test=8)
+    small = {"model_type": "bert", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "intermediate_size": 16, "vocab_size": 10}  # fmt: skip
+    model = build_hf_model(small, "sequence_classification", 2, data.pad_token_id)
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    write_text_dataset(data, tmp_path / "dataset.h5")
+    job = load_checkpoint_job(
+        tmp_path / "dataset.h5", tmp_path / "weights.pt", {"hf": {"config": small}}, 0, "cpu"
+    )
+    with pytest.raises(CheckpointError, match=r"token ids reach \d+ but the model has 10 token embeddings"):
+        job.model  # noqa: B018
