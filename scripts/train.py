@@ -12,27 +12,12 @@ from epochlens.atomic import write_json
 from epochlens.data.text import read_any_dataset
 from epochlens.device import job_device
 from epochlens.layout import RESULTS, epoch_name
-from epochlens.models.networks import build_model
+from epochlens.models.build import build_untrained
 from epochlens.provenance import provenance
 from epochlens.resume import clear as clear_resume_state
 from epochlens.runner import log
 from epochlens.schedule import schedule_from_config
 from epochlens.training import TrainSettings, train_incremental
-
-
-def build(model: dict, data, seed: int):
-    """The untrained model, seeded: a built-in network, or a transformer returning its logits."""
-    if "hf" not in model:
-        return build_model(model["name"], data.num_classes, data.train_images.shape[1], seed=seed)
-    from epochlens.formats.user_model import attach_output_adapter
-    from epochlens.models.hf import build_hf_model
-
-    hf = model["hf"]
-    net = build_hf_model(
-        hf["config"], hf["task"], data.num_classes, data.pad_token_id, seed, hf["attention"], data.vocab_size
-    )
-    attach_output_adapter(net, "logits")
-    return net
 
 
 def main(snakemake) -> None:
@@ -41,7 +26,7 @@ def main(snakemake) -> None:
     data = read_any_dataset(snakemake.input.dataset)
     schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
     settings = TrainSettings(**{**run["train"], "seed": run["train"]["seed"] + index})
-    model = build(run["model"], data, settings.seed)
+    model = build_untrained(run["model"], data, settings.seed)
     folder = Path(snakemake.output.checkpoints[0]).parent
     # An execution setting (recorded, not a param), for a job given a GPU (the workflow asks for one).
     device = job_device(snakemake.config["device"], job_resources(snakemake))

@@ -19,9 +19,10 @@ from wfutil import REPO, job_stats, write_config
 
 pytestmark = pytest.mark.workflow
 
-# digits (2 seeds, 26 checkpoints each) and digits_noisy (1 seed, 6 checkpoints, influence)
-DEMO_TRAINING = {"train_digits": 2, "train_digits_noisy": 1}
-DEMO_EVALUATIONS = 52 + 6
+# digits (2 seeds, 26 checkpoints each), digits_noisy (1 seed, 6 checkpoints, influence) and
+# polarity (a transformer on sentences: 1 seed, 3 checkpoints)
+DEMO_TRAINING = {"train_digits": 2, "train_digits_noisy": 1, "train_polarity": 1}
+DEMO_EVALUATIONS = 52 + 6 + 3
 
 
 @pytest.fixture

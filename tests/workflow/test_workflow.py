@@ -57,17 +57,19 @@ def tiny(tmp_path):
 def test_default_config_job_list(tmp_path):
     jobs = planned_jobs(REPO, tmp_path, configfile=REPO / "config/config.yaml")
     # digits, 2 seeds, 5 tasks x 15 epochs, checkpoints every 3 epochs -> 26 per seed; digits_noisy
-    # (10% flipped labels), 1 seed, checkpoints at the 6 task boundaries, influence at epoch 75
+    # (10% flipped labels), 1 seed, checkpoints at the 6 task boundaries, influence at epoch 75;
+    # polarity (a transformer, 10% flipped labels), 1 seed, checkpoints 0, 5, 10, influence at 10
     assert jobs == {
-        "prepare_data": 2,
-        "class_order": 3,
+        "prepare_data": 3,
+        "class_order": 4,
         "train_digits": 2,
         "train_digits_noisy": 1,
-        "evaluate_checkpoint": 52 + 6,
-        "curvature_shard": 52,  # every checkpoint x 2 seeds x 1 shard
-        "curvature_epoch": 52,
-        "curvature_tables": 1,
-        "plot_curvature": 1,
+        "train_polarity": 1,
+        "evaluate_checkpoint": 52 + 6 + 3,
+        "curvature_shard": 52 + 3,  # every checkpoint x 2 seeds x 1 shard; polarity's 3
+        "curvature_epoch": 52 + 3,
+        "curvature_tables": 2,
+        "plot_curvature": 2,
         "features_epoch": 10,  # task boundaries 15..75 x 2 seeds
         "probes_epoch": 10,
         "probe_tables": 1,
@@ -75,16 +77,16 @@ def test_default_config_job_list(tmp_path):
         "ablation_epoch": 10,
         "ablation_tables": 1,
         "plot_ablation": 1,
-        "influence_factors": 3,  # ekfac, kfac, diagonal
-        "influence_scores": 5,  # and identity, tracin
-        "poison_detection": 1,
-        "plot_influence": 1,
+        "influence_factors": 3 + 2,  # ekfac, kfac, diagonal; polarity: ekfac, kfac
+        "influence_scores": 5 + 3,  # and identity, tracin; polarity: and identity
+        "poison_detection": 2,
+        "plot_influence": 2,
         "lds_retrain": 2,  # 16 retrainings in 2 jobs
         "lds_tables": 1,
         "plot_lds": 1,
-        "accuracy_tables": 2,
-        "plot_accuracy": 2,
-        "plot_training": 2,
+        "accuracy_tables": 3,
+        "plot_accuracy": 3,
+        "plot_training": 3,
         "all": 1,
     }
 
