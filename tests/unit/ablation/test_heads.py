@@ -1,0 +1,102 @@
+"""Head and MLP-neuron ablations of tiny transformers (BERT: Linear projections; GPT-2: Conv1D),
+against exact answers: zero-ablating a head is zeroing its columns of the output projection; a
+head whose output the model ignores changes nothing when ablated; means count real tokens only."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from epochlens.ablation.heads import ablated_units, head_sites, mlp_sites, site_means
+from epochlens.formats.user_model import attach_output_adapter
+from epochlens.models.hf import build_hf_model
+
+VOCAB, LAYERS, HEADS, D = 14, 2, 4, 16
+
+
+def tiny(model_type: str) -> torch.nn.Module:
+    if model_type == "bert":
+        config = {"model_type": "bert", "hidden_size": D, "num_hidden_layers": LAYERS,
+                  "num_attention_heads": HEADS, "intermediate_size": 32, "max_position_embeddings": 16,
+                  "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # fmt: skip
+    else:
+        config = {"model_type": "gpt2", "n_embd": D, "n_layer": LAYERS, "n_head": HEADS, "n_inner": 32,
+                  "n_positions": 16, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # fmt: skip
+    model = build_hf_model(config, "sequence_classification", 3, 0, seed=1, vocab_size=VOCAB).double()
+    attach_output_adapter(model, "logits")
+    return model
+
+
+def batch(pad: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (5, 6), generator=g)
+    mask = torch.ones_like(ids)
+    ids[1, 4:], mask[1, 4:] = 0, 0  # a shorter sentence (right padding)
+    if pad:
+        ids = torch.cat([ids, torch.zeros(5, pad, dtype=ids.dtype)], 1)
+        mask = torch.cat([mask, torch.zeros(5, pad, dtype=mask.dtype)], 1)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def zero_columns(model: torch.nn.Module, site: str, start: int, stop: int) -> torch.nn.Module:
+    """A copy whose projection ``site`` ignores input features start..stop-1."""
+    other = copy.deepcopy(model)
+    module = dict(other.named_modules())[site]
+    with torch.no_grad():
+        if isinstance(module, torch.nn.Linear):
+            module.weight[:, start:stop] = 0  # (out, in)
+        else:
+            module.weight[start:stop, :] = 0  # Conv1D: (in, out)
+    return other
+
+
+@pytest.mark.parametrize("model_type", ["bert", "gpt2"])
+def test_zero_ablating_a_head_is_zeroing_its_projection_columns(model_type):
+    model, x = tiny(model_type).eval(), batch()
+    units = head_sites(model)
+    assert len(units) == LAYERS * HEADS and {u.stop - u.start for u in units} == {D // HEADS}
+    assert [u.name for u in units[:HEADS]] == [f"head {h}" for h in range(HEADS)]
+    with torch.no_grad():
+        base = model(**x)
+        for unit in (units[1], units[HEADS + 2]):
+            with ablated_units(model, unit, "zero"):
+                got = model(**x)
+            want = zero_columns(model, unit.site, unit.start, unit.stop)(**x)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+            assert (got - base).abs().max() > 1e-6  # the head matters
+
+
+@pytest.mark.parametrize("model_type", ["bert", "gpt2"])
+def test_a_head_the_model_ignores_changes_nothing(model_type):
+    trained, x = tiny(model_type).eval(), batch()
+    unit = head_sites(trained)[HEADS + 1]
+    model = zero_columns(trained, unit.site, unit.start, unit.stop)  # the projection ignores the head
+    means = site_means(model, iter([x]), [unit.site])
+    with torch.no_grad():
+        base = model(**x)
+        for mode in ("zero", "mean"):
+            with ablated_units(model, unit, mode, means):
+                torch.testing.assert_close(model(**x), base, rtol=0, atol=0)
+        with ablated_units(
+            model, head_sites(model)[HEADS], "mean", means | site_means(model, iter([x]), [unit.site])
+        ):
+            assert (model(**x) - base).abs().max() > 1e-6  # another head of the layer does matter
+
+
+@pytest.mark.parametrize("model_type", ["bert", "gpt2"])
+def test_means_count_real_tokens_only_and_mlp_groups_split_the_neurons(model_type):
+    model = tiny(model_type).eval()
+    sites = sorted({u.site for u in head_sites(model)})
+    short, padded = site_means(model, iter([batch()]), sites), site_means(model, iter([batch(pad=3)]), sites)
+    for site in sites:
+        torch.testing.assert_close(short[site], padded[site], rtol=1e-6, atol=1e-9)
+    groups = mlp_sites(model, 3)
+    assert len(groups) == LAYERS * 3 and [g.stop - g.start for g in groups[:3]] == [11, 11, 10]
+    assert not any(g.site.endswith("attention.output.dense") for g in groups)
+    x = batch()
+    with torch.no_grad(), ablated_units(model, groups[4], "zero"):
+        got = model(**x)
+    torch.testing.assert_close(got, zero_columns(model, groups[4].site, groups[4].start, groups[4].stop)(**x),
+                               rtol=0, atol=1e-12)  # fmt: skip
