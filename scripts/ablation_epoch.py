@@ -1,5 +1,5 @@
 """Rule ablation_epoch: change in accuracy and loss on old and new classes when each unit group
-of one checkpoint is zero- or mean-ablated.
+of one checkpoint is zero- or mean-ablated (a text run: each attention head and MLP neuron group).
 
 By hand, from the run's working directory:
     python scripts/ablation_epoch.py run=digits index=0 epoch=0030
@@ -8,8 +8,10 @@ By hand, from the run's working directory:
 from _helpers import execution, job_files, run_script
 
 from epochlens.ablation.ablate import ablation_table, evaluation_images, reference_images
+from epochlens.ablation.heads import head_ablation_table
 from epochlens.ablation.settings import AblationSettings
 from epochlens.atomic import write_atomic
+from epochlens.data.text import TextDataset
 from epochlens.job import load_checkpoint_job
 from epochlens.runner import log
 
@@ -18,18 +20,35 @@ def main(snakemake) -> None:
     p, wc = snakemake.params, snakemake.wildcards
     job = load_checkpoint_job(model=p.model, schedule=p.schedule, **job_files(snakemake))
     split = p.ablation["split"]
-    images, labels = evaluation_images(job.data, split, wc.run)
-    reference = reference_images(job.data, job.active, p.ablation["mean_samples"])
     # Batch size and device do not change the results: read from the config, not params.
     settings = AblationSettings(
         **p.ablation["settings"], batch_size=execution(snakemake, "ablation")["batch_size"]
     )
+    context = {"run": wc.run, "index": int(wc.index), "epoch": job.epoch, "split": split}
+    if isinstance(job.data, TextDataset):
+        log.info(
+            "epoch %d: heads and MLP neuron groups on the %s sentences, on %s", job.epoch, split, job.device
+        )
+        args = (
+            job.data,
+            split,
+            job.active,
+            job.new,
+            settings,
+            p.ablation["mean_samples"],
+            context,
+            job.device,
+        )
+        table = head_ablation_table(job.model, *args)
+        write_atomic(snakemake.output.table, lambda path: table.to_csv(path, index=False))
+        return
+    images, labels = evaluation_images(job.data, split, wc.run)
+    reference = reference_images(job.data, job.active, p.ablation["mean_samples"])
     log.info(
         "epoch %d: %d active classes (%d new), %d %s images, %s reference images, on %s",
         job.epoch, len(job.active), len(job.new), len(labels), split,
         "no" if reference is None else len(reference), job.device,
     )  # fmt: skip
-    context = {"run": wc.run, "index": int(wc.index), "epoch": job.epoch, "split": split}
     table = ablation_table(
         job.model,
         images,

@@ -1,4 +1,5 @@
-"""Rule plot_ablation: ablation effect heatmaps (unit group x epoch) on old and new classes.
+"""Rule plot_ablation: ablation effect heatmaps (unit group x epoch) on old and new classes; for a
+transformer, layer x head per data group.
 
 By hand, from the run's working directory: python scripts/plot_ablation.py run=digits
 """
@@ -7,12 +8,14 @@ import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module
 import pandas as pd
 from _helpers import run_script
 
-from epochlens.plotting.ablation import plot_ablation_effect
+from epochlens.plotting.ablation import plot_ablation_effect, plot_head_ablation
 from epochlens.plotting.common import save_figure
 
 
 def main(snakemake) -> None:
-    fig = plot_ablation_effect(pd.read_csv(snakemake.input.summary), snakemake.wildcards.run)
+    summary, run = pd.read_csv(snakemake.input.summary), snakemake.wildcards.run
+    heads = summary["group"].astype(str).str.startswith("head ").any()
+    fig = plot_head_ablation(summary, run) if heads else plot_ablation_effect(summary, run)
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
 
 

@@ -21,16 +21,22 @@ one ablation inside a ``with`` block. Padding tokens are never part of a mean.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from epochlens.ablation.settings import MODES
+from epochlens.ablation.settings import MODES, AblationSettings
+from epochlens.data.text import TextDataset
+from epochlens.device import model_device
 from epochlens.errors import ConfigError, LayerError
+from epochlens.models.networks import positions_in, restrict_logits
 
 #: Name endings of the attention output projections (input: the heads' outputs side by side).
 HEAD_PROJECTIONS = (
@@ -182,3 +188,122 @@ def ablated_units(
         yield
     finally:
         handle.remove()
+
+
+# ---------------------------------------------------------------------------------------------
+# The ablation table of a text run's checkpoint
+
+
+def text_units(model: nn.Module, settings: AblationSettings) -> list[UnitSlice]:
+    """Every attention head, and ``channel_groups`` neuron groups of every MLP (none for 0)."""
+    units = head_sites(model)
+    return units + (mlp_sites(model, settings.channel_groups) if settings.channel_groups else [])
+
+
+@torch.no_grad()
+def _outcome(
+    net: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    targets: np.ndarray,
+    active: np.ndarray,
+    batch_size: int,
+    device,
+) -> tuple[np.ndarray, np.ndarray]:
+    correct, losses = [], []
+    act = torch.as_tensor(active, device=device)
+    t = torch.as_tensor(targets, dtype=torch.long)
+    for lo in range(0, len(t), batch_size):
+        batch = {k: v[lo : lo + batch_size].to(device) for k, v in inputs.items()}
+        y = t[lo : lo + batch_size].to(device)
+        logits = restrict_logits(net(**batch), act)
+        losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
+        correct.append((logits.argmax(1) == y).cpu())
+    return torch.cat(correct).numpy(), torch.cat(losses).numpy()
+
+
+def head_ablation_table(
+    model: nn.Module,
+    data: TextDataset,
+    split: str,
+    active_classes: np.ndarray,
+    new_classes: np.ndarray,
+    settings: AblationSettings,
+    mean_samples: int | None = None,
+    context: Mapping[str, object] | None = None,
+    device: torch.device | str | None = None,
+) -> pd.DataFrame:
+    """The ablation table of a text run's checkpoint (the columns of
+    :func:`epochlens.ablation.ablate.ablation_table`: ``block`` is the projection, ``group`` the
+    head or neuron range, plus ``layer``): every head and MLP neuron group, zero- and/or
+    mean-ablated, on the ``split`` sentences (``test`` or ``holdout``) of the active classes, per
+    cohort (old, new, all) and, for data with groups, per group (``data: <name>``). Means: over
+    the real tokens of up to ``mean_samples`` training sentences (evenly spaced; default: the
+    evaluation sentences)."""
+    active = np.asarray(active_classes, np.int64)
+    base = "test" if split == "test" else "train"
+    rows_of_split = np.arange(len(data.labels(base))) if split == "test" else np.flatnonzero(data.holdout)
+    if len(rows_of_split) == 0:
+        raise ConfigError(
+            "ablation.split: holdout, but the data set has no holdout; set data.holdout_per_class."
+        )
+    keep = rows_of_split[np.isin(data.labels(base)[rows_of_split], active)]
+    inputs, labels = data.inputs(base, keep), data.labels(base)[keep]
+    cohorts = {
+        "old": ~np.isin(labels, new_classes),
+        "new": np.isin(labels, new_classes),
+        "all": np.ones(len(keep), bool),
+    }
+    groups = data.groups(base)
+    if groups is not None:
+        for g, name in enumerate(data.group_names):
+            cohorts[f"data: {name}"] = groups[keep] == g
+    dev = model_device(model, device)
+    net = copy.deepcopy(model).to(dev).eval().requires_grad_(False)
+    units = text_units(net, settings)
+    means = None
+    if "mean" in settings.modes:
+        ref = inputs
+        if mean_samples:
+            pool = np.flatnonzero(~data.holdout & np.isin(data.train_labels, active))
+            take = np.unique(np.linspace(0, len(pool) - 1, min(mean_samples, len(pool))).round()).astype(
+                np.int64
+            )
+            ref = data.inputs("train", pool[take])
+        batches = (
+            {k: v[lo : lo + settings.batch_size].to(dev) for k, v in ref.items()}
+            for lo in range(0, len(ref["input_ids"]), settings.batch_size)
+        )
+        means = site_means(net, batches, sorted({u.site for u in units}))
+    targets = positions_in(labels, active)
+    base_correct, base_loss = _outcome(net, inputs, targets, active, settings.batch_size, dev)
+    rows = []
+    for unit in units:
+        for mode in settings.modes:
+            with ablated_units(net, unit, mode, means):
+                correct, loss = _outcome(net, inputs, targets, active, settings.batch_size, dev)
+            for cohort, sel in cohorts.items():
+                if not sel.any():
+                    continue
+                acc_base, acc = float(base_correct[sel].mean()), float(correct[sel].mean())
+                loss_base, loss_abl = float(base_loss[sel].mean()), float(loss[sel].mean())
+                rows.append(
+                    {
+                        **(context or {}),
+                        "block": unit.site,
+                        "group": unit.name,
+                        "channel_start": unit.start,
+                        "channel_stop": unit.stop,
+                        "n_channels": unit.stop - unit.start,
+                        "mode": mode,
+                        "cohort": cohort,
+                        "n_samples": int(sel.sum()),
+                        "accuracy_base": acc_base,
+                        "accuracy": acc,
+                        "delta_accuracy": acc - acc_base,
+                        "loss_base": loss_base,
+                        "loss": loss_abl,
+                        "delta_loss": loss_abl - loss_base,
+                        "layer": unit.layer,
+                    }
+                )
+    return pd.DataFrame(rows)

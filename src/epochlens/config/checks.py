@@ -58,7 +58,7 @@ def is_text_run(run: dict) -> bool:
 
 
 #: Stages that read images only, so far: a text run must switch them off.
-IMAGE_ONLY_STAGES = ("features", "probes", "ablation")
+IMAGE_ONLY_STAGES = ("features", "probes")
 
 
 def check_text_config(name: str, run: dict) -> None:

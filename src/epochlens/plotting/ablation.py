@@ -82,3 +82,46 @@ def _scaled(norm: matplotlib.colors.Normalize, scale: float) -> matplotlib.color
 # ------------------------------------------------------------------------------------------------
 
 #: Colours of the influence methods and baselines, the same in every influence figure.
+
+
+def plot_head_ablation(summary: pd.DataFrame, title: str, metric: str = "delta_loss") -> plt.Figure:
+    """A transformer's heads: heatmaps layer x head of the effect of ablating each head at the last
+    ablated epoch, one column of panels per cohort (all sentences, then each data group) and one
+    row per mode. ``summary`` as for :func:`plot_ablation_effect` (its ``head h`` groups; MLP neuron
+    groups are left out); cells ``{metric}_mean`` (ablated - intact; red: the ablation hurts)."""
+    epoch = int(summary["epoch"].max())
+    heads = summary[(summary["epoch"] == epoch) & summary["group"].str.startswith("head ")].copy()
+    blocks = list(dict.fromkeys(heads["block"]))
+    heads["layer_pos"] = heads["block"].map({b: k for k, b in enumerate(blocks)})
+    heads["head"] = heads["group"].str.removeprefix("head ").astype(int)
+    cohorts = ["all", *sorted(c for c in heads["cohort"].unique() if str(c).startswith("data: "))]
+    modes = list(pd.unique(heads["mode"]))
+    column = f"{metric}_mean"
+    scale = 100.0 if "accuracy" in metric else 1.0
+    values = (heads[column].abs() * scale).dropna()
+    vlim = max(float(np.percentile(values, 98)) if len(values) else 0.0, 1e-3)
+    cmap = "RdBu" if "accuracy" in metric else "RdBu_r"  # red: worse
+    n_heads = int(heads["head"].max()) + 1 if len(heads) else 1
+    size = (0.5 * n_heads * len(cohorts) + 2.5, 0.45 * len(blocks) * len(modes) + 1.4)
+    fig, axes = plt.subplots(len(modes), len(cohorts), figsize=size, squeeze=False, layout="constrained")
+    image = None
+    for i, mode in enumerate(modes):
+        for j, cohort in enumerate(cohorts):
+            sub = heads[(heads["mode"] == mode) & (heads["cohort"] == cohort)]
+            matrix = np.full((len(blocks), n_heads), np.nan)
+            matrix[sub["layer_pos"].to_numpy(), sub["head"].to_numpy()] = sub[column].to_numpy() * scale
+            image = heatmap_panel(
+                axes[i, j], matrix, [f"layer {k}" for k in range(len(blocks))], list(range(n_heads)), cmap,
+                matplotlib.colors.Normalize(-vlim, vlim), "{:+.2f}" if scale == 1.0 else "{:+.0f}",
+                n_heads * len(blocks) <= 200, j == 0,
+            )  # fmt: skip
+            axes[i, j].set_title(f"{mode}, {str(cohort).removeprefix('data: ')}", fontsize=9)
+            if i == len(modes) - 1:
+                axes[i, j].set_xlabel("head", fontsize=8)
+    unit = "percentage points" if "accuracy" in metric else "nats"
+    fig.colorbar(image, ax=axes, shrink=0.8, extend="both", label=f"{metric} ({unit}; ablated - intact)")
+    split = summary["split"].iloc[0] if "split" in summary and len(summary) else "test"
+    fig.suptitle(
+        f"{title}: ablating each attention head, {split} {metric.removeprefix('delta_')} (epoch {epoch})"
+    )
+    return fig

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,3 +101,42 @@ def test_means_count_real_tokens_only_and_mlp_groups_split_the_neurons(model_typ
         got = model(**x)
     torch.testing.assert_close(got, zero_columns(model, groups[4].site, groups[4].start, groups[4].stop)(**x),
                                rtol=0, atol=1e-12)  # fmt: skip
+
+
+def test_the_ablation_table_of_a_text_checkpoint_per_cohort_and_group():
+    from epochlens.ablation.heads import head_ablation_table
+    from epochlens.ablation.settings import AblationSettings
+    from epochlens.data import holdout_mask
+    from epochlens.formats.text import TextSettings, load_polarity
+
+    data = load_polarity(TextSettings(max_length=16), train=40, test=24)
+    data.holdout = holdout_mask(data.train_labels, 4)
+    config = {"model_type": "bert", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 16, "hidden_dropout_prob": 0.0,
+              "attention_probs_dropout_prob": 0.0}  # fmt: skip
+    model = build_hf_model(
+        config, "sequence_classification", 2, data.pad_token_id, seed=0, vocab_size=data.vocab_size
+    )
+    attach_output_adapter(model, "logits")
+    ignored = head_sites(model)[3]  # layer 1, head 1: its projection columns zeroed below
+    model = zero_columns(model, ignored.site, ignored.start, ignored.stop)
+    settings = AblationSettings(channel_groups=2, modes=("zero", "mean"), batch_size=7)
+    table = head_ablation_table(
+        model, data, "test", np.array([0, 1]), np.array([1]), settings, 10, {"epoch": 3}
+    )
+    units = 2 * 2 + 2 * 2  # 2 layers x (2 heads + 2 neuron groups)
+    cohorts = {"old", "new", "all", "data: contrast", "data: intensified", "data: negated", "data: plain"}
+    assert set(table["cohort"]) == cohorts and len(table) == units * 2 * len(cohorts)
+    assert (table["epoch"] == 3).all() and set(table["layer"]) == {0, 1}
+    whole = table[table["cohort"] == "all"]
+    assert (whole["n_samples"] == 24).all() and whole["accuracy_base"].nunique() == 1
+    with torch.no_grad():  # the intact model's accuracy on the test sentences
+        predicted = model.eval()(**data.inputs("test")).argmax(1).numpy()
+    assert whole["accuracy_base"].iloc[0] == pytest.approx((predicted == data.test_labels).mean())
+    gone = table[(table["block"] == ignored.site) & (table["group"] == ignored.name)]
+    assert (
+        len(gone) == 2 * len(cohorts)
+        and (gone["delta_loss"] == 0).all()
+        and (gone["delta_accuracy"] == 0).all()
+    )
+    assert (table["delta_loss"] != 0).any()

@@ -290,8 +290,8 @@ def test_a_text_run_validates_and_plans_its_checkpoints():
         (text_run(model={"name": "small_cnn"}), "model.hf .a transformer. goes with text data"),
         (tiny_run(model=TEXT_MODEL), "this run has model.hf without text data"),
         (
-            text_run(features={"enabled": True}, ablation={"enabled": True}),
-            r"set features.enabled: false .*; ablation.enabled: false",
+            text_run(features={"enabled": True}, probes={"enabled": True}),
+            r"set features.enabled: false .*; probes.enabled: false",
         ),
         (text_run(model={"hf": {}}), r"model.hf.config: the model's config.json as a mapping"),
         (
