@@ -74,9 +74,9 @@ def test_default_config_job_list(tmp_path):
         "probes_epoch": 10,
         "probe_tables": 1,
         "plot_probes": 1,
-        "ablation_epoch": 10,
-        "ablation_tables": 1,
-        "plot_ablation": 1,
+        "ablation_epoch": 10 + 2,  # polarity: heads at epochs 5 and 10
+        "ablation_tables": 2,
+        "plot_ablation": 2,
         "influence_factors": 3 + 2,  # ekfac, kfac, diagonal; polarity: ekfac, kfac
         "influence_scores": 5 + 3,  # and identity, tracin; polarity: and identity
         "poison_detection": 2,
