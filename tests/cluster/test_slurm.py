@@ -51,7 +51,8 @@ SACCT_FIELDS = "JobID Comment State ExitCode ReqTRES AllocTRES ReqMem Timelimit 
 
 def tiny_trained_config() -> dict:
     """Digits, 5 classes +5 after 1 epoch: checkpoints at epochs 0, 1, 2 (trained by the pipeline);
-    curvature at the last one with 2 directions."""
+    curvature, features, probes and ablations at the last one (every stage's rule reaches SLURM
+    once: 21 jobs, not 27), curvature with 2 directions, probes cheap (one seed, 20 passes)."""
     run = {
         "data": {"source": "digits", "holdout_per_class": 5},
         "model": {"name": "small_cnn"},
@@ -59,6 +60,9 @@ def tiny_trained_config() -> dict:
         "indices": [0],
         "checkpoints": {"source": "train"},
         "curvature": {"n_directions": 2, "shards": 1, "epochs": [2]},
+        "features": {"epochs": [2]},
+        "probes": {"seeds": [0], "max_epochs": 20},
+        "ablation": {"epochs": [2]},
     }
     return {"device": "auto", "runs": {RUN: run}}
 

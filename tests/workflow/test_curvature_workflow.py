@@ -32,8 +32,13 @@ CURV_EPOCHS = (2, 6)
 
 
 def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS, **curvature) -> dict:
+    """Features, probes and ablations at epoch 6 only (24 jobs, not 33): these tests check the
+    curvature, and of the other stages only that they run, read it (probes) or do not rerun."""
     epochs = list(epochs) if epochs else None
-    return tiny_config(ckpts, curvature={"shards": shards, "epochs": epochs, **curvature})
+    last = {"epochs": [6]}
+    return tiny_config(
+        ckpts, curvature={"shards": shards, "epochs": epochs, **curvature}, features=last, ablation=last
+    )
 
 
 def epoch_rel(epoch: int) -> str:

@@ -54,6 +54,14 @@ def tiny(tmp_path):
     return tiny_run(tmp_path, run=False)
 
 
+@pytest.fixture(scope="module")
+def tiny_done(tmp_path_factory):
+    """One finished tiny run for this module (each full run takes minutes here).
+    test_results_of_tiny_run reads it; test_partial_rebuilds then edits and reruns it, which
+    changes none of what the former checks (class counts and cohort sizes), whatever the order."""
+    return tiny_run(tmp_path_factory.mktemp("tiny_done"))
+
+
 def test_default_config_job_list(tmp_path):
     jobs = planned_jobs(REPO, tmp_path, configfile=REPO / "config/config.yaml")
     # digits, 2 seeds, 5 tasks x 15 epochs, checkpoints every 3 epochs -> 26 per seed; digits_noisy
@@ -91,18 +99,32 @@ def test_default_config_job_list(tmp_path):
     }
 
 
-def test_partial_rebuilds(tiny):
-    wf, work, cfg, ckpts = tiny
+def test_results_of_tiny_run(tiny_done):
+    work = tiny_done.work
+    per_class = pd.read_csv(work / RESULTS.table("accuracy_per_class", "tiny"))
+    test = per_class[per_class["split"] == "test"]
+    # Classes evaluated per checkpoint follow the schedule: 4, 4, 7, 10.
+    assert test.groupby("epoch")["class_id"].nunique().to_dict() == {0: 4, 2: 4, 4: 7, 6: 10}
+    order = np.load(work / RESULTS.class_order("tiny", 0))
+    assert sorted(test[test["epoch"] == 2]["class_id"]) == sorted(order[:4])
+    cohorts = pd.read_csv(work / RESULTS.table("accuracy_per_cohort", "tiny"))
+    at6 = cohorts[(cohorts["epoch"] == 6) & (cohorts["split"] == "test")].set_index("group")
+    assert set(at6.index) == {"cohort 0", "cohort 1", "cohort 2", "old", "new"}
+    assert at6.loc["new", "n"] == at6.loc["cohort 2", "n"]
+    assert at6.loc["old", "n"] == at6.loc["cohort 0", "n"] + at6.loc["cohort 1", "n"]
 
-    # One epoch's output builds only what that epoch needs.
+
+def test_partial_rebuilds(tiny, tiny_done):
+    # One epoch's output builds only what that epoch needs (planned on a run not yet started).
     one = RESULTS.eval_table("tiny", 0, 4)
-    assert planned_jobs(wf, work, one, configfile=cfg) == {
+    assert planned_jobs(tiny.wf, tiny.work, one, configfile=tiny.cfg) == {
         "prepare_data": 1,
         "class_order": 1,
         "evaluate_checkpoint": 1,
     }
 
-    snakemake(wf, work, configfile=cfg)
+    # The finished run (the module's shared one).
+    wf, work, cfg, ckpts = tiny_done
     assert (work / RESULTS.figure("accuracy_by_cohort", "png", "tiny")).stat().st_size > 10_000
     assert (work / RESULTS.figure("accuracy_by_cohort", "pdf", "tiny")).exists()
 
@@ -143,22 +165,6 @@ def test_partial_rebuilds(tiny):
         "plot_accuracy": 1,
         "all": 1,
     }
-
-
-def test_results_of_tiny_run(tiny):
-    wf, work, cfg, _ = tiny
-    snakemake(wf, work, configfile=cfg)
-    per_class = pd.read_csv(work / RESULTS.table("accuracy_per_class", "tiny"))
-    test = per_class[per_class["split"] == "test"]
-    # Classes evaluated per checkpoint follow the schedule: 4, 4, 7, 10.
-    assert test.groupby("epoch")["class_id"].nunique().to_dict() == {0: 4, 2: 4, 4: 7, 6: 10}
-    order = np.load(work / RESULTS.class_order("tiny", 0))
-    assert sorted(test[test["epoch"] == 2]["class_id"]) == sorted(order[:4])
-    cohorts = pd.read_csv(work / RESULTS.table("accuracy_per_cohort", "tiny"))
-    at6 = cohorts[(cohorts["epoch"] == 6) & (cohorts["split"] == "test")].set_index("group")
-    assert set(at6.index) == {"cohort 0", "cohort 1", "cohort 2", "old", "new"}
-    assert at6.loc["new", "n"] == at6.loc["cohort 2", "n"]
-    assert at6.loc["old", "n"] == at6.loc["cohort 0", "n"] + at6.loc["cohort 1", "n"]
 
 
 def test_config_typo_fails_before_any_job(tiny):
