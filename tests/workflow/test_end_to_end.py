@@ -4,8 +4,9 @@ To keep the suite within its CI budget the demo runs here with fewer analysed ch
 ``digits`` (SMALLER: a second config file, merged key by key into config/config.yaml, as
 --configfile merges several files): checkpoints every 12 epochs and the task boundaries (11 per
 index instead of 26, still a mid-task one in every task), features and ablations at two task
-boundaries, probes with one seed and 20 passes. Training and ``digits_noisy`` (the poison and LDS
-study) are the demo's own. `make demo` runs the full default (227 jobs; 119 here).
+boundaries, probes with one seed and 20 passes. Training, ``digits_noisy`` (the poison and LDS
+study) and ``polarity`` (the text run) are the demo's own. `make demo` runs the full default (255
+jobs; 147 here).
 """
 
 from __future__ import annotations
@@ -100,5 +101,25 @@ def test_embedded_default(tmp_path):
     assert list(lds.index) == ["ekfac", "kfac", "diagonal", "identity", "tracin", "random"]
     assert lds.loc["ekfac", "lds"] > lds.loc["random", "ci_high"] and lds.loc["ekfac", "lds"] > 0.3, lds
     assert min(lds.loc["ekfac", "lds"], lds.loc["kfac", "lds"]) > lds.loc["identity", "lds"], lds
+
+    # The text run (polarity): a 2-layer BERT trained by the pipeline on synthetic sentences with
+    # 10% flipped labels learns every group (test accuracy 0.94-1.0 at epoch 10 on the reference
+    # machine); self-influence finds the flipped sentences (EK-FAC 0.979, identity 0.999, the loss
+    # 0.9995, random 0.42); curvature of every sentence at every checkpoint; head ablations per group.
+    groups = pd.read_csv(paths.table("accuracy_per_group", "polarity"))
+    final = groups[(groups["epoch"] == 10) & (groups["split"] == "test")].set_index("data_group")
+    assert sorted(final.index) == ["contrast", "intensified", "negated", "plain"]
+    assert (final["accuracy"] > 0.85).all(), final
+    auroc = pd.read_csv(paths.table("poison_detection", "polarity")).set_index(["method", "signal"])["auroc"]
+    assert auroc[("ekfac", "self_influence")] > 0.9 and auroc[("identity", "self_influence")] > 0.9, auroc
+    assert 0.3 < auroc[("random", "random")] < 0.7
+    for epoch in (0, 5, 10):
+        meta = json.loads(Path(paths.curvature_metadata("polarity", 0, epoch)).read_text())
+        assert meta["stats"]["n_samples"] == meta["stats"]["n_active"] == 600, meta["stats"]
+    ablation = pd.read_csv(paths.table("ablation", "polarity"))
+    heads = ablation[ablation["group"].str.startswith("head ") & (ablation["cohort"] == "data: negated")]
+    assert len(heads) == 2 * 2 * 4 * 2  # epochs 5, 10 x modes x 4 heads x 2 layers
+    for name in ("accuracy_by_cohort", "curvature_by_cohort", "ablation_effect", "top_influential_images"):
+        assert Path(paths.figure(name, "png", "polarity")).stat().st_size > 10_000
 
     assert job_stats(snakemake(wf, work, "--dry-run", "--configfile", *configs).stdout) == {}
