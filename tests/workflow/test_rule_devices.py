@@ -20,6 +20,7 @@ pytestmark = pytest.mark.workflow
 GPU_RULES = {
     "train_digits",
     "train_digits_noisy",
+    "train_polarity",
     "curvature_shard",
     "features_epoch",
     "ablation_epoch",
