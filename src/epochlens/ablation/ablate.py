@@ -294,32 +294,46 @@ def ablation_table(
     for group, mode in progress_bar(jobs, desc="ablations", disable=not progress):
         with ablated(net, group, mode, means):
             correct, loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
-        for cohort in COHORTS:
-            sel = cohorts[cohort]
-            if not sel.any():
-                continue
-            acc_base, acc = float(base_correct[sel].mean()), float(correct[sel].mean())
-            loss_base, loss_abl = float(base_loss[sel].mean()), float(loss[sel].mean())
-            rows.append(
-                {
-                    **(context or {}),
-                    "block": group.block,
-                    "group": group.group,
-                    "channel_start": group.channel_start,
-                    "channel_stop": group.channel_stop,
-                    "n_channels": group.n_channels,
-                    "mode": mode,
-                    "cohort": cohort,
-                    "n_samples": int(sel.sum()),
-                    "accuracy_base": acc_base,
-                    "accuracy": acc,
-                    "delta_accuracy": acc - acc_base,
-                    "loss_base": loss_base,
-                    "loss": loss_abl,
-                    "delta_loss": loss_abl - loss_base,
-                }
-            )
+        unit = {
+            "block": group.block,
+            "group": group.group,
+            "channel_start": group.channel_start,
+            "channel_stop": group.channel_stop,
+            "n_channels": group.n_channels,
+            "mode": mode,
+        }
+        rows += cohort_rows({**(context or {}), **unit}, cohorts, (base_correct, base_loss), (correct, loss))
     return pd.DataFrame(rows)
+
+
+def cohort_rows(
+    unit: Mapping[str, object],
+    cohorts: Mapping[str, np.ndarray],
+    base: tuple[np.ndarray, np.ndarray],
+    ablated: tuple[np.ndarray, np.ndarray],
+) -> list[dict]:
+    """One table row per cohort with samples: ``unit``'s columns, then n_samples and accuracy and
+    loss intact, ablated and their difference; ``base``/``ablated`` are per-sample (correct, loss)."""
+    rows = []
+    for cohort, sel in cohorts.items():
+        if not sel.any():
+            continue
+        acc_base, acc = float(base[0][sel].mean()), float(ablated[0][sel].mean())
+        loss_base, loss = float(base[1][sel].mean()), float(ablated[1][sel].mean())
+        rows.append(
+            {
+                **unit,
+                "cohort": cohort,
+                "n_samples": int(sel.sum()),
+                "accuracy_base": acc_base,
+                "accuracy": acc,
+                "delta_accuracy": acc - acc_base,
+                "loss_base": loss_base,
+                "loss": loss,
+                "delta_loss": loss - loss_base,
+            }
+        )
+    return rows
 
 
 def evaluation_images(data: Dataset, split: str, run: str = "<run>") -> tuple[torch.Tensor, np.ndarray]:

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from epochlens.ablation.ablate import cohort_rows
 from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data.text import TextDataset
 from epochlens.device import model_device
@@ -275,35 +276,20 @@ def head_ablation_table(
         )
         means = site_means(net, batches, sorted({u.site for u in units}))
     targets = positions_in(labels, active)
-    base_correct, base_loss = _outcome(net, inputs, targets, active, settings.batch_size, dev)
+    base = _outcome(net, inputs, targets, active, settings.batch_size, dev)
     rows = []
     for unit in units:
         for mode in settings.modes:
             with ablated_units(net, unit, mode, means):
                 correct, loss = _outcome(net, inputs, targets, active, settings.batch_size, dev)
-            for cohort, sel in cohorts.items():
-                if not sel.any():
-                    continue
-                acc_base, acc = float(base_correct[sel].mean()), float(correct[sel].mean())
-                loss_base, loss_abl = float(base_loss[sel].mean()), float(loss[sel].mean())
-                rows.append(
-                    {
-                        **(context or {}),
-                        "block": unit.site,
-                        "group": unit.name,
-                        "channel_start": unit.start,
-                        "channel_stop": unit.stop,
-                        "n_channels": unit.stop - unit.start,
-                        "mode": mode,
-                        "cohort": cohort,
-                        "n_samples": int(sel.sum()),
-                        "accuracy_base": acc_base,
-                        "accuracy": acc,
-                        "delta_accuracy": acc - acc_base,
-                        "loss_base": loss_base,
-                        "loss": loss_abl,
-                        "delta_loss": loss_abl - loss_base,
-                        "layer": unit.layer,
-                    }
-                )
+            unit_columns = {
+                "block": unit.site,
+                "group": unit.name,
+                "channel_start": unit.start,
+                "channel_stop": unit.stop,
+                "n_channels": unit.stop - unit.start,
+                "mode": mode,
+            }
+            for row in cohort_rows({**(context or {}), **unit_columns}, cohorts, base, (correct, loss)):
+                rows.append({**row, "layer": unit.layer})
     return pd.DataFrame(rows)
