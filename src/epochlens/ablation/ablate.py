@@ -204,20 +204,24 @@ def ablated(
 @torch.no_grad()
 def per_sample_outcome(
     net: nn.Module,
-    images: torch.Tensor,
+    images: torch.Tensor | Mapping[str, torch.Tensor],
     targets: np.ndarray,
     active_classes: np.ndarray,
     batch_size: int,
     device: torch.device,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(correct (N,) bool, loss (N,) float64 nats) over the restricted logits; eval mode expected."""
+    """(correct (N,) bool, loss (N,) float64 nats) over the restricted logits; eval mode expected.
+    ``images``: (N, ...) inputs, or a text model's keyword inputs (each (N, L))."""
     correct, losses = [], []
     active = torch.as_tensor(np.asarray(active_classes, dtype=np.int64), device=device)
     t = torch.as_tensor(targets, dtype=torch.long)
-    for lo in range(0, len(images), batch_size):
-        x = images[lo : lo + batch_size].to(device, torch.float32)
+    for lo in range(0, len(t), batch_size):
         y = t[lo : lo + batch_size].to(device)
-        logits = restrict_logits(net(x), active)
+        if isinstance(images, Mapping):
+            logits = net(**{k: v[lo : lo + batch_size].to(device) for k, v in images.items()})
+        else:
+            logits = net(images[lo : lo + batch_size].to(device, torch.float32))
+        logits = restrict_logits(logits, active)
         losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
         correct.append((logits.argmax(1) == y).cpu())
     return torch.cat(correct).numpy(), torch.cat(losses).numpy()

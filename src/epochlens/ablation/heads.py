@@ -29,15 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from epochlens.ablation.ablate import cohort_rows
+from epochlens.ablation.ablate import cohort_rows, per_sample_outcome
 from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data.text import TextDataset
 from epochlens.device import model_device
 from epochlens.errors import ConfigError, LayerError
-from epochlens.models.networks import positions_in, restrict_logits
+from epochlens.models.networks import positions_in
 
 #: Name endings of the attention output projections (input: the heads' outputs side by side).
 HEAD_PROJECTIONS = (
@@ -201,27 +200,6 @@ def text_units(model: nn.Module, settings: AblationSettings) -> list[UnitSlice]:
     return units + (mlp_sites(model, settings.channel_groups) if settings.channel_groups else [])
 
 
-@torch.no_grad()
-def _outcome(
-    net: nn.Module,
-    inputs: Mapping[str, torch.Tensor],
-    targets: np.ndarray,
-    active: np.ndarray,
-    batch_size: int,
-    device,
-) -> tuple[np.ndarray, np.ndarray]:
-    correct, losses = [], []
-    act = torch.as_tensor(active, device=device)
-    t = torch.as_tensor(targets, dtype=torch.long)
-    for lo in range(0, len(t), batch_size):
-        batch = {k: v[lo : lo + batch_size].to(device) for k, v in inputs.items()}
-        y = t[lo : lo + batch_size].to(device)
-        logits = restrict_logits(net(**batch), act)
-        losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
-        correct.append((logits.argmax(1) == y).cpu())
-    return torch.cat(correct).numpy(), torch.cat(losses).numpy()
-
-
 def head_ablation_table(
     model: nn.Module,
     data: TextDataset,
@@ -276,12 +254,12 @@ def head_ablation_table(
         )
         means = site_means(net, batches, sorted({u.site for u in units}))
     targets = positions_in(labels, active)
-    base = _outcome(net, inputs, targets, active, settings.batch_size, dev)
+    base = per_sample_outcome(net, inputs, targets, active, settings.batch_size, dev)
     rows = []
     for unit in units:
         for mode in settings.modes:
             with ablated_units(net, unit, mode, means):
-                correct, loss = _outcome(net, inputs, targets, active, settings.batch_size, dev)
+                correct, loss = per_sample_outcome(net, inputs, targets, active, settings.batch_size, dev)
             unit_columns = {
                 "block": unit.site,
                 "group": unit.name,
