@@ -28,7 +28,7 @@ rule ablation_epoch:
     params:
         ablation=get_ablation_params,
         model=get_model_param,
-        schedule=config_provider("schedule"),
+        schedule=get_class_schedule,
     script:
         "../scripts/ablation_epoch.py"
 

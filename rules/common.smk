@@ -86,6 +86,11 @@ def get_checkpoint(wildcards):
     return path
 
 
+def get_class_schedule(wildcards):
+    """The run's class schedule, None for a causal LM (epochlens.config.class_schedule)."""
+    return run_config.class_schedule(get_run(wildcards))
+
+
 def get_model_param(wildcards):
     """The run's model: a built-in name, or your model's section (epochlens.config.model_param)."""
     return run_config.model_param(get_run(wildcards))

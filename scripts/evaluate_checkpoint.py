@@ -23,7 +23,7 @@ def main(snakemake) -> None:
     write_atomic(snakemake.output.table, lambda p: table.to_csv(p, index=False))
     test = table[table["split"] == "test"]
     accuracy = test["n_correct"].sum() / max(test["n"].sum(), 1)
-    log.info("epoch %d: %d active classes, test accuracy %.3f", job.epoch, len(job.active), accuracy)
+    log.info("epoch %d: %d classes, test accuracy %.3f", job.epoch, test["class_id"].nunique(), accuracy)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pandas as pd
 
 from epochlens.data import Dataset
 from epochlens.data.text import TextDataset
+from epochlens.outcome import LM_CLASS_NAME, sample_classes
 from epochlens.schedule import ClassSchedule, task_at_epoch
 
 if TYPE_CHECKING:  # torch is imported by the functions that run a model: the tables need none
@@ -35,11 +36,13 @@ def predict(
     """Per-sample correctness (bool) and cross-entropy over the restricted logits, eval mode.
 
     ``images``: a tensor (N, ...) of model inputs, or a mapping of them for keyword inputs (a text
-    model's ``input_ids`` and ``attention_mask``), each with N rows."""
+    model's ``input_ids`` and ``attention_mask``), each with N rows. ``targets`` (N, L): a causal
+    LM's token labels, its outcome on them (:func:`epochlens.outcome.sequence_outcome`)."""
     import torch
 
     from epochlens.batches import to_device
     from epochlens.models.networks import restrict_logits
+    from epochlens.outcome import sequence_outcome
     from epochlens.tasks import call_model
 
     model.eval().to(device)
@@ -53,6 +56,11 @@ def predict(
             else:
                 xb = images[rows].to(device)
             yb = t[rows].to(device)
+            if yb.ndim == 2:  # a causal LM's token labels
+                hit, loss = sequence_outcome(call_model(model, xb), yb)
+                losses.append(loss.float().cpu())
+                correct.append(hit.cpu())
+                continue
             logits = restrict_logits(call_model(model, xb), active_classes)
             losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none").cpu())
             correct.append((logits.argmax(1) == yb).cpu())
@@ -64,7 +72,7 @@ def predict(
 def evaluate_checkpoint(
     model: nn.Module,
     data: Dataset | TextDataset,
-    schedule: ClassSchedule,
+    schedule: ClassSchedule | None,
     epoch: int,
     batch_size: int = 512,
     device: torch.device | str = "cpu",
@@ -73,32 +81,33 @@ def evaluate_checkpoint(
 
     Columns: epoch, split, class_id, class_name, position (in the class order), cohort (task that
     introduced it), n, n_correct, accuracy, mean_loss. Data with groups: one row per class and
-    group, the group's name in a ``data_group`` column after ``class_name``.
+    group, the group's name in a ``data_group`` column after ``class_name``. A causal LM's data
+    (no classes, no ``schedule``): every sample in class 0, :data:`epochlens.outcome.LM_CLASS_NAME`;
+    accuracy is exact match and the loss the mean NLL of the target tokens.
     """
     from epochlens.models.networks import positions_in
 
-    if isinstance(data, TextDataset) and data.kind != "classification":
-        raise ValueError(
-            f"evaluate_checkpoint: a {data.kind} data set has token labels, not classes; its per-sample "
-            "loss is the task's (epochlens.tasks.LanguageModelTask), not a per-class accuracy."
-        )
-    active = schedule.active_classes(epoch)
-    cohort = schedule.task_of_class()
-    position = np.argsort(schedule.class_order)
+    lm = isinstance(data, TextDataset) and data.kind == "causal_lm"
+    if lm:  # no classes: every sample in the one class of its target tokens (epochlens.outcome)
+        active, cohort, position, class_names = np.zeros(1, np.int64), [0], [0], [LM_CLASS_NAME]
+    else:
+        assert schedule is not None, "a classifier's evaluation needs its class schedule"
+        active, cohort = schedule.active_classes(epoch), schedule.task_of_class()
+        position, class_names = np.argsort(schedule.class_order), data.class_names
     rows = []
     for split, mask_fn in (
         ("test", lambda labels: np.ones(len(labels), dtype=bool)),
         ("holdout", lambda labels: data.holdout),
     ):
         base = "test" if split == "test" else "train"
-        labels = data.labels(base)
+        labels = sample_classes(data.labels(base))
         idx = np.flatnonzero(mask_fn(labels) & np.isin(labels, active))
         if len(idx) == 0:
             continue
         correct, loss = predict(
             model,
             data.inputs(base, idx) if isinstance(data, TextDataset) else data.normalized(base, idx),
-            positions_in(labels[idx], active),
+            data.labels(base)[idx] if lm else positions_in(labels[idx], active),
             active,
             batch_size,
             device,
@@ -116,7 +125,7 @@ def evaluate_checkpoint(
                     epoch=epoch,
                     split=split,
                     class_id=class_id,
-                    class_name=data.class_names[class_id],
+                    class_name=class_names[class_id],
                     **({"data_group": key[1]} if groups is not None else {}),
                     position=int(position[class_id]),
                     cohort=int(cohort[class_id]),

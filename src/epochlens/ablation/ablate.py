@@ -45,6 +45,7 @@ from epochlens.device import model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
+from epochlens.outcome import sequence_outcome
 from epochlens.progress import progress_bar
 
 COHORTS = ("old", "new", "all")
@@ -211,7 +212,8 @@ def per_sample_outcome(
     device: torch.device,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(correct (N,) bool, loss (N,) float64 nats) over the restricted logits; eval mode expected.
-    ``images``: (N, ...) inputs, or a text model's keyword inputs (each (N, L))."""
+    ``images``: (N, ...) inputs, or a text model's keyword inputs (each (N, L)); ``targets`` (N, L):
+    a causal LM's token labels (:func:`epochlens.outcome.sequence_outcome`)."""
     correct, losses = [], []
     active = torch.as_tensor(np.asarray(active_classes, dtype=np.int64), device=device)
     t = torch.as_tensor(targets, dtype=torch.long)
@@ -221,6 +223,11 @@ def per_sample_outcome(
             logits = net(**{k: v[lo : lo + batch_size].to(device) for k, v in images.items()})
         else:
             logits = net(images[lo : lo + batch_size].to(device, torch.float32))
+        if y.ndim == 2:
+            hit, loss = sequence_outcome(logits, y)
+            losses.append(loss.cpu())
+            correct.append(hit.cpu())
+            continue
         logits = restrict_logits(logits, active)
         losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
         correct.append((logits.argmax(1) == y).cpu())

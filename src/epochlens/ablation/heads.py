@@ -16,7 +16,8 @@ MLP neuron groups work the same way on the input of the MLP's down projection (B
 ``groups`` contiguous ranges of its intermediate neurons.
 
 :func:`head_sites` and :func:`mlp_sites` find them by module name; :func:`ablated_units` applies
-one ablation inside a ``with`` block. Padding tokens are never part of a mean.
+one ablation inside a ``with`` block. Padding tokens are never part of a mean. A causal LM's
+outcome is its loss on each sample's target tokens and exact match (:mod:`epochlens.outcome`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from epochlens.data.text import TextDataset
 from epochlens.device import model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.networks import positions_in
+from epochlens.outcome import sample_classes
 
 #: Name endings of the attention output projections (input: the heads' outputs side by side).
 HEAD_PROJECTIONS = (
@@ -204,8 +206,8 @@ def head_ablation_table(
     model: nn.Module,
     data: TextDataset,
     split: str,
-    active_classes: np.ndarray,
-    new_classes: np.ndarray,
+    active_classes: np.ndarray | None,
+    new_classes: np.ndarray | None,
     settings: AblationSettings,
     mean_samples: int | None = None,
     context: Mapping[str, object] | None = None,
@@ -217,21 +219,21 @@ def head_ablation_table(
     mean-ablated, on the ``split`` sentences (``test`` or ``holdout``) of the active classes, per
     cohort (old, new, all) and, for data with groups, per group (``data: <name>``). Means: over
     the real tokens of up to ``mean_samples`` training sentences (evenly spaced; default: the
-    evaluation sentences)."""
-    active = np.asarray(active_classes, np.int64)
+    evaluation sentences). A causal LM (no classes: ``active_classes`` and ``new_classes`` unused)
+    has the cohorts ``all`` and its data groups."""
+    lm = data.kind == "causal_lm"  # no classes: the cohorts are all and the data groups
+    active = np.zeros(1, np.int64) if lm else np.asarray(active_classes, np.int64)
     base = "test" if split == "test" else "train"
-    rows_of_split = np.arange(len(data.labels(base))) if split == "test" else np.flatnonzero(data.holdout)
+    classes = sample_classes(data.labels(base))
+    rows_of_split = np.arange(len(classes)) if split == "test" else np.flatnonzero(data.holdout)
     if len(rows_of_split) == 0:
         raise ConfigError(
             "ablation.split: holdout, but the data set has no holdout; set data.holdout_per_class."
         )
-    keep = rows_of_split[np.isin(data.labels(base)[rows_of_split], active)]
-    inputs, labels = data.inputs(base, keep), data.labels(base)[keep]
-    cohorts = {
-        "old": ~np.isin(labels, new_classes),
-        "new": np.isin(labels, new_classes),
-        "all": np.ones(len(keep), bool),
-    }
+    keep = rows_of_split[np.isin(classes[rows_of_split], active)]
+    inputs, labels = data.inputs(base, keep), classes[keep]
+    cohorts = {} if lm else {"old": ~np.isin(labels, new_classes), "new": np.isin(labels, new_classes)}
+    cohorts["all"] = np.ones(len(keep), bool)
     groups = data.groups(base)
     if groups is not None:
         for g, name in enumerate(data.group_names):
@@ -243,7 +245,7 @@ def head_ablation_table(
     if "mean" in settings.modes:
         ref = inputs
         if mean_samples:
-            pool = np.flatnonzero(~data.holdout & np.isin(data.train_labels, active))
+            pool = np.flatnonzero(~data.holdout & np.isin(sample_classes(data.train_labels), active))
             take = np.unique(np.linspace(0, len(pool) - 1, min(mean_samples, len(pool))).round()).astype(
                 np.int64
             )
@@ -253,7 +255,7 @@ def head_ablation_table(
             for lo in range(0, len(ref["input_ids"]), settings.batch_size)
         )
         means = site_means(net, batches, sorted({u.site for u in units}))
-    targets = positions_in(labels, active)
+    targets = data.labels(base)[keep] if lm else positions_in(labels, active)
     base = per_sample_outcome(net, inputs, targets, active, settings.batch_size, dev)
     rows = []
     for unit in units:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epochlens.config.checks import check_config, check_run
+from epochlens.config.checks import check_config, check_run, is_causal_lm_run
 from epochlens.config.epochs import (
     analysis_epochs,
     checkpoint_epochs,
@@ -38,6 +38,7 @@ from epochlens.config.inputs import (
 from epochlens.config.results import (
     ANALYSIS_SECTIONS,
     ablation_params,
+    class_schedule,
     corruption,
     curvature_params,
     feature_params,
@@ -74,6 +75,7 @@ __all__ = [
     "analysis_epochs",
     "check_config",
     "check_run",
+    "class_schedule",
     "checkpoint_epochs",
     "checkpoint_path",
     "corruption",
@@ -83,6 +85,7 @@ __all__ = [
     "feature_params",
     "fill_defaults",
     "influence_epochs",
+    "is_causal_lm_run",
     "influence_factor_params",
     "model_param",
     "influence_score_params",

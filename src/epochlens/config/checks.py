@@ -57,8 +57,17 @@ def is_text_run(run: dict) -> bool:
     return "text" in run["data"] or run["data"]["source"] == "polarity"
 
 
+def is_causal_lm_run(run: dict) -> bool:
+    """A text run of a causal language model (``model.hf.task: causal_lm``): prompts and targets,
+    no classes (its jobs get no class schedule)."""
+    return is_text_run(run) and run["model"].get("hf", {}).get("task") == "causal_lm"
+
+
 #: Stages that read images only, so far: a text run must switch them off.
 IMAGE_ONLY_STAGES = ("features", "probes")
+
+#: Stages a causal LM run does not have yet (its per-sample loss is evaluated and ablated).
+CLASSIFIER_ONLY_STAGES = ("curvature", "influence")
 
 
 def check_text_config(name: str, run: dict) -> None:
@@ -84,8 +93,35 @@ def check_text_config(name: str, run: dict) -> None:
         problems.append("train.augment: none (flip_crop is for images)")
     if run["influence"]["enabled"] and run["influence"]["transforms"] != ["none"]:
         problems.append("influence.transforms: [none] (hflip, noise and crop are image transforms)")
+    problems += causal_lm_problems(run)
     if problems:
         raise ConfigError(f"runs.{name} is a text run; set " + "; ".join(problems) + ".")
+
+
+def causal_lm_problems(run: dict) -> list[str]:
+    """What a causal LM run (or a run whose task and data disagree on being one) must change."""
+    lm_data = bool(run["data"].get("text", {}).get("target_column"))
+    if lm_data != is_causal_lm_run(run):
+        return [
+            "model.hf.task: causal_lm together with data.text.prompt_column and target_column (a "
+            "causal LM's samples), or neither (a sequence classifier's texts and labels)"
+        ]
+    if not lm_data:
+        return []
+    problems = [
+        f"{stage}.enabled: false (not yet available for causal LM runs)"
+        for stage in CLASSIFIER_ONLY_STAGES
+        if run[stage]["enabled"]
+    ]
+    if run["checkpoints"]["source"] != "folder":
+        problems.append(
+            "checkpoints: {source: folder, path: ...} (train the causal LM yourself, e.g. with the Trainer)"
+        )
+    if run["schedule"].get("initial_classes", 0) is not None:
+        problems.append("schedule: none (a causal LM's samples have no classes to introduce over time)")
+    if (run["data"].get("corruption") or {"kind": "none"})["kind"] != "none":
+        problems.append("data.corruption: none (label flips and triggers corrupt class labels)")
+    return problems
 
 
 def check_config(config: dict) -> None:

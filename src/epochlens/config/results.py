@@ -17,6 +17,7 @@ from dataclasses import fields
 
 from epochlens.ablation.settings import AblationSettings
 from epochlens.config import epochs
+from epochlens.config.checks import is_causal_lm_run
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
@@ -53,8 +54,15 @@ def result_settings(section: Mapping, settings_class: type, exclude: Iterable[st
 
 def run_params(run: Mapping) -> dict:
     """A run's config as training and evaluation see it: without the analysis sections, so that
-    changing them reruns neither training nor evaluation."""
-    return {key: value for key, value in run.items() if key not in ANALYSIS_SECTIONS}
+    changing them reruns neither training nor evaluation (its ``schedule``: :func:`class_schedule`)."""
+    params = {key: value for key, value in run.items() if key not in ANALYSIS_SECTIONS}
+    return {**params, "schedule": class_schedule(run)}
+
+
+def class_schedule(run: Mapping) -> dict | None:
+    """The run's ``schedule`` section as its checkpoint jobs read it: None for a causal LM run,
+    whose samples have no classes (:mod:`epochlens.outcome`)."""
+    return None if is_causal_lm_run(dict(run)) else run["schedule"]
 
 
 def model_param(run: Mapping) -> str | dict:

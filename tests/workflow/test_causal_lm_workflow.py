@@ -1,0 +1,223 @@
+"""A causal language model the user trained with the Hugging Face Trainer, through the pipeline:
+config/examples/causal_lm.yaml with its paths pointed at a project made here in the real formats:
+prompts and targets in four groups (facts, counterfactual, negation, logic) in train.jsonl /
+test.jsonl, a word-level tokenizer saved with save_pretrained, and a tiny GPT-2 trained by
+transformers.Trainer on prompt + target with the prompt's labels -100, which wrote
+``checkpoint-{step}/`` folders.
+
+What epochlens reports must be what the user's model does: the evaluation's mean loss per group
+is the mean of transformers' own loss of each test sample (labels = its target tokens), exact
+match is every target token the model's top choice; the head-ablation table has every layer x
+head per prompt group, and zeroing a head's output equals the model with that head's columns of
+the output projection (GPT-2's ``attn.c_proj``) set to zero.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from wfutil import REPO, copy_workflow, snakemake, write_config
+
+from epochlens.layout import Layout
+
+pytestmark = [pytest.mark.slow, pytest.mark.workflow]
+
+STEPS = (100, 200)  # the Trainer's checkpoints: every 100 steps of 200
+GROUPS = ("counterfactual", "facts", "logic", "negation")
+LAYERS, HEADS = 2, 2
+
+COUNTRIES = [f"land{i}" for i in range(8)]
+CITIES = [f"city{i}" for i in range(8)]
+WORDS = [f"w{i}" for i in range(8)]
+
+
+def prompt_tables(seed: int) -> dict[str, pd.DataFrame]:
+    """Prompts and targets of four groups: a fact to recall, a counterfactual premise to copy, a
+    negated wrong answer to look past, and a modus ponens over random words."""
+    rng = np.random.default_rng(seed)
+    capital = dict(zip(COUNTRIES, CITIES, strict=True))
+
+    def row(group: str) -> dict:
+        land = str(rng.choice(COUNTRIES))
+        other = str(rng.choice([c for c in CITIES if c != capital[land]]))
+        a, b = (str(w) for w in rng.choice(WORDS, 2, replace=False))
+        prompt, target = {
+            "facts": (f"the capital of {land} is", capital[land]),
+            "counterfactual": (
+                f"suppose the capital of {land} were {other} . the capital of {land} is",
+                other,
+            ),
+            "negation": (f"the capital of {land} is not {other} . the capital of {land} is", capital[land]),
+            "logic": (f"if {a} then {b} . {a} . so", f"{b} ."),
+        }[group]
+        return {"prompt": prompt, "target": target, "group": group}
+
+    return {
+        split: pd.DataFrame([row(GROUPS[i % 4]) for i in range(n)])
+        for split, n in (("train", 160), ("test", 48))
+    }
+
+
+def write_tokenizer(folder: Path) -> Path:
+    """A GPT-2-like word-level tokenizer (no special tokens added, padding on the right)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<unk>", "<eos>", ".", "the", "capital", "of", "is", "not", "suppose", "were", "if",
+             "then", "so", *COUNTRIES, *CITIES, *WORDS]  # fmt: skip
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>"
+    )
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def write_project(root: Path) -> dict:
+    """The user's data, tokenizer and Trainer run under ``root``."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    tables = prompt_tables(seed=5)
+    data = root / "data" / "prompts"
+    data.mkdir(parents=True)
+    for split, df in tables.items():
+        df.to_json(data / f"{split}.jsonl", orient="records", lines=True)
+    tokenizer_dir = write_tokenizer(root / "runs" / "prompts" / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+
+    def encode(df: pd.DataFrame) -> list[dict]:
+        rows = []
+        for prompt, target in zip(df["prompt"], df["target"], strict=True):
+            p, t = tokenizer(prompt)["input_ids"], tokenizer(target)["input_ids"]
+            rows.append({"input_ids": torch.tensor(p + t), "labels": torch.tensor([-100] * len(p) + t)})
+        return rows
+
+    def collate(rows: list[dict]) -> dict:
+        length = max(len(r["input_ids"]) for r in rows)
+        out = {k: torch.full((len(rows), length), v) for k, v in (("input_ids", 0), ("labels", -100))}
+        out["attention_mask"] = torch.zeros(len(rows), length, dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["input_ids"])
+            out["input_ids"][i, :n], out["labels"][i, :n], out["attention_mask"][i, :n] = (
+                r["input_ids"],
+                r["labels"],
+                1,
+            )
+        return out
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=LAYERS, n_head=HEADS, n_positions=32,
+                        pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(root / "runs" / "prompts"),
+        max_steps=STEPS[-1],
+        per_device_train_batch_size=16,
+        learning_rate=5e-3,
+        save_strategy="steps",
+        save_steps=STEPS[0],
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+    )
+    Trainer(
+        model=GPT2LMHeadModel(config), args=args, train_dataset=encode(tables["train"]), data_collator=collate
+    ).train()
+    return {"data": data, "tokenizer": tokenizer_dir, "runs": root / "runs" / "prompts",
+            "test": collate(encode(tables["test"])), "test_table": tables["test"]}  # fmt: skip
+
+
+def user_config(project: dict) -> dict:
+    cfg = yaml.safe_load((REPO / "config" / "examples" / "causal_lm.yaml").read_text())
+    run = cfg["runs"]["prompts"]
+    run["data"]["path"] = str(project["data"])
+    run["data"]["text"]["tokenizer"] = str(project["tokenizer"])
+    run["checkpoints"]["path"] = str(project["runs"] / "checkpoint-{epoch}")
+    cfg["device"] = "cpu"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    project = write_project(root / "project")
+    wf = copy_workflow(root / "wf")
+    work = root / "work"
+    work.mkdir()
+    cfg = write_config(root / "config.yaml", user_config(project))
+    snakemake(wf, work, configfile=cfg)
+    return project, Layout(work / "results")
+
+
+def per_sample_loss(model, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' own loss of each sample alone (mean NLL of its target tokens) and exact match."""
+    losses, exact = [], []
+    with torch.no_grad():
+        for i in range(len(batch["input_ids"])):
+            one = {k: v[i : i + 1] for k, v in batch.items()}
+            out = model(**one)
+            losses.append(float(out.loss))
+            targets = one["labels"][0, 1:]
+            predicted = out.logits[0, :-1].argmax(-1)
+            exact.append(bool((predicted == targets)[targets != -100].all()))
+    return np.array(losses), np.array(exact)
+
+
+def test_evaluation_is_the_users_model_loss_per_group(lm_run):
+    from transformers import AutoModelForCausalLM
+
+    project, paths = lm_run
+    groups = pd.read_csv(paths.table("accuracy_per_group", "prompts"))
+    names = project["test_table"]["group"].to_numpy()
+    for step in STEPS:
+        model = AutoModelForCausalLM.from_pretrained(project["runs"] / f"checkpoint-{step}").eval()
+        loss, exact = per_sample_loss(model, project["test"])
+        rows = groups[(groups["epoch"] == step) & (groups["split"] == "test")].set_index("data_group")
+        assert sorted(rows.index) == list(GROUPS)
+        for g in GROUPS:
+            assert rows.loc[g, "n"] == (names == g).sum()
+            assert rows.loc[g, "n_correct"] == exact[names == g].sum(), g
+            np.testing.assert_allclose(rows.loc[g, "mean_loss"], loss[names == g].mean(), rtol=1e-5)
+    # the model learns: the last checkpoint's loss is below the first's
+    assert (
+        groups[groups["epoch"] == STEPS[-1]]["mean_loss"].mean()
+        < groups[groups["epoch"] == STEPS[0]]["mean_loss"].mean()
+    )
+
+
+def test_head_ablation_per_prompt_group_equals_zeroed_projection(lm_run):
+    from transformers import AutoModelForCausalLM
+
+    project, paths = lm_run
+    step = STEPS[-1]
+    table = pd.read_csv(paths.table("ablation", "prompts"))
+    table = table[(table["epoch"] == step) & (table["mode"] == "zero")]
+    cohorts = {f"data: {g}" for g in GROUPS} | {"all"}
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            unit = table[
+                (table["block"] == f"transformer.h.{layer}.attn.c_proj") & (table["group"] == f"head {head}")
+            ]
+            assert set(unit["cohort"]) == cohorts, (layer, head)
+    model = AutoModelForCausalLM.from_pretrained(project["runs"] / f"checkpoint-{step}").eval()
+    base_loss, _ = per_sample_loss(model, project["test"])
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_proj.weight[16:32].zero_()  # Conv1D: (in, out); head 1's inputs
+    loss, _ = per_sample_loss(model, project["test"])
+    names = project["test_table"]["group"].to_numpy()
+    unit = table[(table["block"] == "transformer.h.1.attn.c_proj") & (table["group"] == "head 1")]
+    unit = unit.set_index("cohort")
+    for g in GROUPS:
+        row = unit.loc[f"data: {g}"]
+        np.testing.assert_allclose(row["loss_base_mean"], base_loss[names == g].mean(), rtol=1e-5)
+        np.testing.assert_allclose(row["delta_loss_mean"], (loss - base_loss)[names == g].mean(), atol=1e-5)
+    assert Path(paths.figure("ablation_effect", "png", "prompts")).stat().st_size > 10_000
