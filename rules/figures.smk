@@ -27,6 +27,7 @@ rule plot_accuracy:
         *config["envmodules"],
     params:
         epochs_per_task=config_provider("schedule", "epochs_per_task"),
+        metric=get_accuracy_metric,
     script:
         "../scripts/plot_accuracy.py"
 

@@ -15,8 +15,9 @@ from epochlens.plotting.common import save_figure
 def main(snakemake) -> None:
     cohorts = pd.read_csv(snakemake.input.cohorts)
     groups = pd.read_csv(snakemake.input.per_group)
+    p = snakemake.params
     fig = plot_accuracy_by_cohort(
-        cohorts, snakemake.params.epochs_per_task, snakemake.wildcards.run, groups=groups
+        cohorts, p.epochs_per_task, snakemake.wildcards.run, groups=groups, metric=p.metric
     )
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
 

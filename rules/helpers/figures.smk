@@ -26,3 +26,9 @@ def all_figures():
         + ablation_figures()
         + influence_figures()
     )
+
+
+def get_accuracy_metric(wildcards):
+    """What a run's accuracy is: exact match of the target tokens for a causal LM."""
+    causal_lm = run_config.is_causal_lm_run(get_run(wildcards))
+    return "exact match" if causal_lm else "accuracy"
