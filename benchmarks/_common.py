@@ -29,13 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from epochlens.device import resolve_device  # noqa: E402
 
 MODELS = ("small_cnn", "resnet18_lop")
+#: Tiny Hugging Face sequence classifiers built from a config (nothing downloaded): see :func:`text_model`.
+TEXT_MODELS = ("tiny_bert", "tiny_gpt2")
+#: Their vocabulary (token 0 is padding) and the padded length of every sequence.
+TEXT_VOCAB, TEXT_LENGTH = 100, 24
 
 
-def parser(doc: str, repeats: int = 2) -> argparse.ArgumentParser:
+def parser(doc: str, repeats: int = 2, more_models: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """An argument parser with the options every benchmark has (model, device, seed, repeats,
-    threads, json); ``doc`` is the benchmark's module docstring."""
+    threads, json); ``doc`` is the benchmark's module docstring. ``both`` is the two image models;
+    ``more_models`` are further choices of a benchmark that supports them."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--model", choices=[*MODELS, "both"], default="both")
+    p.add_argument("--model", choices=[*MODELS, *more_models, "both"], default="both")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=repeats, help="timings: the fastest repeat")
@@ -58,6 +63,50 @@ def run(p: argparse.ArgumentParser, bench_model: Callable, argv: list[str] | Non
         reports[name] = bench_model(name, args, device)
     print(json.dumps(reports[names[0]] if len(names) == 1 else reports, indent=2))
     return 0
+
+
+def text_model(name: str) -> torch.nn.Module:
+    """A tiny two-class sequence classifier of ``transformers`` from its config, randomly initialised
+    (seed it first), in eval mode: ``tiny_bert`` (BERT: 2 layers, 2 heads, hidden 32, intermediate
+    64; nn.Linear layers with a token dimension, then the pooler and classifier on the first token)
+    or ``tiny_gpt2`` (GPT-2, the same sizes: its attention and MLP are ``Conv1D``; the ``score``
+    Linear reads every token, the logits of the last real one are kept). Token 0 is padding; eager
+    attention, so that both benchmarks' sides run the same kernels."""
+    import transformers
+
+    sizes = {"vocab_size": TEXT_VOCAB, "num_labels": 2, "pad_token_id": 0, "attn_implementation": "eager"}
+    if name == "tiny_bert":
+        config = transformers.BertConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            **sizes,
+        )
+        return transformers.BertForSequenceClassification(config).eval()
+    if name == "tiny_gpt2":
+        config = transformers.GPT2Config(
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_inner=64,
+            n_positions=32,
+            bos_token_id=0,
+            eos_token_id=0,
+            **sizes,
+        )
+        return transformers.GPT2ForSequenceClassification(config).eval()
+    raise ValueError(f"unknown text model {name!r}; known: {', '.join(TEXT_MODELS)}")
+
+
+def token_batch(n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """``n`` random sequences of 4..TEXT_LENGTH real tokens (ids 1..TEXT_VOCAB-1), right-padded with 0 to
+    TEXT_LENGTH: ``{"input_ids", "attention_mask"}`` (n, TEXT_LENGTH) int64."""
+    lengths = torch.randint(4, TEXT_LENGTH + 1, (n,), generator=generator)
+    mask = (torch.arange(TEXT_LENGTH)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(1, TEXT_VOCAB, (n, TEXT_LENGTH), generator=generator) * mask
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def environment(device: torch.device) -> dict:

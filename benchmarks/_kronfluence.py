@@ -4,12 +4,15 @@ virtual environment holding kronfluence 1.0.1), never imported by epochlens.
     PYTHON benchmarks/_kronfluence.py WORKDIR --threads 2 --batch-size 32 --query-batch-size 50
 
 WORKDIR holds ``inputs.pt`` (written by the benchmark: model name, state_dict, training and query
-images and labels, active classes). The driver then reads one stage per line on standard input
+inputs and labels, active classes; a text model's inputs are dicts of ``input_ids`` and
+``attention_mask``). The driver then reads one stage per line on standard input
 (covariance, eigendecomposition, lambda, self, pairwise, quit), runs it with kronfluence's Analyzer
 (EK-FAC, float64 in every dtype argument, the settings given), and answers one JSON line per stage:
 ``{"stage", "seconds", "peak_mib"}``. Scores are written to WORKDIR as ``kf_self.npy`` (N,) and
 ``kf_pairwise.npy`` (Q, N). The model and the data are those epochlens scores, built by the same
-``epochlens.models.networks.build_model`` (the library's source is put on the path).
+``epochlens.models.networks.build_model`` (the library's source is put on the path), or for
+``tiny_bert`` / ``tiny_gpt2`` by ``_common.text_model`` (needs ``transformers`` here; GPT-2's Conv1D
+layers become the equal nn.Linear, see :func:`conv1d_as_linear`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import _common  # puts the epochlens source on the path
@@ -28,7 +32,8 @@ import torch.nn.functional as F
 from kronfluence.analyzer import Analyzer, prepare_model
 from kronfluence.arguments import FactorArguments, ScoreArguments
 from kronfluence.task import Task
-from torch.utils.data import TensorDataset
+from torch import nn
+from torch.utils.data import StackDataset, TensorDataset
 
 from epochlens.models.networks import build_model
 
@@ -37,7 +42,9 @@ F64 = torch.float64
 
 class ActiveClassification(Task):
     """Cross-entropy over the logits of the active classes (labels are class ids), as epochlens's
-    ClassificationTask; the measurement is the query's loss."""
+    ClassificationTask; the measurement is the query's loss. Batches are (images, labels) or, for a
+    text model, dicts of ``input_ids``, ``attention_mask`` and ``labels`` (the model's ``logits``);
+    the attention mask keeps padding out of the covariances, as in epochlens."""
 
     def __init__(self, active: np.ndarray) -> None:
         self.active = torch.as_tensor(active, dtype=torch.long)
@@ -46,8 +53,13 @@ class ActiveClassification(Task):
         self.lookup = lookup
 
     def _logits_targets(self, batch, model):
-        x, y = batch
-        logits = model(x).index_select(1, self.active.to(x.device))
+        if isinstance(batch, Mapping):
+            y = batch["labels"]
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        else:
+            x, y = batch
+            logits = model(x)
+        logits = logits.index_select(1, self.active.to(logits.device))
         return logits, self.lookup.to(y.device)[y]
 
     def compute_train_loss(self, batch, model, sample: bool = False) -> torch.Tensor:
@@ -61,6 +73,34 @@ class ActiveClassification(Task):
     def compute_measurement(self, batch, model) -> torch.Tensor:
         logits, target = self._logits_targets(batch, model)
         return F.cross_entropy(logits, target, reduction="sum")
+
+    def get_attention_mask(self, batch):
+        return batch["attention_mask"] if isinstance(batch, Mapping) else None
+
+
+def conv1d_as_linear(model: nn.Module) -> nn.Module:
+    """GPT-2's ``Conv1D`` layers (y = x W + b, W stored (in, out)) replaced by the equal ``nn.Linear``
+    (weight Wᵀ): kronfluence 1.0.1 tracks only Linear and Conv2d (its own GPT-2 examples do the same).
+    The parameters are the same numbers transposed, so covariances, scores and timings match a
+    library that tracks Conv1D directly, as epochlens does."""
+    from transformers.pytorch_utils import Conv1D
+
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, Conv1D):
+                linear = nn.Linear(child.weight.shape[0], child.nf, dtype=child.weight.dtype)
+                with torch.no_grad():
+                    linear.weight.copy_(child.weight.t())
+                    linear.bias.copy_(child.bias)
+                setattr(parent, child_name, linear)
+    return model
+
+
+def _dataset(inputs: dict, x: str, y: str):
+    labels = torch.as_tensor(inputs[y])
+    if isinstance(inputs[x], Mapping):
+        return StackDataset(**inputs[x], labels=labels)
+    return TensorDataset(inputs[x], labels)
 
 
 def main() -> int:
@@ -77,14 +117,18 @@ def main() -> int:
     warnings.simplefilter("ignore")
     inputs = torch.load(args.workdir / "inputs.pt", weights_only=False)
     device = torch.device(args.device)
-    channels = inputs["x"].shape[1]
-    model = build_model(inputs["model"], inputs["num_classes"], channels)
-    model.load_state_dict(inputs["state_dict"])
+    if inputs["model"] in _common.TEXT_MODELS:
+        model = _common.text_model(inputs["model"])
+        model.load_state_dict(inputs["state_dict"])
+        model = conv1d_as_linear(model)
+    else:
+        model = build_model(inputs["model"], inputs["num_classes"], inputs["x"].shape[1])
+        model.load_state_dict(inputs["state_dict"])
     model = model.to(device).eval()
     task = ActiveClassification(inputs["active"])
     model = prepare_model(model, task)
-    train = TensorDataset(inputs["x"], torch.as_tensor(inputs["y"]))
-    queries = TensorDataset(inputs["xq"], torch.as_tensor(inputs["yq"]))
+    train = _dataset(inputs, "x", "y")
+    queries = _dataset(inputs, "xq", "yq")
     analyzer = Analyzer(
         analysis_name="bench",
         model=model,

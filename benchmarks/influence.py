@@ -1,4 +1,5 @@
-"""Benchmark: time per stage of the influence engine on the digits SmallCNN and the LoP ResNet-18.
+"""Benchmark: time per stage of the influence engine on the digits SmallCNN and the LoP ResNet-18, or
+on a tiny transformer (``--model tiny_bert`` / ``tiny_gpt2``).
 
 Stages: covariances (one forward/backward pass over the training samples, float64 sums),
 eigendecomposition (of every layer's A and S), corrections (EK-FAC's second pass, or the diagonal),
@@ -9,28 +10,40 @@ random initialisation. Eigendecomposition time does not depend on the number of 
 ResNet-18 it is dominated by the 4609x4609 activation covariances of layer4 (512 channels x 3x3
 patches + bias).
 
+The tiny transformers (``_common.text_model``: two-class sequence classifiers of ``transformers``
+built from a config, 2 layers, 2 heads, hidden 32, intermediate 64, vocabulary 100; nothing
+downloaded) score random token sequences of 4..24 real tokens right-padded to 24, with their
+attention masks, as a text run does (a Dataset of dicts holding the labels, classification over both
+classes). Tracked: every nn.Linear (those of attention and MLP with a token dimension, padding
+masked; BERT's pooler and classifier; GPT-2's score head) and GPT-2's Conv1D.
+
 Usage (on a machine shared with other jobs, --threads 1 keeps their load out of the timings):
     .venv/bin/python benchmarks/influence.py --model small_cnn --n-train 256 --n-query 16 --json
     .venv/bin/python benchmarks/influence.py --model resnet18_lop --n-train 16 --n-query 4 --json
 
 Against kronfluence 1.0.1 (``--kronfluence PYTHON``: the Python of a virtual environment that holds
 it; it runs ``benchmarks/_kronfluence.py`` in a subprocess on the same model, weights, training
-images and queries): EK-FAC with matched settings, i.e. the empirical Fisher, float32 forward and
-backward passes and float64 everywhere else (kronfluence's activation/gradient covariance,
-eigendecomposition, lambda, per-sample gradient, precondition and score dtypes; epochlens's
-defaults), damping 0.1 x each layer's mean eigenvalue (kronfluence's heuristic, epochlens's relative
-0.1), both holding ``--kf-query-batch-size`` preconditioned query gradients at once. Stages are
-interleaved (epochlens, kronfluence, then kronfluence, epochlens, ...; ``--repeats`` rounds, the
-fastest of each kept), each with its peak memory; the report gives every stage's seconds and ratio
-and the Spearman correlations of the two libraries' self-influence and pairwise scores. Results go
-to ``--out`` (JSON) after every stage, so an interrupted run keeps what it measured. Setting up
-kronfluence's environment (never let pip touch torch; no torchvision)::
+inputs and queries; for the tiny transformers kronfluence's task returns the attention mask, and
+GPT-2's Conv1D layers become the equal nn.Linear, the only layers it tracks): EK-FAC with matched
+settings, i.e. the empirical Fisher, float32 forward and backward passes and float64 everywhere else
+(kronfluence's activation/gradient covariance, eigendecomposition, lambda, per-sample gradient,
+precondition and score dtypes; epochlens's defaults), damping 0.1 x each layer's mean eigenvalue
+(kronfluence's heuristic, epochlens's relative 0.1), both holding ``--kf-query-batch-size``
+preconditioned query gradients at once. Stages are interleaved (epochlens, kronfluence, then
+kronfluence, epochlens, ...; ``--repeats`` rounds, the fastest of each kept), each with its peak
+memory; the report gives every stage's seconds and ratio and the Spearman correlations of the two
+libraries' self-influence and pairwise scores. Results go to ``--out`` (JSON) after every stage, so
+an interrupted run keeps what it measured. Setting up kronfluence's environment (never let pip
+touch torch; no torchvision)::
 
     python3 -m venv /work/kf-venv && /work/kf-venv/bin/pip install torch==2.13.0
     /work/kf-venv/bin/pip install --no-deps kronfluence==1.0.1
-    /work/kf-venv/bin/pip install accelerate safetensors opt_einsum einconv einops -c <(echo torch==2.13.0)
+    /work/kf-venv/bin/pip install accelerate safetensors opt_einsum einconv einops tqdm numpy \
+        transformers -c <(echo torch==2.13.0)
     nice .venv/bin/python benchmarks/influence.py --model resnet18_lop --n-train 1000 --n-query 100 \
         --kronfluence /work/kf-venv/bin/python --threads 2 --out influence_vs_kronfluence.json
+    nice .venv/bin/python benchmarks/influence.py --model tiny_bert --n-train 1000 --n-query 100 \
+        --kronfluence /work/kf-venv/bin/python --threads 2 --repeats 3 --out kronfluence_bert.json
 
 The projected hours for 50,000 training images x 21 checkpoints are computed only from a run on a
 GPU (``projection``); on a CPU the field says so.
@@ -63,22 +76,63 @@ from epochlens.influence.factors import (
     eigendecompose,
     empty_factors,
 )
+from epochlens.influence.study_inputs import with_labels
 from epochlens.models.networks import build_model
 
 # (in_channels, side, num_classes, active classes) of the benchmark input per model.
 SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}
 
 
-def bench_once(name: str, args: argparse.Namespace, device: torch.device) -> dict:
-    channels, side, num_classes, n_active = SHAPES[name]
+def _inputs(name: str, args: argparse.Namespace) -> dict:
+    """The model's name and weights, the training and query inputs and labels, the active classes:
+    what both libraries score (written to ``inputs.pt`` for kronfluence's side). Text inputs are
+    dicts of ``input_ids`` and ``attention_mask`` (see ``_common.token_batch``)."""
     torch.manual_seed(args.seed)
-    model = build_model(name, num_classes, channels).to(device).eval()
     gen = torch.Generator().manual_seed(args.seed)
-    x = torch.randn(args.n_train, channels, side, side, generator=gen)
-    xq = torch.randn(args.n_query, channels, side, side, generator=gen)
-    active = np.arange(n_active)
-    y = torch.randint(0, n_active, (args.n_train,), generator=gen).numpy()
-    yq = torch.randint(0, n_active, (args.n_query,), generator=gen).numpy()
+    if name in _common.TEXT_MODELS:
+        model, num_classes, n_active = _common.text_model(name), 2, 2
+        x = _common.token_batch(args.n_train, gen)
+        xq = _common.token_batch(args.n_query, gen)
+    else:
+        channels, side, num_classes, n_active = SHAPES[name]
+        model = build_model(name, num_classes, channels).eval()
+        x = torch.randn(args.n_train, channels, side, side, generator=gen)
+        xq = torch.randn(args.n_query, channels, side, side, generator=gen)
+    return {
+        "model": name,
+        "num_classes": num_classes,
+        "state_dict": model.state_dict(),
+        "x": x,
+        "xq": xq,
+        "y": torch.randint(0, n_active, (args.n_train,), generator=gen).numpy(),
+        "yq": torch.randint(0, n_active, (args.n_query,), generator=gen).numpy(),
+        "active": np.arange(n_active),
+    }
+
+
+def _model(inputs: dict, device: torch.device) -> torch.nn.Module:
+    """The model of :func:`_inputs` with its weights, on ``device``, in eval mode."""
+    name = inputs["model"]
+    if name in _common.TEXT_MODELS:
+        model = _common.text_model(name)
+    else:
+        model = build_model(name, inputs["num_classes"], inputs["x"].shape[1])
+    model.load_state_dict(inputs["state_dict"])
+    return model.to(device).eval()
+
+
+def _data(inputs: dict) -> tuple:
+    """(x, y, xq, yq, active) as epochlens takes them: text as Datasets of dicts that hold the labels
+    (y and yq None), as a text run's influence jobs pass them."""
+    x, y = with_labels(inputs["x"], inputs["y"])
+    xq, yq = with_labels(inputs["xq"], inputs["yq"])
+    return x, y, xq, yq, inputs["active"]
+
+
+def bench_once(name: str, args: argparse.Namespace, device: torch.device) -> dict:
+    inputs = _inputs(name, args)
+    model = _model(inputs, device)
+    x, y, xq, yq, active = _data(inputs)
     settings = InfluenceSettings(
         method=args.method,
         fisher=args.fisher,
@@ -158,23 +212,6 @@ KF_STAGES = {
 }
 
 
-def _inputs(name: str, args: argparse.Namespace) -> dict:
-    channels, side, num_classes, n_active = SHAPES[name]
-    torch.manual_seed(args.seed)
-    model = build_model(name, num_classes, channels).eval()
-    gen = torch.Generator().manual_seed(args.seed)
-    return {
-        "model": name,
-        "num_classes": num_classes,
-        "state_dict": model.state_dict(),
-        "x": torch.randn(args.n_train, channels, side, side, generator=gen),
-        "xq": torch.randn(args.n_query, channels, side, side, generator=gen),
-        "y": torch.randint(0, n_active, (args.n_train,), generator=gen).numpy(),
-        "yq": torch.randint(0, n_active, (args.n_query,), generator=gen).numpy(),
-        "active": np.arange(n_active),
-    }
-
-
 class _Kronfluence:
     """The kronfluence driver (benchmarks/_kronfluence.py) in a subprocess, one stage per request."""
 
@@ -223,11 +260,8 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     """Stage by stage, interleaved: epochlens in this process, kronfluence in its own (see the doc)."""
     inputs = _inputs(name, args)
-    channels, _, num_classes, _ = SHAPES[name]
-    model = build_model(name, num_classes, channels)
-    model.load_state_dict(inputs["state_dict"])
-    model = model.to(device).eval()
-    x, y, xq, yq, active = (inputs[k] for k in ("x", "y", "xq", "yq", "active"))
+    model = _model(inputs, device)
+    x, y, xq, yq, active = _data(inputs)
     params = sum(lf.out_dim * lf.in_dim for lf in empty_factors(model, InfluenceSettings()).layers.values())
     # Room for exactly kf_query_batch_size preconditioned query gradients (float64), as kronfluence.
     memory_gb = (args.kf_query_batch_size + 0.5) * params * 8 / 2**30
@@ -357,7 +391,7 @@ def _summarise(report: dict, args: argparse.Namespace, device: torch.device) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _common.parser(__doc__, repeats=1)
+    parser = _common.parser(__doc__, repeats=1, more_models=_common.TEXT_MODELS)
     parser.add_argument("--n-train", type=int, default=64)
     parser.add_argument("--n-query", type=int, default=8)
     parser.add_argument("--method", choices=["ekfac", "kfac", "diagonal", "identity"], default="ekfac")
