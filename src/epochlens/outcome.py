@@ -17,8 +17,12 @@ Such a sample has no class: the tables give all of them the one class :data:`LM_
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # the evaluation's tables import this module without torch
+    import torch
 
 IGNORE_INDEX = -100
 LM_CLASS_NAME = "target tokens"
@@ -28,6 +32,7 @@ def sequence_outcome(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     """(correct (B,) bool, loss (B,) float64) of logits (B, L, V) on token labels (B, L).
 
     A sample without a target token has loss NaN and is not correct."""
+    import torch
     z = logits[:, :-1].double()
     target = labels[:, 1:].to(z.device)
     valid = target != IGNORE_INDEX
