@@ -10,6 +10,7 @@ from __future__ import annotations
 from epochlens.config import epochs
 from epochlens.errors import ConfigError
 from epochlens.models.catalog import DEFAULT_LAYERS, known_layers
+from epochlens.study.settings import IMAGE_QUERY_TRANSFORMS, TEXT_QUERY_TRANSFORMS
 
 
 def check_run(name: str, run: dict) -> None:
@@ -81,6 +82,12 @@ def check_text_config(name: str, run: dict) -> None:
             f'{"model.hf" if text else "text data"}. README "Language models".'
         )
     if not text:
+        text_transforms = [t for t in run["influence"]["transforms"] if t in TEXT_QUERY_TRANSFORMS]
+        if run["influence"]["enabled"] and text_transforms:
+            raise ConfigError(
+                f"runs.{name}.influence.transforms: {text_transforms} transform texts; an image run's "
+                f"are {['none', *IMAGE_QUERY_TRANSFORMS]}."
+            )
         return
     problems = [
         f"{stage}.enabled: false (per-sample {stage} of text runs is not available yet)"
@@ -91,8 +98,12 @@ def check_text_config(name: str, run: dict) -> None:
         problems.append("model.hf.config: the model's config.json as a mapping (the pipeline trains it)")
     if run["train"].get("augment", "none") != "none":
         problems.append("train.augment: none (flip_crop is for images)")
-    if run["influence"]["enabled"] and run["influence"]["transforms"] != ["none"]:
-        problems.append("influence.transforms: [none] (hflip, noise and crop are image transforms)")
+    image_transforms = [t for t in run["influence"]["transforms"] if t in IMAGE_QUERY_TRANSFORMS]
+    if run["influence"]["enabled"] and image_transforms:
+        problems.append(
+            f"influence.transforms without {image_transforms} (image transforms; a text run's are "
+            f"{['none', *TEXT_QUERY_TRANSFORMS]})"
+        )
     problems += causal_lm_problems(run)
     if problems:
         raise ConfigError(f"runs.{name} is a text run; set " + "; ".join(problems) + ".")

@@ -29,9 +29,9 @@ from epochlens.influence.scores import pairwise_influence, self_influence
 from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples, with_labels
 from epochlens.job import CheckpointJob
 from epochlens.provenance import file_sha256, provenance
-from epochlens.study.corruption import transform_queries
 from epochlens.study.poison import accumulate_tracin, influence_settings
 from epochlens.study.queries import select_queries
+from epochlens.study.transforms import transform_queries
 
 log = logging.getLogger("epochlens")
 
@@ -172,10 +172,14 @@ def score_shard(
         spec["transforms"],
         device,
     )
-    query_images = {
-        t: transform_queries(queries.images, t, spec["transform_seed"], spec["noise_std"], spec["crop_pad"])
-        for t in spec["transforms"]
-    }
+    transform_args = dict(
+        seed=spec["transform_seed"],
+        noise_std=spec["noise_std"],
+        pad=spec["crop_pad"],
+        **{k: spec[k] for k in ("drop_fraction", "keep_fraction") if k in spec},
+        pad_token_id=getattr(data, "pad_token_id", 0),
+    )
+    query_images = {t: transform_queries(queries.images, t, **transform_args) for t in spec["transforms"]}
     inputs = job.input_hashes()
     factors = None
     if factors_path is not None:

@@ -1,7 +1,7 @@
 """The data-quality study around the influence engine.
 
-* :mod:`.corruption`  corrupted training data on purpose (label flips, a backdoor trigger) and
-  query transforms;
+* :mod:`.corruption`  corrupted training data on purpose (label flips, a backdoor trigger);
+* :mod:`.transforms`  query transforms (images: hflip, noise, crop; texts: token dropout, truncation);
 * :mod:`.settings`    query and transform settings (torch-free);
 * :mod:`.queries`     the test images whose predictions are attributed;
 * :mod:`.poison`      TracIn over a class schedule, per-image signals and the detection tables
@@ -18,7 +18,7 @@ _EXPORTS = {
     "flip_labels": "corruption",
     "plant_trigger": "corruption",
     "apply_trigger": "corruption",
-    "transform_queries": "corruption",
+    "transform_queries": "transforms",
     "QuerySettings": "settings",
     "QueryTransformSettings": "settings",
     "select_queries": "queries",

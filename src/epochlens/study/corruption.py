@@ -11,10 +11,8 @@ differs) and the sorted int64 positions of the corrupted samples in the training
 the validation holdout are never corrupted (they are not trained on). Selections are pure functions
 of (seed, fraction, eligible samples), via ``numpy.random.default_rng(seed)``.
 
-Query transforms (:func:`transform_queries`) perturb normalised query images, so that the
-agreement of influence scores across them can be measured: ``hflip`` (mirror left-right),
-``noise`` (Gaussian, std in normalised units), ``crop`` (zero-pad by ``pad`` pixels, then crop
-back at a seeded random offset per image: a shift of up to ``pad`` pixels).
+The query transforms of the study are in :mod:`epochlens.study.transforms` (the data preparation
+imports this module: a change there must not rerun it).
 """
 
 from __future__ import annotations
@@ -22,11 +20,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import torch
 
 from epochlens.data import Dataset
 from epochlens.errors import ConfigError
-from epochlens.study.settings import QUERY_TRANSFORMS
 
 CORNERS = ("bottom_right", "bottom_left", "top_right", "top_left")
 
@@ -182,37 +178,3 @@ def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:
     if kind != "none":
         raise ConfigError(f"data.corruption.kind={kind!r} must be none, label_flip or trigger.")
     return dataset, np.zeros(0, dtype=np.int64)
-
-
-def transform_queries(
-    images: torch.Tensor,
-    kind: str,
-    seed: int = 0,
-    noise_std: float = 0.1,
-    pad: int = 1,
-) -> torch.Tensor:
-    """A transformed copy of normalised query images (Q, C, H, W); see the module doc for ``kind``."""
-    if kind not in QUERY_TRANSFORMS:
-        raise ConfigError(f"query transform {kind!r} must be one of {list(QUERY_TRANSFORMS)}")
-    if isinstance(images, dict):  # a text model's keyword inputs: no image transform applies
-        if kind != "none":
-            raise ConfigError(f"query transform {kind!r} transforms images; a text run takes none only.")
-        return {k: v.clone() for k, v in images.items()}
-    images = torch.as_tensor(images)
-    if kind == "none":
-        return images.clone()
-    if kind == "hflip":
-        return images.flip(-1)
-    gen = torch.Generator().manual_seed(seed)
-    if kind == "noise":
-        noise = torch.randn(images.shape, generator=gen, dtype=torch.float64)
-        return images + (noise_std * noise).to(images.dtype).to(images.device)
-    if pad < 1:
-        raise ConfigError(f"crop pad={pad} must be >= 1")
-    h, w = images.shape[-2:]
-    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
-    offsets = torch.randint(0, 2 * pad + 1, (len(images), 2), generator=gen)
-    out = torch.empty_like(images)
-    for i, (dy, dx) in enumerate(offsets.tolist()):
-        out[i] = padded[i, :, dy : dy + h, dx : dx + w]
-    return out

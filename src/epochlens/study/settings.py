@@ -1,6 +1,6 @@
 """Settings of the data-quality study around the influence engine (torch-free: the workflow reads
 them while planning): which test images are attributed (:class:`QuerySettings`) and under which
-query transforms (:class:`QueryTransformSettings`).
+query transforms (:class:`QueryTransformSettings`, :mod:`epochlens.study.transforms`).
 
 Field metadata: ``tables`` marks a setting that changes only the run's tables (how scores are
 reduced, how many top images are listed), not the scores: the scores' params leave it out.
@@ -16,7 +16,9 @@ from epochlens.errors import ConfigError
 QUERY_SELECTIONS = ("misclassified", "all")
 QUERY_LABELS = ("predicted", "correct")
 QUERY_REDUCTIONS = ("max", "mean")
-QUERY_TRANSFORMS = ("none", "hflip", "noise", "crop")
+IMAGE_QUERY_TRANSFORMS = ("hflip", "noise", "crop")
+TEXT_QUERY_TRANSFORMS = ("token_dropout", "truncate")
+QUERY_TRANSFORMS = ("none", *IMAGE_QUERY_TRANSFORMS, *TEXT_QUERY_TRANSFORMS)
 
 
 @dataclass
@@ -65,7 +67,15 @@ class QueryTransformSettings:
     )
     noise_std: float = field(default=0.1, metadata={"help": "noise transform: std in normalised units"})
     crop_pad: int = field(default=1, metadata={"help": "crop transform: largest shift in pixels"})
-    transform_seed: int = field(default=0, metadata={"help": "seed of the noise and crop transforms"})
+    drop_fraction: float = field(
+        default=0.1, metadata={"help": "token_dropout transform: probability of dropping each inner token"}
+    )
+    keep_fraction: float = field(
+        default=0.5, metadata={"help": "truncate transform: fraction of the inner tokens kept"}
+    )
+    transform_seed: int = field(
+        default=0, metadata={"help": "seed of the noise, crop and token_dropout transforms"}
+    )
     top_k: int = field(
         default=16,
         metadata={"help": "top-ranked training images kept per signal (table and figure)", "tables": True},
@@ -77,4 +87,9 @@ class QueryTransformSettings:
         if unknown or not self.transforms:
             raise ConfigError(
                 f"influence.transforms: {list(self.transforms)} must be values of {list(QUERY_TRANSFORMS)}."
+            )
+        if not 0 <= self.drop_fraction < 1 or not 0 < self.keep_fraction <= 1:
+            raise ConfigError(
+                f"influence.drop_fraction={self.drop_fraction} must be in [0, 1) and influence."
+                f"keep_fraction={self.keep_fraction} in (0, 1]."
             )

@@ -296,7 +296,12 @@ def test_a_text_run_validates_and_plans_its_checkpoints():
         (text_run(model={"hf": {}}), r"model.hf.config: the model's config.json as a mapping"),
         (
             text_run(influence={"enabled": True, "transforms": ["none", "hflip"]}),
-            r"influence.transforms: \[none\]",
+            r"influence.transforms without \['hflip'\] \(image transforms; a text run's are \['none', "
+            r"'token_dropout', 'truncate'\]\)",
+        ),
+        (
+            tiny_run(influence={"enabled": True, "transforms": ["none", "truncate"]}),
+            r"influence.transforms: \['truncate'\] transform texts; an image run's are",
         ),
     ],
 )

@@ -16,7 +16,6 @@ from epochlens.study.corruption import (
     corrupt,
     flip_labels,
     plant_trigger,
-    transform_queries,
     trigger_value,
 )
 from epochlens.study.detection import (
@@ -102,28 +101,6 @@ def test_apply_trigger_on_queries_in_each_corner() -> None:
     assert images.sum() == 0  # a copy
     with pytest.raises(ConfigError, match="corner="):
         apply_trigger(images, 1, "middle")
-
-
-def test_query_transforms() -> None:
-    x = torch.randn(4, 2, 5, 5)
-    torch.testing.assert_close(transform_queries(transform_queries(x, "hflip"), "hflip"), x)
-    assert torch.equal(transform_queries(x, "hflip")[..., 0], x[..., -1])
-    n1, n2 = (
-        transform_queries(x, "noise", seed=1, noise_std=0.5),
-        transform_queries(x, "noise", seed=1, noise_std=0.5),
-    )
-    assert torch.equal(n1, n2) and not torch.equal(n1, transform_queries(x, "noise", seed=2, noise_std=0.5))
-    assert 0.3 < float((n1 - x).std()) < 0.7
-    c = transform_queries(x, "crop", seed=0, pad=1)
-    assert c.shape == x.shape and torch.equal(c, transform_queries(x, "crop", seed=0, pad=1))
-    for i in range(4):  # each image is its own copy, shifted by at most one pixel with zeros entering
-        padded = torch.nn.functional.pad(x[i], (1, 1, 1, 1))
-        assert any(
-            torch.equal(c[i], padded[:, dy : dy + 5, dx : dx + 5]) for dy in range(3) for dx in range(3)
-        )
-    assert torch.equal(transform_queries(x, "none"), x)
-    with pytest.raises(ConfigError, match="query transform 'rotate'"):
-        transform_queries(x, "rotate")
 
 
 def test_detection_metrics_on_known_rankings() -> None:
