@@ -113,6 +113,13 @@ def test_embedded_default(tmp_path):
     auroc = pd.read_csv(paths.table("poison_detection", "polarity")).set_index(["method", "signal"])["auroc"]
     assert auroc[("ekfac", "self_influence")] > 0.9 and auroc[("identity", "self_influence")] > 0.9, auroc
     assert 0.3 < auroc[("random", "random")] < 0.7
+    # the queries under token dropout and truncation are scored too, and their rankings compared
+    assert {("ekfac", "query_influence_token_dropout"), ("ekfac", "query_influence_truncate")} <= set(
+        auroc.index
+    )
+    agreement = pd.read_csv(paths.table("influence_transform_agreement", "polarity"))
+    pairs = set(zip(agreement["transform_a"], agreement["transform_b"], strict=True))
+    assert {("none", "token_dropout"), ("none", "truncate")} <= pairs and agreement["spearman"].notna().all()
     for epoch in (0, 5, 10):
         meta = json.loads(Path(paths.curvature_metadata("polarity", 0, epoch)).read_text())
         assert meta["stats"]["n_samples"] == meta["stats"]["n_active"] == 600, meta["stats"]
