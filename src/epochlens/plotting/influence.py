@@ -55,8 +55,8 @@ def plot_poison_roc(roc: pd.DataFrame, detection: pd.DataFrame, title: str) -> p
                     label=label if k == 0 else None,
                 )
         ax.plot([0, 1], [0, 1], color="0.85", lw=0.8, zorder=0)
-        ax.set_xlabel("false positive rate (clean images flagged)")
-        ax.set_ylabel("true positive rate (corrupted images found)")
+        ax.set_xlabel("false positive rate (clean samples flagged)")
+        ax.set_ylabel("true positive rate (corrupted samples found)")
         ax.set_title(signal.replace("_", " "), fontsize=10)
         ax.set_xlim(-0.01, 1.01)
         ax.set_ylim(-0.01, 1.01)
@@ -64,9 +64,11 @@ def plot_poison_roc(roc: pd.DataFrame, detection: pd.DataFrame, title: str) -> p
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="lower right")
         else:
-            ax.text(0.5, 0.5, "no corrupted images to find", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5, 0.5, "no corrupted samples to find", ha="center", va="center", transform=ax.transAxes
+            )
     n_idx = detection["index"].nunique() if len(detection) else 0
-    fig.suptitle(f"{title}: finding the corrupted training images (epoch {epoch}, {n_idx} index(es))")
+    fig.suptitle(f"{title}: finding the corrupted training samples (epoch {epoch}, {n_idx} index(es))")
     fig.tight_layout()
     return fig
 
