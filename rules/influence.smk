@@ -307,6 +307,7 @@ rule lds_retrain:
     input:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
+        start=get_lds_start_checkpoint,
         code=get_code("lds_retrain.py"),
     output:
         part=layout.lds_part(),
@@ -327,6 +328,7 @@ rule lds_retrain:
     params:
         run=get_lds_retrain_run,
         lds=get_lds_retrain_settings,
+        start_epoch=get_lds_start_epoch,
     script:
         "../scripts/lds_retrain.py"
 

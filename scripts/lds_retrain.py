@@ -12,10 +12,11 @@ import numpy as np
 from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_atomic
+from epochlens.checkpoints import load_state_dict
 from epochlens.data import read_dataset
 from epochlens.device import job_device
 from epochlens.models.networks import build_model
-from epochlens.provenance import provenance
+from epochlens.provenance import file_sha256, provenance
 from epochlens.schedule import schedule_from_config
 from epochlens.study.retrain import retrain_part
 from epochlens.training import TrainSettings
@@ -31,12 +32,16 @@ def main(snakemake) -> None:
     channels = data.train_images.shape[1]
     device = job_device(snakemake.config["device"], job_resources(snakemake))
     output = Path(snakemake.output.part)
+    start, inputs = None, {"dataset": data.content_hash}
+    if snakemake.input.start:  # influence.lds.start: previous, the run's checkpoint before epoch
+        start = (snakemake.params.start_epoch, load_state_dict(snakemake.input.start[0]))
+        inputs["start_checkpoint"] = file_sha256(snakemake.input.start[0])
     arrays = retrain_part(
         lambda: build_model(run["model"]["name"], data.num_classes, channels, seed=settings.seed),
         data, schedule, settings, epoch, lds, int(wc.part), int(wc.nparts),
-        save_every=run["checkpoints"].get("save_every"), device=device, scratch=output.parent,
+        save_every=run["checkpoints"].get("save_every"), device=device, scratch=output.parent, start=start,
     )  # fmt: skip
-    info = {"device": str(device), "provenance": provenance(run, {"dataset": data.content_hash})}
+    info = {"device": str(device), "provenance": provenance(run, inputs)}
 
     def write(tmp):
         with open(tmp, "wb") as f:

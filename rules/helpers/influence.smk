@@ -160,6 +160,23 @@ def get_lds_retrain_settings(wildcards):
     return run_config.lds_retrain_params(get_run(wildcards))["lds"]
 
 
+def get_lds_start_epoch(wildcards):
+    """The run's checkpoint epoch the retrainings start from (None: from scratch)."""
+    return run_config.lds_start_epoch(get_run(wildcards), int(wildcards.epoch))
+
+
+def get_lds_start_checkpoint(wildcards):
+    """The run's checkpoint the retrainings start from ([] from scratch)."""
+    start = get_lds_start_epoch(wildcards)
+    if start is None:
+        return []
+    return [
+        get_checkpoint(
+            SimpleNamespace(run=wildcards.run, index=wildcards.index, epoch=f"{start:04d}")
+        )
+    ]
+
+
 def get_lds_table_params(wildcards):
     return run_config.lds_table_params(get_run(wildcards))
 

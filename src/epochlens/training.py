@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -183,6 +183,8 @@ def train_incremental(
     log_path: str | Path | None = None,
     resume_dir: str | Path | None = None,
     resume_every: int | None = None,
+    start: tuple[int, Mapping[str, torch.Tensor]] | None = None,
+    stop_epoch: int | None = None,
 ) -> pd.DataFrame:
     """Train ``model`` through every task of ``schedule``; return the per-epoch training log.
 
@@ -196,6 +198,11 @@ def train_incremental(
     and log, byte for byte, as one that never stopped (same device and software). The folder is
     left in place; the caller deletes it (:meth:`ResumeDir.clear`) once the job's outputs are all
     written.
+
+    ``start`` = (epoch E0, weights): begin from those weights as the model after epoch E0 and train
+    epochs E0 + 1 on with the recipe of those epochs (classes, learning rate; a fresh optimizer and
+    shuffling generator): the warm start of the LDS retrainings. ``stop_epoch``: stop after that
+    epoch instead of the schedule's last (the checkpoints up to it are those of a full run).
     """
     device = torch.device(device)
     torch.manual_seed(settings.seed)
@@ -216,6 +223,9 @@ def train_incremental(
     holdout = data.holdout
     ept = schedule.epochs_per_task
     milestones = sorted({round(f * ept) for f in settings.lr_milestones if 0 < f < 1})
+    if start is not None and resume_dir is not None:
+        raise ValueError("train_incremental: a warm start (start) is not resumable; give one of the two")
+    last = schedule.final_epoch if stop_epoch is None else min(int(stop_epoch), schedule.final_epoch)
     resume = (
         None
         if resume_dir is None
@@ -237,6 +247,9 @@ def train_incremental(
         log.info(
             "resuming training at epoch %d of %d (state in %s)", first, schedule.final_epoch, resume.folder
         )
+    elif start is not None:
+        model.load_state_dict(start[1])
+        first = int(start[0]) + 1
     else:
         first = 1
     train_log = TrainLog(log_path, state["log"] if state is not None else [])
@@ -261,12 +274,12 @@ def train_incremental(
         if resume is not None:
             kept[epoch] = resume.keep(path)
 
-    if state is None:
+    if state is None and start is None:
         save_checkpoint(0)
         if resume is not None:
             save_state(0)
     bar = progress_bar(
-        total=schedule.final_epoch,
+        total=last,
         initial=first - 1,
         desc="training",
         unit="epoch",
@@ -274,7 +287,7 @@ def train_incremental(
         line_every=0,
     )
     task_data = None
-    for epoch in range(first, schedule.final_epoch + 1):
+    for epoch in range(first, last + 1):
         task, epoch_in_task = divmod(epoch - 1, ept)
         if task_data is None or task_data[0] != task:
             active = schedule.active_classes(task * ept + 1)

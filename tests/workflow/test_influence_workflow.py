@@ -19,6 +19,7 @@ from wfutil import tiny_run as make_tiny_run
 
 from epochlens.data import holdout_mask, load_digits, read_dataset
 from epochlens.layout import RESULTS
+from epochlens.provenance import file_sha256
 from epochlens.study.detection import DETECTION_COLUMNS
 
 pytestmark = pytest.mark.workflow
@@ -211,6 +212,13 @@ def test_what_config_changes_rerun(tiny_run):
         "plot_lds": 1,
         "influence": 1,
     }
+    # Warm-started retrainings (from the run's epoch-4 checkpoint) are other retrainings.
+    assert planned(lds={**LDS, "start": "previous"}) == {
+        "lds_retrain": 2,
+        "lds_tables": 1,
+        "plot_lds": 1,
+        "influence": 1,
+    }
     # How query influence is reduced over the queries changes the tables only.
     assert planned(queries={**spec["influence"]["queries"], "reduce": "mean"}) == {
         "poison_detection": 1,
@@ -262,3 +270,33 @@ def test_lds_table_and_figure(tiny_run):
             assert npz["masks"].shape[0] == len(npz["subset_ids"]) == npz["log_probs"].shape[0]
     assert (work / RESULTS.figure("lds", "png", "tiny")).stat().st_size > 10_000
     assert (work / RESULTS.figure("lds", "pdf", "tiny")).exists()
+
+
+def test_lds_retrainings_warm_started_from_the_previous_checkpoint(tiny_run, tmp_path):
+    """influence.lds.start: previous, run in a copy of the finished study: the two retraining jobs
+    start from the run's epoch-4 checkpoint (recorded in their provenance) and train epochs 5-6
+    only; the subsets are the same, the retrained models not."""
+    import shutil
+
+    wf, work, cfg, path = tiny_run
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy, symlinks=True)
+    changed = json.loads(json.dumps(cfg))
+    changed["runs"]["tiny"]["influence"]["lds"] = {**LDS, "start": "previous"}
+    out = snakemake(wf, copy, "influence", configfile=write_config(tmp_path / "warm.yaml", changed)).stdout
+    assert "from the run's epoch 4" in "".join(
+        p.read_text() for p in (copy / "results").rglob("retrain_*.log")
+    )
+    assert "lds_retrain" in out
+    checkpoint = copy / RESULTS.checkpoint("tiny", 0, 4)
+    for part in range(2):
+        with (
+            np.load(work / RESULTS.lds_part("tiny", 0, 6, part, 2)) as cold,
+            np.load(copy / RESULTS.lds_part("tiny", 0, 6, part, 2)) as warm,
+        ):
+            np.testing.assert_array_equal(cold["masks"], warm["masks"])
+            assert not np.allclose(cold["log_probs"], warm["log_probs"])
+            info = json.loads(str(warm["info"]))
+        assert info["provenance"]["inputs"]["start_checkpoint"] == file_sha256(checkpoint)
+    table = pd.read_csv(copy / RESULTS.table("lds", "tiny"))
+    assert table["lds"].between(-1, 1).all() and (table["n_subsets"] == 3).all()

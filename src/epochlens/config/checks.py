@@ -228,5 +228,12 @@ def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> 
         problems.append("it measures clean test images; set influence.queries.trigger: false")
     if lds["parts"] > lds["subsets"]:
         problems.append(f"parts ({lds['parts']}) must not exceed subsets ({lds['subsets']})")
+    if lds.get("start") == "previous" and not problems:
+        first = [e for e in epochs.influence_epochs(name, run) if epochs.lds_start_epoch(run, e) is None]
+        if first:
+            problems.append(
+                f"start: previous needs a checkpoint before each influence epoch; epoch(s) {first} "
+                "have none (use start: scratch, or later influence.epochs)"
+            )
     if problems:
         raise ConfigError(f"{key}: " + "; ".join(problems) + f". Or set {key}.enabled: false.")

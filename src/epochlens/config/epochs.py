@@ -149,6 +149,15 @@ def curvature_epochs(run_name: str, run_cfg: dict) -> list[int]:
     return section_epochs(run_name, run_cfg, "curvature")
 
 
+def lds_start_epoch(run_cfg: dict, epoch: int) -> int | None:
+    """The run's checkpoint epoch that the LDS retrainings of ``epoch`` start from: the one before
+    it with ``influence.lds.start: previous``, None from scratch (or when there is none before)."""
+    if run_cfg["influence"]["lds"].get("start", "scratch") != "previous":
+        return None
+    earlier = [e for e in checkpoint_epochs(run_cfg) if e < int(epoch)]
+    return max(earlier) if earlier else None
+
+
 def influence_epochs(run_name: str, run_cfg: dict) -> list[int]:
     """Epochs whose influence is computed: ``influence.epochs``, or the last analysed epoch."""
     return section_epochs(run_name, run_cfg, "influence")

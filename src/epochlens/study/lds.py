@@ -31,6 +31,7 @@ import pandas as pd
 
 from epochlens.errors import ConfigError
 
+LDS_STARTS = ("scratch", "previous")
 LDS_COLUMNS = (
     "method", "epoch", "index", "lds", "ci_low", "ci_high", "n_queries", "n_subsets", "fraction",
 )  # fmt: skip
@@ -44,6 +45,13 @@ class LdsSettings:
     subsets: int = field(default=16, metadata={"help": "random subsets of the training images (M)"})
     fraction: float = field(default=0.5, metadata={"help": "share of the training images in each subset"})
     seed: int = field(default=0, metadata={"help": "seed of the subsets"})
+    start: str = field(
+        default="scratch",
+        metadata={
+            "help": "retrain from scratch (scratch), or from the run's checkpoint before the analysed "
+            "one, training only the epochs in between (previous)"
+        },
+    )
     parts: int = field(
         default=1,
         metadata={"help": "jobs per (index, epoch): the subsets are split over them", "execution": True},
@@ -62,6 +70,8 @@ class LdsSettings:
             problems.append(f"parts={self.parts} must be in 1..subsets")
         if self.bootstrap < 0:
             problems.append(f"bootstrap={self.bootstrap} must be >= 0")
+        if self.start not in LDS_STARTS:
+            problems.append(f"start={self.start!r} must be one of {list(LDS_STARTS)}")
         if problems:
             raise ConfigError("influence.lds: " + "; ".join(problems) + ". Fix the config.")
 

@@ -3,7 +3,10 @@
 
 Each subset is trained from scratch with the run's own recipe (:func:`epochlens.training.
 train_incremental`: the same initial weights, seed, schedule, learning rates, early stopping on
-the holdout), with the training images outside the subset removed; the model of the analysed
+the holdout), with the training images outside the subset removed, up to the analysed epoch, or
+(``influence.lds.start: previous``) warm-started from the run's checkpoint before the analysed one
+and trained for the epochs in between only (the affordable choice for a large run: what the
+scores are asked to predict is then the last stretch of training); the model of the analysed
 epoch then gives the log-probabilities of every test image over the classes active at that
 epoch, from which the tables job reads each query's loss. With every image kept, a retraining is
 the run's own training, checkpoint for checkpoint (test).
@@ -15,7 +18,7 @@ import dataclasses
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +89,7 @@ def retrain_subsets(
     save_every: int | None = None,
     device: torch.device | str = "cpu",
     scratch: str | Path | None = None,
+    start: tuple[int, Mapping[str, torch.Tensor]] | None = None,
 ) -> np.ndarray:
     """Retrain on each subset ``masks`` (m, N) and return the test log-probabilities (m, N_test, A)
     of the model at ``epoch`` over the classes active then.
@@ -97,27 +101,31 @@ def retrain_subsets(
         device: where to train.
         scratch: folder for the retrainings' checkpoints (a temporary folder inside it, deleted
             after each subset); default: the system's.
+        start: (E0, the run's weights at its checkpoint E0 < ``epoch``): warm-start every
+            retraining there and train epochs E0 + 1 .. ``epoch`` only; None: from scratch.
     """
     device = torch.device(device)
     if epoch not in schedule.checkpoint_epochs(save_every):
         raise ValueError(f"epoch {epoch} is not a checkpoint epoch of the run")
+    if start is not None and not 0 <= start[0] < epoch:
+        raise ValueError(f"a warm start at epoch {start[0]} must come before the analysed epoch {epoch}")
     active = schedule.active_classes(epoch)
     out = []
     for k, keep in enumerate(np.asarray(masks, dtype=bool)):
-        start = time.perf_counter()
+        began = time.perf_counter()
         model = build_model()
         with tempfile.TemporaryDirectory(dir=scratch, prefix="lds-") as tmp:
             train_incremental(
                 model, subset_data(data, keep), schedule, settings,
                 checkpoint_path=lambda e, folder=Path(tmp): folder / f"{epoch_name(e)}.pt",
-                save_every=save_every, device=device, progress=False,
+                save_every=save_every, device=device, progress=False, start=start, stop_epoch=epoch,
             )  # fmt: skip
             state = torch.load(Path(tmp) / f"{epoch_name(epoch)}.pt", map_location=device, weights_only=True)
         model.load_state_dict(state)
         out.append(test_log_probs(model, data, active, device))
         log.info(
             "subset %d of %d: %d training images, retrained in %.1f s",
-            k + 1, len(masks), int(keep.sum()), time.perf_counter() - start,
+            k + 1, len(masks), int(keep.sum()), time.perf_counter() - began,
         )  # fmt: skip
     return np.stack(out) if out else np.zeros((0, len(data.test_labels), len(active)), np.float32)
 
@@ -134,19 +142,22 @@ def retrain_part(
     save_every: int | None = None,
     device: torch.device | str = "cpu",
     scratch: str | Path | None = None,
+    start: tuple[int, Mapping[str, torch.Tensor]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Part ``part`` of ``parts`` of the retrainings of ``influence.lds`` (``lds``: subsets,
-    fraction, seed): the contents of its ``retrain_{k}-of-{P}.npz``: ``subset_ids`` (m,),
+    fraction, seed; ``start`` as :func:`retrain_subsets`): the contents of its
+    ``retrain_{k}-of-{P}.npz``: ``subset_ids`` (m,),
     ``masks`` (m, N) bool, ``log_probs`` (m, N_test, A) float32, ``active_classes`` (A,)."""
     eligible = ~data.holdout
     masks = subset_masks(eligible, lds["subsets"], lds["fraction"], lds["seed"])
     ids = part_subsets(lds["subsets"], part, parts)
     log.info(
-        "LDS retrainings %s of %d at epoch %d (part %d of %d), %.0f%% of %d training images each",
+        "LDS retrainings %s of %d at epoch %d (part %d of %d), %.0f%% of %d training images each, %s",
         ids.tolist(), lds["subsets"], epoch, part + 1, parts, 100 * lds["fraction"], int(eligible.sum()),
+        "from scratch" if start is None else f"from the run's epoch {start[0]}",
     )  # fmt: skip
     log_probs = retrain_subsets(
-        build_model, data, schedule, settings, epoch, masks[ids], save_every, device, scratch
+        build_model, data, schedule, settings, epoch, masks[ids], save_every, device, scratch, start
     )
     return {
         "subset_ids": ids.astype(np.int64),

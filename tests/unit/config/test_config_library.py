@@ -360,3 +360,20 @@ def test_a_causal_lm_run_has_no_class_schedule(monkeypatch, tmp_path):
 def test_causal_lm_run_errors_name_the_keys_to_fix(run, match):
     with pytest.raises(ConfigError, match=match):
         run_config.validate({"runs": {"lm": run}}, SCHEMA)
+
+
+def test_warm_started_lds_needs_a_checkpoint_before_each_influence_epoch():
+    def run(epochs):
+        lds = {"enabled": True, "start": "previous"}
+        return tiny_run(
+            checkpoints={"source": "train"}, influence={"enabled": True, "epochs": epochs, "lds": lds}
+        )
+
+    cfg = run_config.validate({"runs": {"tiny": run([2, 4])}}, SCHEMA)["runs"]["tiny"]
+    assert [run_config.lds_start_epoch(cfg, e) for e in (2, 4)] == [0, 2]
+    scratch = run_config.validate({"runs": {"tiny": tiny_run(checkpoints={"source": "train"})}}, SCHEMA)
+    assert run_config.lds_start_epoch(scratch["runs"]["tiny"], 4) is None
+    with pytest.raises(
+        ConfigError, match=r"start: previous needs a checkpoint before each influence epoch; epoch\(s\) \[0\]"
+    ):
+        run_config.validate({"runs": {"tiny": run([0, 4])}}, SCHEMA)

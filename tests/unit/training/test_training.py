@@ -129,3 +129,45 @@ def test_resume_state_of_other_settings_is_discarded(digits, uninterrupted, tmp_
     assert "resume state of other settings, data, model or code; discarded" in caplog.text
     assert "resuming" not in caplog.text
     assert files(tmp_path / "mine") == files(reference)
+
+
+def test_stopping_early_changes_no_checkpoint_before_it(digits, uninterrupted, tmp_path):
+    """stop_epoch (the LDS retrainings stop at the analysed epoch): the checkpoints and log rows up
+    to it are the full run's, byte for byte, and nothing after it is trained."""
+    reference, table = uninterrupted
+    stopped = train(digits, tmp_path, stop_epoch=6)
+    assert list(stopped["epoch"]) == list(range(1, 7))
+    pd.testing.assert_frame_equal(stopped, table[table["epoch"] <= 6])
+    ours = {name: data for name, data in files(tmp_path).items() if name != "train_log.csv"}
+    assert ours == {f"epoch_{e:04d}.pt": files(reference)[f"epoch_{e:04d}.pt"] for e in (0, 2, 3, 4, 6)}
+
+
+def test_warm_start_continues_the_run_from_its_checkpoint(digits, tmp_path):
+    """start=(E0, the run's weights at E0): epochs E0+1.. with their classes and learning rates. With
+    full-batch plain SGD (the order of the samples and the optimizer's state do not matter) the
+    warm-started model at every later checkpoint is the run's own, up to float rounding."""
+    import torch
+
+    plain = TrainSettings(batch_size=4096, lr=0.5, momentum=0.0, early_stopping=False, seed=3)
+    run = tmp_path / "run"
+    run.mkdir()
+    full = train(digits, run, settings=plain)
+    start = torch.load(run / "epoch_0004.pt", weights_only=True)
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    log = train(digits, warm, settings=plain, init_seed=99, start=(4, start))
+    assert list(log["epoch"]) == [5, 6, 7, 8, 9]  # no epoch 0 checkpoint, epochs after 4 only
+    np.testing.assert_array_equal(log["lr"], full[full["epoch"] > 4]["lr"])
+    np.testing.assert_array_equal(log["num_active"], full[full["epoch"] > 4]["num_active"])
+    assert sorted(p.name for p in warm.glob("*.pt")) == [f"epoch_{e:04d}.pt" for e in (6, 8, 9)]
+
+    def gap(a: dict, b: dict) -> float:
+        return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+    def load(folder, e):
+        return torch.load(folder / f"epoch_{e:04d}.pt", weights_only=True)
+
+    for e, before in ((6, 4), (8, 6), (9, 8)):  # float rounding (another summation order) vs training
+        assert gap(load(warm, e), load(run, e)) < 1e-4 < 1e-2 < gap(load(run, e), load(run, before))
+    with pytest.raises(ValueError, match="not resumable"):
+        train(digits, tmp_path / "x", settings=plain, start=(4, start), resume_dir=tmp_path / "r")
