@@ -33,6 +33,7 @@ def sequence_outcome(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
 
     A sample without a target token has loss NaN and is not correct."""
     import torch
+
     z = logits[:, :-1].double()
     target = labels[:, 1:].to(z.device)
     valid = target != IGNORE_INDEX
