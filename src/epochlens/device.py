@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -98,3 +99,21 @@ def device_for_dtype(device: torch.device, dtype: torch.dtype) -> torch.device:
     if dtype == torch.float64 and not supports_float64(device):
         return torch.device("cpu")
     return torch.device(device)
+
+
+def autocast(device: torch.device | str, precision: str = "float32") -> AbstractContextManager:
+    """A context that runs forward passes on ``device`` in ``precision``: nothing for float32, else
+    ``torch.autocast`` to that 16-bit dtype (matrix products and convolutions in it; losses and
+    reductions stay float32).
+
+    Raises:
+        ConfigError: an unknown precision, or autocast unavailable on the device.
+    """
+    if precision not in job_resources.PRECISIONS:
+        raise ConfigError(f"precision {precision!r} must be one of {list(job_resources.PRECISIONS)}")
+    if precision == "float32":
+        return nullcontext()
+    kind = torch.device(device).type
+    if not torch.amp.is_autocast_available(kind):
+        raise ConfigError(f"precision {precision}: no autocast on {kind}; use float32 there")
+    return torch.autocast(kind, dtype=getattr(torch, precision))

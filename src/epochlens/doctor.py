@@ -4,8 +4,9 @@ Checks, each with a status (ok / warn / fail) and a one-line detail:
 
 * versions of Python, torch and the packages the workflow imports (missing ones fail);
 * the device ``auto`` resolves to (CUDA, then MPS, then CPU), its name and memory;
-* which dtypes work there (a small matmul in float32, float64, float16, bfloat16); float64
-  missing (MPS) is a warning: float64 work falls back to the CPU;
+* which dtypes work there (a small matmul in float32, float64, float16, bfloat16), and whether
+  forward passes autocast to the 16-bit ones there (``ablation.precision``); float64 missing
+  (MPS) is a warning: float64 work falls back to the CPU;
 * a short curvature run (small CNN, random 8x8 images) on the device, compared with the same
   computation in float64 on the CPU, with its throughput;
 * with a profile (``epochlens doctor --profile profiles/slurm``), which device each rule's jobs
@@ -27,9 +28,10 @@ import torch
 
 from epochlens.curvature.estimator import per_sample_curvature
 from epochlens.curvature.settings import CurvatureSettings
-from epochlens.device import device_for_dtype, resolve_device, supports_float64
+from epochlens.device import autocast, device_for_dtype, resolve_device, supports_float64
 from epochlens.errors import EpochlensError
 from epochlens.models.networks import SmallCNN
+from epochlens.resources import PRECISIONS
 
 #: Packages the workflow imports (distribution names).
 REQUIRED = (
@@ -94,11 +96,27 @@ def _dtype_checks(device: torch.device) -> list[Check]:
         try:
             a = torch.ones(8, 8, dtype=dtype, device=device)
             ok = float((a @ a).sum().item()) == 512.0
-            checks.append(Check(name, "ok" if ok else "fail", "matmul" if ok else "wrong matmul result"))
+            detail = "matmul" if ok else "wrong matmul result"
+            if ok and name in PRECISIONS[1:]:
+                detail += _autocast_check(device, name)
+            checks.append(Check(name, "ok" if ok else "fail", detail))
         except (RuntimeError, TypeError) as exc:
             status = "fail" if dtype == torch.float32 else "warn"
             checks.append(Check(name, status, f"unsupported: {str(exc).splitlines()[0]}"))
     return checks
+
+
+def _autocast_check(device: torch.device, name: str) -> str:
+    """Whether forward passes autocast to ``name`` on ``device`` (ablation.precision)."""
+    layer = torch.nn.Linear(8, 8).to(device)
+    try:
+        with autocast(device, name):
+            out = layer(torch.ones(2, 8, device=device))
+    except (RuntimeError, EpochlensError) as exc:
+        return f"; no autocast ({str(exc).splitlines()[0]}): ablation.precision float32 only"
+    if out.dtype != getattr(torch, name):
+        return f"; autocast gave {out.dtype}: ablation.precision float32 only"
+    return f"; autocast works (ablation.precision: {name})"
 
 
 def _curvature_check(device: torch.device, n_samples: int = 32) -> Check:

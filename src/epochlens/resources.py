@@ -24,6 +24,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+#: Compute precisions of the forward-only stages (ablations): float32, or autocast to a 16-bit float
+#: where the device supports it (:func:`epochlens.device.autocast`). Curvature and influence always
+#: compute in float32 and float64.
+PRECISIONS = ("float32", "bfloat16", "float16")
+
 #: The resources that give a job GPUs (as snakemake-executor-plugin-slurm reads them).
 GPU_RESOURCES = ("gpu", "gpu_model", "gres")
 

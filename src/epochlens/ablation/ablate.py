@@ -41,7 +41,7 @@ from torch import nn
 
 from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data import Dataset
-from epochlens.device import model_device
+from epochlens.device import autocast, model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
@@ -292,28 +292,30 @@ def ablation_table(
     dev = model_device(model, device)
     net = copy.deepcopy(model).to(dev).eval().requires_grad_(False)
     check_finite_weights(net)
-    groups = unit_groups(net, x[:1].to(dev, torch.float32), settings)
-    means = None
-    if "mean" in settings.modes:
-        ref = x if reference_images is None else torch.as_tensor(reference_images)
-        blocks = list(dict.fromkeys(g.block for g in groups))
-        means = unit_means(net, ref, blocks, settings.batch_size, dev)
+    with autocast(dev, settings.precision):  # float32, or 16-bit forward passes
+        groups = unit_groups(net, x[:1].to(dev, torch.float32), settings)
+        means = None
+        if "mean" in settings.modes:
+            ref = x if reference_images is None else torch.as_tensor(reference_images)
+            blocks = list(dict.fromkeys(g.block for g in groups))
+            means = unit_means(net, ref, blocks, settings.batch_size, dev)
 
-    base_correct, base_loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
-    rows = []
-    jobs = [(g, m) for g in groups for m in settings.modes]
-    for group, mode in progress_bar(jobs, desc="ablations", disable=not progress):
-        with ablated(net, group, mode, means):
-            correct, loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
-        unit = {
-            "block": group.block,
-            "group": group.group,
-            "channel_start": group.channel_start,
-            "channel_stop": group.channel_stop,
-            "n_channels": group.n_channels,
-            "mode": mode,
-        }
-        rows += cohort_rows({**(context or {}), **unit}, cohorts, (base_correct, base_loss), (correct, loss))
+        base_correct, base_loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
+        rows = []
+        jobs = [(g, m) for g in groups for m in settings.modes]
+        for group, mode in progress_bar(jobs, desc="ablations", disable=not progress):
+            with ablated(net, group, mode, means):
+                correct, loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
+            unit = {
+                "block": group.block,
+                "group": group.group,
+                "channel_start": group.channel_start,
+                "channel_stop": group.channel_stop,
+                "n_channels": group.n_channels,
+                "mode": mode,
+            }
+            base = (base_correct, base_loss)
+            rows += cohort_rows({**(context or {}), **unit}, cohorts, base, (correct, loss))
     return pd.DataFrame(rows)
 
 

@@ -35,7 +35,7 @@ from torch import nn
 from epochlens.ablation.ablate import cohort_rows, per_sample_outcome
 from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data.text import TextDataset
-from epochlens.device import model_device
+from epochlens.device import autocast, model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.networks import positions_in
 from epochlens.outcome import sample_classes
@@ -240,36 +240,37 @@ def head_ablation_table(
             cohorts[f"data: {name}"] = groups[keep] == g
     dev = model_device(model, device)
     net = copy.deepcopy(model).to(dev).eval().requires_grad_(False)
-    units = text_units(net, settings)
-    means = None
-    if "mean" in settings.modes:
-        ref = inputs
-        if mean_samples:
-            pool = np.flatnonzero(~data.holdout & np.isin(sample_classes(data.train_labels), active))
-            take = np.unique(np.linspace(0, len(pool) - 1, min(mean_samples, len(pool))).round()).astype(
-                np.int64
+    with autocast(dev, settings.precision):  # float32, or 16-bit forward passes
+        units = text_units(net, settings)
+        means = None
+        if "mean" in settings.modes:
+            ref = inputs
+            if mean_samples:
+                pool = np.flatnonzero(~data.holdout & np.isin(sample_classes(data.train_labels), active))
+                take = np.unique(np.linspace(0, len(pool) - 1, min(mean_samples, len(pool))).round()).astype(
+                    np.int64
+                )
+                ref = data.inputs("train", pool[take])
+            batches = (
+                {k: v[lo : lo + settings.batch_size].to(dev) for k, v in ref.items()}
+                for lo in range(0, len(ref["input_ids"]), settings.batch_size)
             )
-            ref = data.inputs("train", pool[take])
-        batches = (
-            {k: v[lo : lo + settings.batch_size].to(dev) for k, v in ref.items()}
-            for lo in range(0, len(ref["input_ids"]), settings.batch_size)
-        )
-        means = site_means(net, batches, sorted({u.site for u in units}))
-    targets = data.labels(base)[keep] if lm else positions_in(labels, active)
-    base = per_sample_outcome(net, inputs, targets, active, settings.batch_size, dev)
-    rows = []
-    for unit in units:
-        for mode in settings.modes:
-            with ablated_units(net, unit, mode, means):
-                correct, loss = per_sample_outcome(net, inputs, targets, active, settings.batch_size, dev)
-            unit_columns = {
-                "block": unit.site,
-                "group": unit.name,
-                "channel_start": unit.start,
-                "channel_stop": unit.stop,
-                "n_channels": unit.stop - unit.start,
-                "mode": mode,
-            }
-            for row in cohort_rows({**(context or {}), **unit_columns}, cohorts, base, (correct, loss)):
-                rows.append({**row, "layer": unit.layer})
+            means = site_means(net, batches, sorted({u.site for u in units}))
+        targets = data.labels(base)[keep] if lm else positions_in(labels, active)
+        base = per_sample_outcome(net, inputs, targets, active, settings.batch_size, dev)
+        rows = []
+        for unit in units:
+            for mode in settings.modes:
+                with ablated_units(net, unit, mode, means):
+                    correct, loss = per_sample_outcome(net, inputs, targets, active, settings.batch_size, dev)
+                unit_columns = {
+                    "block": unit.site,
+                    "group": unit.name,
+                    "channel_start": unit.start,
+                    "channel_stop": unit.stop,
+                    "n_channels": unit.stop - unit.start,
+                    "mode": mode,
+                }
+                for row in cohort_rows({**(context or {}), **unit_columns}, cohorts, base, (correct, loss)):
+                    rows.append({**row, "layer": unit.layer})
     return pd.DataFrame(rows)

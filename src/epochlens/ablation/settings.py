@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epochlens.errors import ConfigError
+from epochlens.resources import PRECISIONS
 
 MODES = ("zero", "mean")
 
@@ -27,6 +28,10 @@ class AblationSettings:
     )
     whole_blocks: bool = field(default=True, metadata={"help": "also ablate each block as a whole"})
     modes: tuple[str, ...] = field(default=MODES, metadata={"help": "zero and/or mean ablation"})
+    precision: str = field(
+        default="float32",
+        metadata={"help": "forward passes in float32, or autocast to bfloat16 / float16 (large models)"},
+    )
     batch_size: int = field(
         default=256, metadata={"help": "images per forward pass (bounds memory)", "execution": True}
     )
@@ -46,6 +51,8 @@ class AblationSettings:
             problems.append(f"channel_groups={self.channel_groups} must be >= 0")
         if self.channel_groups == 0 and not self.whole_blocks:
             problems.append("channel_groups=0 and whole_blocks=false leave nothing to ablate")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision={self.precision!r} must be one of {list(PRECISIONS)}")
         if self.batch_size < 1:
             problems.append(f"batch_size={self.batch_size} must be >= 1")
         if problems:

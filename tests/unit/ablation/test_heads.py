@@ -103,9 +103,8 @@ def test_means_count_real_tokens_only_and_mlp_groups_split_the_neurons(model_typ
                                rtol=0, atol=1e-12)  # fmt: skip
 
 
-def test_the_ablation_table_of_a_text_checkpoint_per_cohort_and_group():
-    from epochlens.ablation.heads import head_ablation_table
-    from epochlens.ablation.settings import AblationSettings
+def polarity_bert():
+    """A tiny polarity data set (40 training, 24 test sentences) and a 2-layer, 2-head BERT."""
     from epochlens.data import holdout_mask
     from epochlens.formats.text import TextSettings, load_polarity
 
@@ -118,6 +117,14 @@ def test_the_ablation_table_of_a_text_checkpoint_per_cohort_and_group():
         config, "sequence_classification", 2, data.pad_token_id, seed=0, vocab_size=data.vocab_size
     )
     attach_output_adapter(model, "logits")
+    return data, model
+
+
+def test_the_ablation_table_of_a_text_checkpoint_per_cohort_and_group():
+    from epochlens.ablation.heads import head_ablation_table
+    from epochlens.ablation.settings import AblationSettings
+
+    data, model = polarity_bert()
     ignored = head_sites(model)[3]  # layer 1, head 1: its projection columns zeroed below
     model = zero_columns(model, ignored.site, ignored.start, ignored.stop)
     settings = AblationSettings(channel_groups=2, modes=("zero", "mean"), batch_size=7)
@@ -140,3 +147,23 @@ def test_the_ablation_table_of_a_text_checkpoint_per_cohort_and_group():
         and (gone["delta_accuracy"] == 0).all()
     )
     assert (table["delta_loss"] != 0).any()
+
+
+def test_bfloat16_head_ablations_are_close_to_float32():
+    from epochlens.ablation.heads import head_ablation_table
+    from epochlens.ablation.settings import AblationSettings
+
+    data, model = polarity_bert()
+    tables = {
+        p: head_ablation_table(
+            model,
+            data,
+            "test",
+            np.array([0, 1]),
+            np.array([1]),
+            AblationSettings(channel_groups=2, precision=p),
+        )
+        for p in ("float32", "bfloat16")
+    }
+    np.testing.assert_allclose(tables["bfloat16"]["loss"], tables["float32"]["loss"], atol=0.03)
+    assert not np.array_equal(tables["bfloat16"]["loss"], tables["float32"]["loss"])
