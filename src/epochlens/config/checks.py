@@ -57,8 +57,9 @@ def is_text_run(run: dict) -> bool:
     return "text" in run["data"] or run["data"]["source"] == "polarity"
 
 
-#: Stages that read images only, so far: a text run must switch them off.
-IMAGE_ONLY_STAGES = ("features", "probes")
+#: Stages that read images or a sequence classifier's sentences only, so far: another text run
+#: (a causal LM) must switch them off.
+CLASSIFIER_ONLY_STAGES = ("features", "probes")
 
 
 def check_text_config(name: str, run: dict) -> None:
@@ -73,10 +74,11 @@ def check_text_config(name: str, run: dict) -> None:
         )
     if not text:
         return
+    task = run["model"]["hf"].get("task", "sequence_classification")
     problems = [
-        f"{stage}.enabled: false (per-sample {stage} of text runs is not available yet)"
-        for stage in IMAGE_ONLY_STAGES
-        if run[stage]["enabled"]
+        f"{stage}.enabled: false ({stage} of {task} runs are not available yet)"
+        for stage in CLASSIFIER_ONLY_STAGES
+        if run[stage]["enabled"] and task != "sequence_classification"
     ]
     if run["checkpoints"]["source"] == "train" and not run["model"]["hf"].get("config"):
         problems.append("model.hf.config: the model's config.json as a mapping (the pipeline trains it)")
