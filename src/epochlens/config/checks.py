@@ -74,7 +74,8 @@ def check_text_config(name: str, run: dict) -> None:
         )
     if not text:
         return
-    task = run["model"]["hf"].get("task", "sequence_classification")
+    lm_data = (run["data"].get("text") or {}).get("target_column")  # prompt + target: causal LM data
+    task = "causal_lm" if lm_data else run["model"]["hf"].get("task", "sequence_classification")
     problems = [
         f"{stage}.enabled: false ({stage} of {task} runs are not available yet)"
         for stage in CLASSIFIER_ONLY_STAGES

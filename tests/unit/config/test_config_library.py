@@ -312,6 +312,10 @@ def test_features_and_probes_of_sequence_classifiers_only():
         ConfigError, match=r"set features.enabled: false .*causal_lm.*; probes.enabled: false"
     ):
         check_text_config("pol", run)
+    run["model"]["hf"]["task"] = "sequence_classification"
+    run["data"]["text"]["target_column"] = "answer"  # prompt + target data is causal LM data
+    with pytest.raises(ConfigError, match=r"features.enabled: false \(features of causal_lm runs"):
+        check_text_config("pol", run)
 
 
 def test_a_user_text_file_needs_its_text_section_and_path():
