@@ -1,6 +1,7 @@
 # Per-layer features of every training and test image at each checkpoint (features.epochs),
 # written to features/epoch_{E}.h5 with their cache key (checkpoint hash, data key, layer and
-# representation spec). Params hold the spec only (epochlens.config.feature_params): Snakemake
+# representation spec); for a text run, each block's hidden states (mean over the real tokens,
+# last real token: epochlens.features.text) in the same file format. Params hold the spec only (epochlens.config.feature_params): Snakemake
 # reruns a job exactly when the key would change (another checkpoint, data set or spec); batch
 # size and device, which do not change the features, are read from the config by the script.
 

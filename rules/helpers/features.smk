@@ -1,5 +1,8 @@
 # Helpers of rules/features.smk: input functions, params and targets.
 
+from epochlens.config.checks import is_text_run
+from epochlens.features.text_settings import text_feature_params
+
 
 @cache
 def get_feature_epochs(run):
@@ -8,7 +11,11 @@ def get_feature_epochs(run):
 
 
 def get_feature_params(wildcards):
-    return run_config.feature_params(get_run(wildcards))
+    """The cache key's spec; a text run's representations are mean and last (of each block)."""
+    run = get_run(wildcards)
+    if is_text_run(run):
+        return text_feature_params(run)
+    return run_config.feature_params(run)
 
 
 def feature_targets():

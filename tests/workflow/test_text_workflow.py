@@ -7,7 +7,8 @@ with save_pretrained, and a tiny BERT trained by transformers.Trainer, which wro
 What epochlens reports must be what the user's own model predicts: the evaluation table at every
 checkpoint equals the counts of correct predictions that transformers gives on the test sentences
 (tokenised and padded the user's way, to max_length), per class and per group; influence scores
-every training sentence and its figure lists texts.
+every training sentence and its figure lists texts; the features of the last checkpoint are the
+user's model's hidden states (padded the pipeline's way: to 64 tokens, not 24).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def user_config(project: dict) -> dict:
     run["data"]["text"]["tokenizer"] = str(project["tokenizer"])
     run["checkpoints"]["path"] = str(project["runs"] / "checkpoint-{epoch}")
     run["influence"]["queries"]["max_count"] = 8
+    run["features"] = {"enabled": True, "epochs": [STEPS[-1]]}  # probes stay off: one cheap job
     cfg["device"] = "cpu"
     return cfg
 
@@ -144,3 +146,23 @@ def test_influence_scores_every_training_sentence_and_lists_texts(text_run):
         scores = np.load(paths.influence_file("scores.npz", "sst", 0, STEPS[-1], method))["self_influence"]
         assert np.isfinite(scores).all() and len(scores) == 160
     assert Path(paths.figure("top_influential_images", "png", "sst")).stat().st_size > 10_000
+
+
+def test_features_are_the_users_models_hidden_states(text_run):
+    from transformers import AutoModelForSequenceClassification
+
+    from epochlens.features.cache import FeatureSet
+
+    project, paths = text_run
+    features = FeatureSet(paths.features("sst", 0, STEPS[-1]))
+    assert features.layers == ["bert.encoder.layer.0"] and features.representations == ["mean", "last"]
+    test = project["test"]
+    model = AutoModelForSequenceClassification.from_pretrained(project["runs"] / f"checkpoint-{STEPS[-1]}")
+    with torch.no_grad():
+        inputs = {k: test.enc[k] for k in ("input_ids", "attention_mask")}
+        hidden = model.eval()(**inputs, output_hidden_states=True).hidden_states[1].numpy()
+    mask = test.enc["attention_mask"].numpy()
+    mean = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    last = hidden[np.arange(len(hidden)), mask.sum(1) - 1]  # right padding
+    np.testing.assert_allclose(features.array("test", "bert.encoder.layer.0", "mean"), mean, atol=1e-5)
+    np.testing.assert_allclose(features.array("test", "bert.encoder.layer.0", "last"), last, atol=1e-5)

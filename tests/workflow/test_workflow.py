@@ -78,10 +78,10 @@ def test_default_config_job_list(tmp_path):
         "curvature_epoch": 52 + 3,
         "curvature_tables": 2,
         "plot_curvature": 2,
-        "features_epoch": 10,  # task boundaries 15..75 x 2 seeds
-        "probes_epoch": 10,
-        "probe_tables": 1,
-        "plot_probes": 1,
+        "features_epoch": 10 + 3,  # task boundaries 15..75 x 2 seeds; polarity: every checkpoint
+        "probes_epoch": 10 + 3,
+        "probe_tables": 2,
+        "plot_probes": 2,
         "ablation_epoch": 10 + 2,  # polarity: heads at epochs 5 and 10
         "ablation_tables": 2,
         "plot_ablation": 2,

@@ -64,11 +64,8 @@ def is_causal_lm_run(run: dict) -> bool:
     return is_text_run(run) and run["model"].get("hf", {}).get("task") == "causal_lm"
 
 
-#: Stages that read images only, so far: a text run must switch them off.
-IMAGE_ONLY_STAGES = ("features", "probes")
-
 #: Stages a causal LM run does not have yet (its per-sample loss is evaluated and ablated).
-CLASSIFIER_ONLY_STAGES = ("curvature", "influence")
+CLASSIFIER_ONLY_STAGES = ("curvature", "features", "probes", "influence")
 
 
 def check_text_config(name: str, run: dict) -> None:
@@ -89,11 +86,7 @@ def check_text_config(name: str, run: dict) -> None:
                 f"are {['none', *IMAGE_QUERY_TRANSFORMS]}."
             )
         return
-    problems = [
-        f"{stage}.enabled: false (per-sample {stage} of text runs is not available yet)"
-        for stage in IMAGE_ONLY_STAGES
-        if run[stage]["enabled"]
-    ]
+    problems = []
     if run["checkpoints"]["source"] == "train" and not run["model"]["hf"].get("config"):
         problems.append("model.hf.config: the model's config.json as a mapping (the pipeline trains it)")
     if run["train"].get("augment", "none") != "none":

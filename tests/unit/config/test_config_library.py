@@ -289,10 +289,6 @@ def test_a_text_run_validates_and_plans_its_checkpoints():
     [
         (text_run(model={"name": "small_cnn"}), "model.hf .a transformer. goes with text data"),
         (tiny_run(model=TEXT_MODEL), "this run has model.hf without text data"),
-        (
-            text_run(features={"enabled": True}, probes={"enabled": True}),
-            r"set features.enabled: false .*; probes.enabled: false",
-        ),
         (text_run(model={"hf": {}}), r"model.hf.config: the model's config.json as a mapping"),
         (
             text_run(influence={"enabled": True, "transforms": ["none", "hflip"]}),
@@ -308,6 +304,19 @@ def test_a_text_run_validates_and_plans_its_checkpoints():
 def test_text_run_errors_name_the_keys_to_fix(run, match):
     with pytest.raises(ConfigError, match=match):
         run_config.validate({"runs": {"pol": run}}, SCHEMA)
+
+
+def test_features_and_probes_of_sequence_classifiers_only(monkeypatch, tmp_path):
+    on = {"features": {"enabled": True}, "probes": {"enabled": True}}
+    run = run_config.validate({"runs": {"pol": text_run(**on)}}, SCHEMA)["runs"]["pol"]
+    assert run["features"]["enabled"] and run["probes"]["enabled"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "checkpoint-10").mkdir(parents=True)
+    with pytest.raises(
+        ConfigError,
+        match=r"set features.enabled: false \(not yet available for causal LM runs\); probes.enabled: false",
+    ):
+        run_config.validate({"runs": {"lm": lm_run(**on)}}, SCHEMA)
 
 
 def test_a_user_text_file_needs_its_text_section_and_path():

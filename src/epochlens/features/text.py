@@ -1,0 +1,332 @@
+"""Per-layer features of a text run's transformer: hidden states reduced over each sequence's tokens.
+
+Which layers: ``None`` (the default) is every transformer block's output, found by module name
+(:func:`epochlens.models.hf_catalog.layout_of`: BERT's ``bert.encoder.layer.N``, GPT-2's
+``transformer.h.N``, Llama's ``model.layers.N``, T5's encoder blocks; the decoder blocks of an
+encoder-decoder model are left out, their tokens are not the input's), or a list of module names
+whose output is a (batch, tokens, features) tensor or a tuple that starts with one, as blocks of
+older ``transformers`` versions return. Block ``N``'s output is ``hidden_states[N + 1]`` of
+``model(..., output_hidden_states=True)`` (for GPT-2 and Llama the last entry has the final norm
+applied as well; a block's output has not).
+
+A forward hook on each layer turns its output ``h`` (B, T, D) into, with ``m`` the attention mask
+(B, T) (1 = a real token, 0 = padding, on either side):
+
+* ``mean``: ``sum_t m[b, t] h[b, t] / sum_t m[b, t]``, (B, D): the mean over the real tokens;
+* ``last``: ``h[b, t_last(b)]`` with ``t_last(b)`` the last position where ``m[b] == 1``, (B, D): the
+  token a GPT-2-style classifier reads its logits from (with right padding; it is also the last
+  token with left padding).
+
+Padding never enters a representation: with right padding, adding padding columns changes nothing
+(up to rounding). Values are computed in the activations' dtype (float32, or float64 for a float64
+model; half precision is raised to float32). A sequence without a real token is an error.
+
+:func:`load_or_extract_text` writes them in the image features' file (:mod:`epochlens.features.cache`:
+``/{split}/{layer}/{mean|last}`` (N, D), ``activation_shape`` (D, T), the same attributes), so
+:mod:`epochlens.probes` reads them unchanged. Its cache key hashes the checkpoint, the data key
+(:func:`text_data_key`: the token ids, masks, labels and the tokenizer's fingerprint, so another
+tokenizer or max_length rebuilds the file) and :meth:`TextFeatureSettings.spec`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+
+import epochlens
+from epochlens.atomic import atomic_path
+from epochlens.data.text import TextDataset
+from epochlens.device import model_device
+from epochlens.errors import FeatureError, LayerError
+from epochlens.features.cache import (
+    FORMAT,
+    CacheResult,
+    FeatureSet,
+    _ChunkWriter,
+    _to_storage,
+    cache_key,
+    cache_status,
+)
+from epochlens.features.extract import _prepared
+from epochlens.features.text_settings import TEXT_REPRESENTATIONS, TextFeatureSettings
+from epochlens.models.layers import resolve_layers
+from epochlens.progress import progress_bar
+
+InputsFn = Callable[[int, int], Mapping[str, torch.Tensor]]
+
+
+def last_positions(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of the last real token (``mask == 1``) of each row of ``mask`` (B, T)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), positions, -1).amax(1)
+
+
+def text_representations(
+    hidden: torch.Tensor, mask: torch.Tensor, names: Sequence[str] = TEXT_REPRESENTATIONS
+) -> dict[str, torch.Tensor]:
+    """``mean`` and/or ``last`` (B, D) of hidden states (B, T, D) under the attention mask (B, T)."""
+    if hidden.ndim != 3 or hidden.shape[:2] != mask.shape:
+        raise ValueError(
+            f"hidden states {tuple(hidden.shape)} must be (B, T, D) with mask {tuple(mask.shape)}"
+        )
+    h = hidden.detach()
+    if h.dtype not in (torch.float32, torch.float64):
+        h = h.float()
+    m = mask.to(h.device, h.dtype)
+    count = m.sum(1, keepdim=True)
+    if bool((count == 0).any()):
+        raise FeatureError(
+            f"sequences {torch.nonzero(count[:, 0] == 0).flatten()[:10].tolist()} of the batch have no "
+            "real token (attention_mask all 0); check the tokenised data."
+        )
+    out = {}
+    for name in names:
+        if name == "mean":
+            out[name] = (h * m.unsqueeze(2)).sum(1) / count
+        elif name == "last":
+            out[name] = h[torch.arange(len(h), device=h.device), last_positions(mask.to(h.device))]
+        else:
+            raise ValueError(
+                f"unknown text representation {name!r} (choose from {list(TEXT_REPRESENTATIONS)})"
+            )
+    return out
+
+
+def default_text_layers(model: nn.Module) -> list[str]:
+    """Every transformer block of ``model`` whose tokens are the input's, in forward order."""
+    from epochlens.models.hf_catalog import layout_of
+
+    layout = layout_of(model)
+    return [b for b, s in zip(layout.blocks, layout.stacks, strict=True) if layout.causal or s != "decoder"]
+
+
+def resolve_text_layers(model: nn.Module, layers: Sequence[str] | None) -> list[str]:
+    """Module names of a layer spec; None gives :func:`default_text_layers`."""
+    return default_text_layers(model) if layers is None else resolve_layers(model, layers)
+
+
+class _TextCapture:
+    """Forward hooks that turn each layer's hidden states into ``mean``/``last`` (on its device)."""
+
+    def __init__(self, net: nn.Module, layers: Sequence[str], names: Sequence[str]) -> None:
+        self.layers, self.names = list(layers), tuple(names)
+        self.mask = torch.zeros(0)
+        self.out: dict[str, dict[str, torch.Tensor]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.calls: dict[str, int] = {}
+        modules = dict(net.named_modules())
+        self.handles = [modules[n].register_forward_hook(self._hook(n)) for n in self.layers]
+
+    def _hook(self, name: str) -> Callable:
+        def hook(module: nn.Module, inputs: tuple, output: object) -> None:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            hidden = output[0] if isinstance(output, tuple | list) and output else output
+            if (
+                not isinstance(hidden, torch.Tensor)
+                or hidden.ndim != 3
+                or hidden.shape[:2] != self.mask.shape
+            ):
+                what = (
+                    f"shape {tuple(hidden.shape)}"
+                    if isinstance(hidden, torch.Tensor)
+                    else type(hidden).__name__
+                )
+                raise LayerError(
+                    f"layer {name!r} ({type(module).__name__}) returns {what}, not hidden states "
+                    f"(batch, tokens, features) of the {tuple(self.mask.shape)} input; hook a block."
+                )
+            self.shapes[name] = (int(hidden.shape[2]), int(hidden.shape[1]))  # (D, T): channels first
+            self.out[name] = text_representations(hidden, self.mask, self.names)
+
+        return hook
+
+    def run(self, net: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+        self.out, self.calls, self.mask = {}, {}, inputs["attention_mask"]
+        net(**inputs)
+        for name in self.layers:
+            if self.calls.get(name, 0) != 1:
+                raise LayerError(
+                    f"layer {name!r} ran {self.calls.get(name, 0)} times in one forward pass; hook a "
+                    "module that runs exactly once, such as a transformer block."
+                )
+        return self.out
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def iter_text_feature_batches(
+    model: nn.Module,
+    inputs: InputsFn,
+    n_samples: int,
+    layers: Sequence[str],
+    names: Sequence[str] = TEXT_REPRESENTATIONS,
+    batch_size: int = 256,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    desc: str = "features",
+) -> Iterator[tuple[int, int, dict[str, dict[str, np.ndarray]], dict[str, tuple[int, ...]]]]:
+    """Yield ``(lo, hi, features, shapes)`` per batch of sequences lo..hi.
+
+    ``inputs(lo, hi)`` returns the model's keyword inputs (``input_ids``, ``attention_mask`` (B, T)
+    ...); ``features[layer][name]`` is an array (hi - lo, D) in the activations' dtype;
+    ``shapes[layer]`` is (D, T). The model runs in eval mode without gradients, on a copy.
+    """
+    with _prepared(model, device) as (net, dev):
+        capture = _TextCapture(net, layers, names)
+        bar = progress_bar(total=n_samples, unit="sequence", disable=not progress, desc=desc)
+        try:
+            with torch.no_grad():
+                for lo in range(0, n_samples, batch_size):
+                    hi = min(lo + batch_size, n_samples)
+                    batch = {k: v.to(dev, non_blocking=True) for k, v in inputs(lo, hi).items()}
+                    out = capture.run(net, batch)
+                    host = {layer: {r: t.cpu().numpy() for r, t in out[layer].items()} for layer in layers}
+                    yield lo, hi, host, dict(capture.shapes)
+                    bar.update(hi - lo)
+        finally:
+            capture.close()
+            bar.close()
+
+
+def extract_text_features(
+    model: nn.Module,
+    inputs: Mapping[str, torch.Tensor | np.ndarray],
+    layers: Sequence[str] | None = None,
+    names: Sequence[str] = TEXT_REPRESENTATIONS,
+    batch_size: int = 256,
+    device: torch.device | str | None = None,
+) -> dict[str, dict[str, np.ndarray]]:
+    """In-memory features of ``inputs`` (``input_ids``, ``attention_mask`` (N, T), ...):
+    ``features[layer][name]`` arrays (N, D) in the model's dtype, layers by :func:`resolve_text_layers`."""
+    tensors = {k: torch.as_tensor(v) for k, v in inputs.items()}
+    n = len(tensors["attention_mask"])
+    if n == 0:
+        raise ValueError("inputs are empty: nothing to extract")
+    parts: dict[str, dict[str, list[np.ndarray]]] = {}
+    batches = iter_text_feature_batches(
+        model,
+        lambda lo, hi: {k: v[lo:hi] for k, v in tensors.items()},
+        n,
+        resolve_text_layers(model, layers),
+        names,
+        batch_size,
+        device,
+    )
+    for _, _, feats, _ in batches:
+        for layer, by_rep in feats.items():
+            for r, arr in by_rep.items():
+                parts.setdefault(layer, {}).setdefault(r, []).append(arr)
+    return {layer: {r: np.concatenate(a) for r, a in by_rep.items()} for layer, by_rep in parts.items()}
+
+
+def text_data_key(data: TextDataset) -> str:
+    """SHA-256 of the text data's content hash (ids, masks, labels, the tokenizer's fingerprint)."""
+    payload = json.dumps({"kind": "text", "content_hash": data.content_hash}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def load_or_extract_text(
+    path: str | Path,
+    model: nn.Module | Callable[[], nn.Module],
+    data: TextDataset,
+    checkpoint_sha256: str,
+    settings: TextFeatureSettings | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> CacheResult:
+    """Features of a text checkpoint from ``path`` if cached under the same key, else extracted and
+    written (as :func:`epochlens.features.cache.load_or_extract`; ``model`` may be a function that
+    builds it, called on a cache miss only)."""
+    t0 = time.perf_counter()
+    settings = settings or TextFeatureSettings()
+    if data.kind != "classification":
+        raise FeatureError(f"features of {data.kind} data are not available (sequence classifiers only).")
+    dkey = text_data_key(data)
+    hit, reason = cache_status(path, checkpoint_sha256, dkey, settings.spec())
+    if hit:
+        try:
+            return CacheResult(FeatureSet(path), True, reason, time.perf_counter() - t0)
+        except FeatureError as exc:
+            reason = f"cached file incomplete ({exc})"
+    net = model() if callable(model) and not isinstance(model, nn.Module) else model
+    write_text_features(path, net, data, checkpoint_sha256, settings, device, progress)
+    return CacheResult(FeatureSet(path), False, reason, time.perf_counter() - t0)
+
+
+def write_text_features(
+    path: str | Path,
+    model: nn.Module,
+    data: TextDataset,
+    checkpoint_sha256: str,
+    settings: TextFeatureSettings | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> None:
+    """Extract the features of ``data`` and write them to ``path`` atomically (the layout of
+    :mod:`epochlens.features.cache`)."""
+    settings = settings or TextFeatureSettings()
+    layers = resolve_text_layers(model, settings.layers)
+    t0 = time.perf_counter()
+    store = np.dtype(settings.dtype)
+    filters: dict = {}
+    if settings.compression != "none":
+        filters = {"compression": settings.compression, "shuffle": True}
+        if settings.compression == "gzip":
+            filters["compression_opts"] = settings.compression_level
+    run_device = model_device(model, device)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for split in settings.splits:
+            n = len(data.labels(split))
+            if n == 0:
+                raise FeatureError(f"{path}: split {split!r} of data set {data.name!r} is empty.")
+            group = f.create_group(split)
+            group.create_dataset("labels", data=data.labels(split).astype(np.int64))
+            writer: _ChunkWriter | None = None
+            for lo, hi, feats, shapes in iter_text_feature_batches(
+                model,
+                lambda lo, hi, split=split: data.inputs(split, np.arange(lo, hi)),
+                n,
+                layers,
+                settings.names,
+                settings.batch_size,
+                run_device,
+                progress,
+                desc=f"features {split}",
+            ):
+                if writer is None:
+                    writer = _ChunkWriter(group, feats, shapes, n, store, filters, settings)  # type: ignore[arg-type]
+                writer.add(lo, hi, _to_storage(feats, store, path, split, lo))
+            assert writer is not None
+            writer.flush()
+        f.attrs.update(
+            format=FORMAT,
+            format_version=settings.spec()["format_version"],
+            kind="text",
+            cache_key=cache_key(checkpoint_sha256, text_data_key(data), settings.spec()),
+            checkpoint_sha256=checkpoint_sha256,
+            data_key=text_data_key(data),
+            data_content_hash=data.content_hash,
+            tokenizer=data.tokenizer,
+            spec=json.dumps(settings.spec(), sort_keys=True),
+            layers=json.dumps(layers),
+            representations=json.dumps(list(settings.names)),
+            splits=json.dumps(list(settings.splits)),
+            dtype=settings.dtype,
+            model_class=type(model).__name__,
+            device=str(run_device),
+            compute_seconds=time.perf_counter() - t0,
+            created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            epochlens_version=epochlens.__version__,
+            torch_version=str(torch.__version__),
+        )
