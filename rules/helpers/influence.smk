@@ -172,7 +172,9 @@ def get_lds_start_checkpoint(wildcards):
         return []
     return [
         get_checkpoint(
-            SimpleNamespace(run=wildcards.run, index=wildcards.index, epoch=f"{start:04d}")
+            SimpleNamespace(
+                run=wildcards.run, index=wildcards.index, epoch=f"{start:04d}"
+            )
         )
     ]
 
