@@ -82,7 +82,7 @@ from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
-from epochlens.outcome import IGNORE_INDEX
+from epochlens.outcome import IGNORE_INDEX, sequence_outcome
 from epochlens.progress import progress_bar
 
 RESULT_KEYS = ("curvature", "directional_eig", "loss", "grad_norm", "correct")
@@ -368,7 +368,7 @@ def _loss_and_grad(
     """
     logits = _forward(net, x, tokens)
     if y.ndim == 2:  # a causal LM: its own branch, the classifiers' operations below stay as they are
-        losses, exact = _lm_losses(logits, y, temperature)
+        exact, losses = sequence_outcome(logits / temperature, y, keep_dtype=True)
         (grad,) = torch.autograd.grad(losses.sum(), x, create_graph=create_graph)
         return losses, exact, grad
     restricted = restrict_logits(logits, active_idx)
@@ -376,21 +376,6 @@ def _loss_and_grad(
     # The sum, not the mean: each sample's gradient is then its own (eval mode, no coupling).
     (grad,) = torch.autograd.grad(losses.sum(), x, create_graph=create_graph)
     return losses, restricted, grad
-
-
-def _lm_losses(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean NLL of each sample's target tokens under logits / T (R,), exact match (R,) bool) of a
-    causal LM's logits (R, L, V) on token labels (R, L): the logits at t predict the token at t + 1.
-    Every sample must have a target token."""
-    z = logits[:, :-1] / temperature
-    target = labels[:, 1:]
-    valid = target != IGNORE_INDEX
-    nll = F.cross_entropy(z.transpose(1, 2), target, ignore_index=IGNORE_INDEX, reduction="none")
-    losses = nll.sum(1) / valid.sum(1)
-    exact = ((z.detach().argmax(2) == target) | ~valid).all(1)
-    return losses, exact
 
 
 def _batch_statistics(
@@ -406,8 +391,8 @@ def _batch_statistics(
     """(B, 5) tensor: curvature, directional_eig, loss, grad_norm, correct, for one batch.
 
     x: (B, *shape) inputs; y: (B,) targets (positions in active_idx), or a causal LM's token labels
-    (B, L); signs: (B, n, *shape) ±1 (0
-    on padding); tokens: ids and attention mask (B, T) of a text model's input embeddings, or None.
+    (B, L); signs: (B, n, *shape) ±1 (0 on padding); tokens: ids and attention mask (B, T) of a
+    text model's input embeddings, or None.
     """
     n_batch, n_dir, h = len(x), settings.n_directions, settings.h
     temperature, exact = settings.temperature, settings.mode == "exact"
