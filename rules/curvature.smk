@@ -33,7 +33,7 @@ rule curvature_shard:
     params:
         settings=get_curvature_settings,
         model=get_model_param,
-        schedule=config_provider("schedule"),
+        schedule=get_class_schedule,
     script:
         "../scripts/curvature_shard.py"
 
@@ -83,7 +83,7 @@ rule curvature_tables:
     params:
         indices=config_provider("indices"),
         epochs=get_run_curvature_epochs,
-        schedule=config_provider("schedule"),
+        schedule=get_class_schedule,
         epochs_per_task=config_provider("schedule", "epochs_per_task"),
     script:
         "../scripts/curvature_tables.py"

@@ -28,13 +28,17 @@ IGNORE_INDEX = -100
 LM_CLASS_NAME = "target tokens"
 
 
-def sequence_outcome(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(correct (B,) bool, loss (B,) float64) of logits (B, L, V) on token labels (B, L).
+def sequence_outcome(
+    logits: torch.Tensor, labels: torch.Tensor, keep_dtype: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct (B,) bool, loss (B,)) of logits (B, L, V) on token labels (B, L): the loss in
+    float64, or with ``keep_dtype`` in the logits' dtype (the curvature's compute dtype; the loss
+    is differentiable either way).
 
     A sample without a target token has loss NaN and is not correct."""
     import torch
 
-    z = logits[:, :-1].double()
+    z = logits[:, :-1] if keep_dtype else logits[:, :-1].double()
     target = labels[:, 1:].to(z.device)
     valid = target != IGNORE_INDEX
     safe = torch.where(valid, target, torch.zeros_like(target))

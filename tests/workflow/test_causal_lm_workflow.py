@@ -9,11 +9,14 @@ What epochlens reports must be what the user's model does: the evaluation's mean
 is the mean of transformers' own loss of each test sample (labels = its target tokens), exact
 match is every target token the model's top choice; the head-ablation table has every layer x
 head per prompt group, and zeroing a head's output equals the model with that head's columns of
-the output projection (GPT-2's ``attn.c_proj``) set to zero.
+the output projection (GPT-2's ``attn.c_proj``) set to zero; every training sequence has its
+curvature at every checkpoint, and the loss the curvature stage differentiates is transformers' own
+loss of that sample alone (CSL: their sum over the checkpoints).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -133,7 +136,8 @@ def write_project(root: Path) -> dict:
         model=GPT2LMHeadModel(config), args=args, train_dataset=encode(tables["train"]), data_collator=collate
     ).train()
     return {"data": data, "tokenizer": tokenizer_dir, "runs": root / "runs" / "prompts",
-            "test": collate(encode(tables["test"])), "test_table": tables["test"]}  # fmt: skip
+            "test": collate(encode(tables["test"])), "test_table": tables["test"],
+            "train": collate(encode(tables["train"]))}  # fmt: skip
 
 
 def user_config(project: dict) -> dict:
@@ -221,3 +225,30 @@ def test_head_ablation_per_prompt_group_equals_zeroed_projection(lm_run):
         np.testing.assert_allclose(row["loss_base_mean"], base_loss[names == g].mean(), rtol=1e-5)
         np.testing.assert_allclose(row["delta_loss_mean"], (loss - base_loss)[names == g].mean(), atol=1e-5)
     assert Path(paths.figure("ablation_effect", "png", "prompts")).stat().st_size > 10_000
+
+
+def test_curvature_of_every_training_sequence_at_every_checkpoint(lm_run):
+    from transformers import AutoModelForCausalLM
+
+    project, paths = lm_run
+    n = len(project["train"]["input_ids"])
+    losses = []
+    for step in STEPS:
+        meta = json.loads(Path(paths.curvature_metadata("prompts", 0, step)).read_text())
+        assert meta["epoch"] == step and meta["allowed_classes"] == [0]
+        got = {
+            key: np.load(paths.curvature_array(key, "prompts", 0, step))
+            for key in ("curvature", "directional_eig", "loss", "grad_norm", "correct", "labels")
+        }
+        assert all(a.shape == (n,) for a in got.values())
+        for key in ("curvature", "directional_eig", "loss", "grad_norm"):
+            assert np.isfinite(got[key]).all(), (step, key)  # every sequence has a target
+        assert (got["curvature"] > 0).all() and (got["labels"] == 0).all()  # one class: target tokens
+        model = AutoModelForCausalLM.from_pretrained(project["runs"] / f"checkpoint-{step}").eval()
+        loss, exact = per_sample_loss(model, project["train"])
+        np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
+        np.testing.assert_array_equal(got["correct"], exact)
+        losses.append(loss)
+    samples = pd.read_csv(paths.table("sample_dynamics", "prompts")).sort_values("sample")
+    assert len(samples) == n and (samples["label"] == 0).all()
+    np.testing.assert_allclose(samples["csl"], np.sum(losses, axis=0), rtol=1e-5)

@@ -65,7 +65,7 @@ def is_causal_lm_run(run: dict) -> bool:
 
 
 #: Stages a causal LM run does not have yet (its per-sample loss is evaluated and ablated).
-CLASSIFIER_ONLY_STAGES = ("curvature", "features", "probes", "influence")
+CLASSIFIER_ONLY_STAGES = ("features", "probes", "influence")
 
 
 def check_text_config(name: str, run: dict) -> None:

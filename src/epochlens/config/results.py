@@ -88,7 +88,7 @@ def curvature_params(run: Mapping) -> dict:
     return {
         "settings": result_settings(run["curvature"], CurvatureSettings),
         "model": model_param(run),
-        "schedule": run["schedule"],
+        "schedule": class_schedule(run),  # a classifier's schedule section; None for a causal LM
     }
 
 

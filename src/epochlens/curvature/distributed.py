@@ -36,6 +36,7 @@ from epochlens.curvature.io import shard_range
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError, EpochlensError
+from epochlens.outcome import sample_classes
 
 if TYPE_CHECKING:
     from epochlens.job import CheckpointJob
@@ -137,27 +138,29 @@ def curvature_shard(
     the job's checkpoint: ``(lo, hi, arrays, header)`` for :func:`epochlens.curvature.io.write_shard`.
 
     The header records what the values depend on (epoch, active classes, estimator, inputs'
-    hashes), the device and the compute time.
+    hashes), the device and the compute time. A causal LM's samples (token labels, no class
+    schedule) are all of class 0 (:func:`epochlens.outcome.sample_classes`), its one active class.
     """
     data = job.data
+    active = job.active if job.active is not None else np.zeros(1, np.int64)
     n = len(data.train_labels)
     lo, hi = shard_range(n, shard, nshards)
     idx = np.arange(lo, hi)
     log.info(
         "epoch %d shard %d of %d: samples %d..%d, %d active classes, %d process(es) on %s",
-        job.epoch, shard, nshards, lo, hi, len(job.active), processes, job.device,
+        job.epoch, shard, nshards, lo, hi, len(active), processes, job.device,
     )  # fmt: skip
     start = time.perf_counter()
     inputs, tokens = curvature_inputs(job, idx)
     results = parallel_curvature(
-        job.model, inputs, data.train_labels[idx], idx, job.active, settings,
+        job.model, inputs, data.train_labels[idx], idx, active, settings,
         job.device, processes, progress=progress, tokens=tokens,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
-    results.update(labels=data.train_labels[idx], holdout=data.holdout[idx])
+    results.update(labels=sample_classes(data.train_labels[idx]), holdout=data.holdout[idx])
     header = {
         "epoch": job.epoch,
-        "allowed_classes": [int(c) for c in job.active],
+        "allowed_classes": [int(c) for c in active],
         "estimator": settings.estimator_metadata(),
         "n_samples": n,
         "nshards": nshards,

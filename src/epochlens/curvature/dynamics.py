@@ -184,7 +184,7 @@ def run_tables(
     epochs: Sequence[int],
     folders: Sequence[str | Path],
     class_orders: Sequence[str | Path],
-    schedule: Mapping,
+    schedule: Mapping | None,
     epochs_per_task: int,
     sample_group: np.ndarray | None = None,
 ) -> dict[str, pd.DataFrame]:
@@ -196,7 +196,7 @@ def run_tables(
         epochs: the analysed epochs of each index.
         folders: the merged epoch folders, index-major (``len(indices) * len(epochs)``).
         class_orders: each index's ``class_order.npy``.
-        schedule: the config's ``schedule`` section.
+        schedule: the config's ``schedule`` section; None for a causal LM (every sample of class 0).
         epochs_per_task: epochs between task boundaries.
         sample_group: (N_train,) each training image's data group name, for data with groups
             (rows ``data: <name>`` in the cohort tables); None: none.
@@ -208,7 +208,11 @@ def run_tables(
     """
     samples, cohorts, pooled_results, pooled_tasks = [], [], [], []
     for k, (index, class_order) in enumerate(zip(indices, class_orders, strict=True)):
-        task_of_class = schedule_from_config(schedule, class_order).task_of_class()
+        task_of_class = (
+            np.zeros(1, np.int64)  # a causal LM: one class, 0, in task 0 (epochlens.outcome)
+            if schedule is None
+            else schedule_from_config(schedule, class_order).task_of_class()
+        )
         results = [read_epoch(folder)[1] for folder in folders[k * len(epochs) : (k + 1) * len(epochs)]]
         table = sample_dynamics(epochs, results, task_of_class, epochs_per_task)
         samples.append(table.assign(index=index))

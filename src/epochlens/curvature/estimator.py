@@ -43,6 +43,13 @@ Directions are Rademacher on the real tokens only
 directions, like every result, do not depend on how much padding the data set adds or on which
 side. The padding's embeddings reach no real token (the attention mask), so g is zero there.
 
+Causal language models (``labels`` (N, L), token labels with -100 where nothing is predicted,
+:mod:`epochlens.outcome`): ℓ is the mean negative log-likelihood of the sample's target tokens under
+the logits divided by T (the logits at position t predict the token at t + 1), transformers' own
+loss of that sample alone when T = 1; correct is exact match (every target token the argmax). x is
+the input embeddings of all its real tokens (prompt and target), as for a text classifier. A sample
+without a target token is not computed (NaN), like a sample of an inactive class.
+
 The two modes measure different things on ReLU networks. Their input gradient is piecewise
 constant in the ReLU pattern, H holds only the softmax curvature (ReLU'' = 0 almost everywhere),
 and a step of h = 1e-3 along a Rademacher direction (length h·sqrt(C·H·W), 0.055 on CIFAR) flips
@@ -75,6 +82,7 @@ from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
+from epochlens.outcome import IGNORE_INDEX, sequence_outcome
 from epochlens.progress import progress_bar
 
 RESULT_KEYS = ("curvature", "directional_eig", "loss", "grad_norm", "correct")
@@ -207,10 +215,11 @@ def per_sample_curvature(
             not modified: a copy in eval mode, without parameter gradients, is used on ``device``.
             The computation runs in the dtype of its parameters (float32 or float64).
         images: (N, C, H, W) normalised inputs (any device; moved batch by batch).
-        labels: (N,) class ids.
+        labels: (N,) class ids, or a causal LM's token labels (N, L) (with ``tokens``; module doc).
         sample_indices: (N,) global indices of the samples in the data set; with
             ``settings.seed`` they fix the directions, so results do not depend on sharding.
-        active_classes: class ids the model was trained on (restricted logits, in this order).
+        active_classes: class ids the model was trained on (restricted logits, in this order);
+            unused for a causal LM.
         settings: estimator settings (defaults: h=1e-3, n=10, T=1, l2, finite difference).
         device: "auto", "cpu", "cuda", ... or a torch.device; None: the model's device.
         progress: show a progress bar (tqdm) over samples.
@@ -221,7 +230,7 @@ def per_sample_curvature(
         dict of length-N numpy arrays: ``curvature``, ``directional_eig`` (see module doc; input
         units of the loss gradient, i.e. nats per input unit), ``loss`` (nats), ``grad_norm``
         (‖g(x)‖₂) as float32, and ``correct`` as bool. Samples whose label is not an active
-        class are not computed: NaN (and ``correct`` False).
+        class (a causal LM's: without a target token) are not computed: NaN (and ``correct`` False).
 
     Raises:
         EpochlensError: NaN/Inf in the active samples' images (naming their indices), in the
@@ -238,15 +247,24 @@ def per_sample_curvature(
             f"images {tuple(images.shape)}, labels ({len(labels)},) and sample_indices "
             f"({len(sample_indices)},) must describe the same N samples"
         )
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or (labels < 0).any():
+    lm = labels.ndim == 2 and tokens is not None  # a causal LM's token labels
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError("labels must be integers: class ids (N,) or a causal LM's token labels (N, L)")
+    if lm and labels.shape != tuple(torch.as_tensor(tokens["input_ids"]).shape):
+        raise ValueError(f"token labels {labels.shape} must have the shape of the input_ids")
+    if not lm and (labels.ndim != 1 or (labels < 0).any()):
         raise ValueError("labels must be a 1-D array of non-negative class ids")
     if active_classes.ndim != 1 or len(np.unique(active_classes)) != len(active_classes):
         raise ConfigError(f"active_classes must be distinct class ids, got {active_classes}")
     if len(active_classes) == 0:
         raise ConfigError("active_classes is empty: no class has been trained at this epoch")
 
-    targets = positions_in(labels, active_classes)
-    active = np.flatnonzero(targets >= 0)
+    if lm:  # samples with a target token (the first position is never one: nothing predicts it)
+        targets = labels
+        active = np.flatnonzero((labels[:, 1:] != IGNORE_INDEX).any(1))
+    else:
+        targets = positions_in(labels, active_classes)
+        active = np.flatnonzero(targets >= 0)
     out = {key: np.full(n_samples, np.nan, dtype=np.float32) for key in RESULT_KEYS[:4]}
     out["correct"] = np.zeros(n_samples, dtype=bool)
 
@@ -264,7 +282,9 @@ def per_sample_curvature(
     chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(shape)))
     active_idx = torch.as_tensor(active_classes, device=device)
     first = torch.as_tensor(active[:1])
-    _check_outputs(net, images[first].to(device, dtype), active_classes, _token_rows(tokens, first, device))
+    _check_outputs(
+        net, images[first].to(device, dtype), active_classes, _token_rows(tokens, first, device), lm
+    )
 
     bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
@@ -341,11 +361,16 @@ def _loss_and_grad(
     tokens: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample losses (R,), restricted logits (R, A) and input gradients (R, *shape) at x
-    (a text model's input embeddings of ``tokens``).
+    (a text model's input embeddings of ``tokens``). For a causal LM (``y`` token labels (R, L)) the
+    second item is whether each sample is an exact match (R,) instead of logits.
 
     ``x`` must be a leaf tensor that requires grad (the caller keeps it for double backward).
     """
     logits = _forward(net, x, tokens)
+    if y.ndim == 2:  # a causal LM: its own branch, the classifiers' operations below stay as they are
+        exact, losses = sequence_outcome(logits / temperature, y, keep_dtype=True)
+        (grad,) = torch.autograd.grad(losses.sum(), x, create_graph=create_graph)
+        return losses, exact, grad
     restricted = restrict_logits(logits, active_idx)
     losses = F.cross_entropy(restricted / temperature, y, reduction="none")
     # The sum, not the mean: each sample's gradient is then its own (eval mode, no coupling).
@@ -365,8 +390,9 @@ def _batch_statistics(
 ) -> torch.Tensor:
     """(B, 5) tensor: curvature, directional_eig, loss, grad_norm, correct, for one batch.
 
-    x: (B, *shape) inputs; y: (B,) targets (positions in active_idx); signs: (B, n, *shape) ±1 (0
-    on padding); tokens: ids and attention mask (B, T) of a text model's input embeddings, or None.
+    x: (B, *shape) inputs; y: (B,) targets (positions in active_idx), or a causal LM's token labels
+    (B, L); signs: (B, n, *shape) ±1 (0 on padding); tokens: ids and attention mask (B, T) of a
+    text model's input embeddings, or None.
     """
     n_batch, n_dir, h = len(x), settings.n_directions, settings.h
     temperature, exact = settings.temperature, settings.mode == "exact"
@@ -380,7 +406,10 @@ def _batch_statistics(
         loss, restricted, grad = _loss_and_grad(net, leaf, y[lo:hi], active_idx, temperature, tokens=t)
         g0[lo:hi] = grad.flatten(1)
         losses[lo:hi] = loss.detach()
-        correct[lo:hi] = restricted.detach().argmax(1) == y[lo:hi]
+        if y.ndim == 2:  # a causal LM: exact match
+            correct[lo:hi] = restricted
+        else:
+            correct[lo:hi] = restricted.detach().argmax(1) == y[lo:hi]
 
     # Perturbed rows: row r = (sample r // n, direction r % n); all B*n go through in chunks.
     v_all = signs.reshape(n_batch * n_dir, -1)
@@ -444,10 +473,20 @@ def _check_outputs(
     x: torch.Tensor,
     active_classes: np.ndarray,
     tokens: Mapping[str, torch.Tensor] | None = None,
+    lm: bool = False,
 ) -> None:
-    """Check on one sample that the model returns (batch, classes) logits covering the classes."""
+    """Check on one sample that the model returns (batch, classes) logits covering the classes, or
+    a causal LM (``lm``) (batch, length, vocabulary) logits."""
     with torch.no_grad():
         logits = _forward(net, x, tokens)
+    if lm:
+        length = tokens["input_ids"].shape[1]
+        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != (1, length) or logits.ndim != 3:
+            raise EpochlensError(
+                f"a causal LM must return logits of shape (batch, {length}, vocabulary), got "
+                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
+            )
+        return
     if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
         raise EpochlensError(
             f"the model must return logits of shape (batch, classes), got {type(logits).__name__}"

@@ -346,14 +346,17 @@ def test_a_causal_lm_run_has_no_class_schedule(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     for step in (10, 20):
         (tmp_path / "runs" / f"checkpoint-{step}").mkdir(parents=True)
-    cfg = run_config.validate({"runs": {"lm": lm_run(ablation={"enabled": True})}}, SCHEMA)
+    lm = lm_run(ablation={"enabled": True}, curvature={"enabled": True})  # curvature is available
+    cfg = run_config.validate({"runs": {"lm": lm}}, SCHEMA)
     run = cfg["runs"]["lm"]
     assert run_config.is_causal_lm_run(run) and run_config.checkpoint_epochs(run) == [10, 20]
     # its jobs read no class schedule (a causal LM's samples have no classes) ...
     assert run_config.class_schedule(run) is None and run_config.run_params(run)["schedule"] is None
+    assert run_config.curvature_params(run)["schedule"] is None
     # ... while a classifier's jobs read the schedule as before
     pol = run_config.validate({"runs": {"pol": text_run()}}, SCHEMA)["runs"]["pol"]
     assert run_config.class_schedule(pol) == pol["schedule"] == run_config.run_params(pol)["schedule"]
+    assert run_config.curvature_params(pol)["schedule"] == pol["schedule"]
 
 
 @pytest.mark.parametrize(
@@ -361,7 +364,7 @@ def test_a_causal_lm_run_has_no_class_schedule(monkeypatch, tmp_path):
     [
         (lm_run(model={"hf": {"task": "sequence_classification", "config": {}}}), "model.hf.task: causal_lm"),
         (text_run(model={"hf": {"task": "causal_lm", "config": {}}}), "prompt_column and target_column"),
-        (lm_run(curvature={"enabled": True}), r"curvature.enabled: false \(not yet available for causal LM"),
+        (lm_run(influence={"enabled": True}), r"influence.enabled: false \(not yet available for causal LM"),
         (lm_run(checkpoints={"source": "train"}), r"checkpoints: \{source: folder"),
         (lm_run(schedule={"initial_classes": 1, "increment": 0, "epochs_per_task": 4}), "schedule: none"),
     ],
