@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -224,18 +224,33 @@ def load_or_extract(
     Returns:
         :class:`CacheResult` with the :class:`FeatureSet`, whether it was a hit and why not.
     """
-    t0 = time.perf_counter()
     settings = settings or FeatureSettings()
-    spec = settings.spec()
     dkey = data_key(data)
-    hit, reason = cache_status(path, checkpoint_sha256, dkey, spec)
+
+    def write(net: nn.Module) -> None:
+        write_features(path, net, data, checkpoint_sha256, settings, device, progress, _data_key=dkey)
+
+    return cached_or_written(path, model, checkpoint_sha256, dkey, settings.spec(), write)
+
+
+def cached_or_written(
+    path: str | Path,
+    model: nn.Module | Callable[[], nn.Module],
+    checkpoint_sha256: str,
+    data_key: str,
+    spec: Mapping,
+    write: Callable[[nn.Module], None],
+) -> CacheResult:
+    """The features file at ``path`` if it holds this (checkpoint, data, spec), else ``write(model)``
+    (``model`` built first when it is a function: a hit loads no checkpoint)."""
+    t0 = time.perf_counter()
+    hit, reason = cache_status(path, checkpoint_sha256, data_key, spec)
     if hit:
         try:
             return CacheResult(FeatureSet(path), True, reason, time.perf_counter() - t0)
         except FeatureError as exc:
             reason = f"cached file incomplete ({exc})"
-    net = model() if callable(model) and not isinstance(model, nn.Module) else model
-    write_features(path, net, data, checkpoint_sha256, settings, device, progress, _data_key=dkey)
+    write(model() if callable(model) and not isinstance(model, nn.Module) else model)
     return CacheResult(FeatureSet(path), False, reason, time.perf_counter() - t0)
 
 
@@ -258,37 +273,23 @@ def write_features(
     settings = settings or FeatureSettings()
     layers = resolve_layers(model, settings.layers)
     t0 = time.perf_counter()
-    store = np.dtype(settings.dtype)
-    filters: dict = {}
-    if settings.compression != "none":
-        filters = {"compression": settings.compression, "shuffle": True}
-        if settings.compression == "gzip":
-            filters["compression_opts"] = settings.compression_level
     run_device = model_device(model, device)
+
+    def batches(split: str, n: int) -> Iterator:
+        return iter_feature_batches(
+            model,
+            lambda lo, hi: data.normalized(split, np.arange(lo, hi)),
+            n,
+            layers,
+            settings.representations,
+            settings.batch_size,
+            run_device,
+            progress,
+            desc=f"features {split}",
+        )
+
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        for split in settings.splits:
-            n = len(data.labels(split))
-            if n == 0:
-                raise FeatureError(f"{path}: split {split!r} of data set {data.name!r} is empty.")
-            group = f.create_group(split)
-            group.create_dataset("labels", data=data.labels(split).astype(np.int64))
-            writer: _ChunkWriter | None = None
-            for lo, hi, feats, shapes in iter_feature_batches(
-                model,
-                lambda lo, hi, split=split: data.normalized(split, np.arange(lo, hi)),
-                n,
-                layers,
-                settings.representations,
-                settings.batch_size,
-                run_device,
-                progress,
-                desc=f"features {split}",
-            ):
-                if writer is None:
-                    writer = _ChunkWriter(group, feats, shapes, n, store, filters, settings)
-                writer.add(lo, hi, _to_storage(feats, store, path, split, lo))
-            assert writer is not None
-            writer.flush()
+        write_splits(f, path, data, settings, batches)
         f.attrs.update(
             format=FORMAT,
             format_version=FORMAT_VERSION,
@@ -308,6 +309,38 @@ def write_features(
             epochlens_version=epochlens.__version__,
             torch_version=str(torch.__version__),
         )
+
+
+def write_splits(
+    f: h5py.File,
+    path: str | Path,
+    data,
+    settings,
+    batches: Callable[[str, int], Iterator[tuple[int, int, dict, dict]]],
+) -> None:
+    """Each split of ``settings.splits``: its labels and its features, streamed from
+    ``batches(split, n)`` ((lo, hi, features, shapes) as :func:`iter_feature_batches` yields them)
+    in whole compressed chunks, in the storage dtype (the layout of the module doc). ``data``: an
+    image :class:`Dataset` or a text data set; ``settings``: dtype, compression, chunking."""
+    store = np.dtype(settings.dtype)
+    filters: dict = {}
+    if settings.compression != "none":
+        filters = {"compression": settings.compression, "shuffle": True}
+        if settings.compression == "gzip":
+            filters["compression_opts"] = settings.compression_level
+    for split in settings.splits:
+        n = len(data.labels(split))
+        if n == 0:
+            raise FeatureError(f"{path}: split {split!r} of data set {data.name!r} is empty.")
+        group = f.create_group(split)
+        group.create_dataset("labels", data=data.labels(split).astype(np.int64))
+        writer: _ChunkWriter | None = None
+        for lo, hi, feats, shapes in batches(split, n):
+            if writer is None:
+                writer = _ChunkWriter(group, feats, shapes, n, store, filters, settings)
+            writer.add(lo, hi, _to_storage(feats, store, path, split, lo))
+        assert writer is not None
+        writer.flush()
 
 
 def _to_storage(

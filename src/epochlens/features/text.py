@@ -50,11 +50,9 @@ from epochlens.errors import FeatureError, LayerError
 from epochlens.features.cache import (
     FORMAT,
     CacheResult,
-    FeatureSet,
-    _ChunkWriter,
-    _to_storage,
     cache_key,
-    cache_status,
+    cached_or_written,
+    write_splits,
 )
 from epochlens.features.extract import _prepared
 from epochlens.features.text_settings import TEXT_REPRESENTATIONS, TextFeatureSettings
@@ -248,20 +246,14 @@ def load_or_extract_text(
     """Features of a text checkpoint from ``path`` if cached under the same key, else extracted and
     written (as :func:`epochlens.features.cache.load_or_extract`; ``model`` may be a function that
     builds it, called on a cache miss only)."""
-    t0 = time.perf_counter()
     settings = settings or TextFeatureSettings()
     if data.kind != "classification":
         raise FeatureError(f"features of {data.kind} data are not available (sequence classifiers only).")
-    dkey = text_data_key(data)
-    hit, reason = cache_status(path, checkpoint_sha256, dkey, settings.spec())
-    if hit:
-        try:
-            return CacheResult(FeatureSet(path), True, reason, time.perf_counter() - t0)
-        except FeatureError as exc:
-            reason = f"cached file incomplete ({exc})"
-    net = model() if callable(model) and not isinstance(model, nn.Module) else model
-    write_text_features(path, net, data, checkpoint_sha256, settings, device, progress)
-    return CacheResult(FeatureSet(path), False, reason, time.perf_counter() - t0)
+
+    def write(net: nn.Module) -> None:
+        write_text_features(path, net, data, checkpoint_sha256, settings, device, progress)
+
+    return cached_or_written(path, model, checkpoint_sha256, text_data_key(data), settings.spec(), write)
 
 
 def write_text_features(
@@ -278,37 +270,23 @@ def write_text_features(
     settings = settings or TextFeatureSettings()
     layers = resolve_text_layers(model, settings.layers)
     t0 = time.perf_counter()
-    store = np.dtype(settings.dtype)
-    filters: dict = {}
-    if settings.compression != "none":
-        filters = {"compression": settings.compression, "shuffle": True}
-        if settings.compression == "gzip":
-            filters["compression_opts"] = settings.compression_level
     run_device = model_device(model, device)
+
+    def batches(split: str, n: int) -> Iterator:
+        return iter_text_feature_batches(
+            model,
+            lambda lo, hi: data.inputs(split, np.arange(lo, hi)),
+            n,
+            layers,
+            settings.names,
+            settings.batch_size,
+            run_device,
+            progress,
+            desc=f"features {split}",
+        )
+
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        for split in settings.splits:
-            n = len(data.labels(split))
-            if n == 0:
-                raise FeatureError(f"{path}: split {split!r} of data set {data.name!r} is empty.")
-            group = f.create_group(split)
-            group.create_dataset("labels", data=data.labels(split).astype(np.int64))
-            writer: _ChunkWriter | None = None
-            for lo, hi, feats, shapes in iter_text_feature_batches(
-                model,
-                lambda lo, hi, split=split: data.inputs(split, np.arange(lo, hi)),
-                n,
-                layers,
-                settings.names,
-                settings.batch_size,
-                run_device,
-                progress,
-                desc=f"features {split}",
-            ):
-                if writer is None:
-                    writer = _ChunkWriter(group, feats, shapes, n, store, filters, settings)  # type: ignore[arg-type]
-                writer.add(lo, hi, _to_storage(feats, store, path, split, lo))
-            assert writer is not None
-            writer.flush()
+        write_splits(f, path, data, settings, batches)
         f.attrs.update(
             format=FORMAT,
             format_version=settings.spec()["format_version"],
