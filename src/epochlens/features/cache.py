@@ -288,18 +288,39 @@ def write_features(
             desc=f"features {split}",
         )
 
+    dkey = _data_key or data_key(data)
+    file_attrs = dict(format_version=FORMAT_VERSION, representations=list(settings.representations.names))
+    write_feature_file(
+        path, model, data, settings, batches, checkpoint_sha256, dkey, layers, run_device, t0, file_attrs
+    )
+
+
+def write_feature_file(
+    path: str | Path,
+    model: nn.Module,
+    data,
+    settings,
+    batches: Callable[[str, int], Iterator[tuple[int, int, dict, dict]]],
+    checkpoint_sha256: str,
+    dkey: str,
+    layers: list[str],
+    run_device: torch.device,
+    t0: float,
+    extra: Mapping,
+) -> None:
+    """Write the features file at ``path`` atomically: every split (:func:`write_splits`) and the
+    attributes its cache check and readers use (``extra``: format_version, representations and
+    what a kind of data adds, e.g. a text run's tokenizer)."""
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         write_splits(f, path, data, settings, batches)
-        f.attrs.update(
+        attrs = dict(
             format=FORMAT,
-            format_version=FORMAT_VERSION,
-            cache_key=cache_key(checkpoint_sha256, _data_key or data_key(data), settings.spec()),
+            cache_key=cache_key(checkpoint_sha256, dkey, settings.spec()),
             checkpoint_sha256=checkpoint_sha256,
-            data_key=_data_key or data_key(data),
+            data_key=dkey,
             data_content_hash=data.content_hash,
             spec=json.dumps(settings.spec(), sort_keys=True),
             layers=json.dumps(layers),
-            representations=json.dumps(list(settings.representations.names)),
             splits=json.dumps(list(settings.splits)),
             dtype=settings.dtype,
             model_class=type(model).__name__,
@@ -309,6 +330,9 @@ def write_features(
             epochlens_version=epochlens.__version__,
             torch_version=str(torch.__version__),
         )
+        attrs.update(extra)
+        attrs["representations"] = json.dumps(list(attrs["representations"]))
+        f.attrs.update(attrs)
 
 
 def write_splits(

@@ -34,25 +34,19 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 from torch import nn
 
-import epochlens
-from epochlens.atomic import atomic_path
 from epochlens.data.text import TextDataset
 from epochlens.device import model_device
 from epochlens.errors import FeatureError, LayerError
 from epochlens.features.cache import (
-    FORMAT,
     CacheResult,
-    cache_key,
     cached_or_written,
-    write_splits,
+    write_feature_file,
 )
 from epochlens.features.extract import _prepared
 from epochlens.features.text_settings import TEXT_REPRESENTATIONS, TextFeatureSettings
@@ -285,26 +279,22 @@ def write_text_features(
             desc=f"features {split}",
         )
 
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        write_splits(f, path, data, settings, batches)
-        f.attrs.update(
-            format=FORMAT,
-            format_version=settings.spec()["format_version"],
-            kind="text",
-            cache_key=cache_key(checkpoint_sha256, text_data_key(data), settings.spec()),
-            checkpoint_sha256=checkpoint_sha256,
-            data_key=text_data_key(data),
-            data_content_hash=data.content_hash,
-            tokenizer=data.tokenizer,
-            spec=json.dumps(settings.spec(), sort_keys=True),
-            layers=json.dumps(layers),
-            representations=json.dumps(list(settings.names)),
-            splits=json.dumps(list(settings.splits)),
-            dtype=settings.dtype,
-            model_class=type(model).__name__,
-            device=str(run_device),
-            compute_seconds=time.perf_counter() - t0,
-            created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            epochlens_version=epochlens.__version__,
-            torch_version=str(torch.__version__),
-        )
+    extra = dict(
+        format_version=settings.spec()["format_version"],
+        kind="text",
+        tokenizer=data.tokenizer,
+        representations=list(settings.names),
+    )
+    write_feature_file(
+        path,
+        model,
+        data,
+        settings,
+        batches,
+        checkpoint_sha256,
+        text_data_key(data),
+        layers,
+        run_device,
+        t0,
+        extra,
+    )
