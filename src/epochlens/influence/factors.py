@@ -48,13 +48,18 @@ from epochlens.influence.gradients import (
 from epochlens.influence.layers import (
     ActivationCapture,
     LayerInfo,
+    gram_,
     per_sample_gradient,
     rotated_gradient,
     select_layers,
+    symmetrize_,
 )
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.progress import progress_bar
 from epochlens.tasks import ClassificationTask, Task, task_from_config
+
+#: The dtype of every sum of the factors (and of the batch tensors that enter them).
+F64 = torch.float64
 
 
 @dataclass
@@ -329,7 +334,7 @@ class _Pass:
                 self.source, self.task, s.factor_batch_size, self.device, self.dtype
             ):
                 bp = forward_backprop(
-                    net, capture, self.task, inputs, targets, s.fisher, s.seed, self.indices[pos]
+                    net, capture, self.task, inputs, targets, s.fisher, s.seed, self.indices[pos], F64
                 )
                 yield pos, bp
                 bar.update(len(pos))
@@ -354,7 +359,7 @@ def covariance_sums(
     or none valid, is not an error here (a shard may hold none); :func:`eigendecompose` checks.
     """
     p = _Pass(model, images, labels, active_classes, settings, sample_indices, device, task, "fit_factors")
-    f64, dev = torch.float64, p.device
+    f64, dev = F64, p.device
     a_sum = {n: torch.zeros(i.in_dim, i.in_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
     s_sum = {n: torch.zeros(i.out_dim, i.out_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
     positions = {n: torch.zeros((), dtype=f64, device=dev) for n in p.layers}
@@ -367,13 +372,13 @@ def covariance_sums(
             out.n_valid += int(ok.sum())
             out.n_seen += len(pos)
             for n in p.layers:
-                a = bp.inputs[n][ok].to(f64)
+                (a, ds), *more = bp.factored(n, F64, rows=ok)
                 positions[n] += bp.positions[n][ok].sum()
-                a = a.reshape(-1, a.shape[-1])
-                a_sum[n] += a.T @ a
-                for d in bp.output_gradients(n, f64, rows=ok):
-                    d = d.reshape(-1, d.shape[-1])
-                    s_sum[n] += d.T @ d
+                gram_(a_sum[n], a.reshape(-1, a.shape[-1]))
+                for d in [ds] + [d for _, d in more]:
+                    gram_(s_sum[n], d.reshape(-1, d.shape[-1]))
+    for t in (*a_sum.values(), *s_sum.values()):
+        symmetrize_(t)
     out.activation = {n: t.cpu() for n, t in a_sum.items()}
     out.gradient = {n: t.cpu() for n, t in s_sum.items()}
     out.positions = {n: float(t) for n, t in positions.items()}
@@ -465,7 +470,7 @@ def correction_sums(
     samples it leaves out; EK-FAC's were reported by the covariance pass.
     """
     p = _Pass(model, images, labels, active_classes, settings, sample_indices, device, task, "fit_factors")
-    f64, dev = torch.float64, p.device
+    f64, dev = F64, p.device
     ekfac = p.settings.method == "ekfac"
     if ekfac and factors is None:
         raise ValueError("EK-FAC's corrections need the eigendecomposed factors (eigendecompose)")

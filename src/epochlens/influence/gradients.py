@@ -135,13 +135,13 @@ class BatchBackprop:
     """One batch's per-sample quantities.
 
     Attributes:
-        inputs: layer name -> (B, T, in_dim) layer inputs, bias column last (compute dtype), the
-            positions of every call concatenated, padding zeroed.
+        inputs: layer name -> (B, T, in_dim) layer inputs, bias column last (the stored dtype: see
+            :func:`forward_backprop`), the positions of every call concatenated, padding zeroed.
         output_grads: one dict per backprop vector (one for scores/empirical/true Fisher, one per
-            output-Hessian vector for the expected Fisher): layer name -> (B, T, out), compute dtype,
+            output-Hessian vector for the expected Fisher): layer name -> (B, T, out), stored dtype,
             at the scale of the scaled vector (see ``scales``).
         scales: per backprop vector, (B,) float64 powers of two: the true output gradient is
-            ``output_grads / scale``.
+            ``output_grads / scale``; None where the gradients are stored divided already.
         positions: layer name -> (B,) float64 positions entering the activation covariance.
         losses: (B,) float64 task loss at the sample's targets (NaN where it has none).
         valid: (B,) bool, False where any of the above is NaN/Inf for that sample.
@@ -166,17 +166,20 @@ class BatchBackprop:
         self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(a (B', T, in_dim), ds (B', T, out)) of layer ``name`` in ``dtype``, per backprop vector."""
+        rows = _some(rows)
         a = self.inputs[name] if rows is None else self.inputs[name][rows]
-        a = a.to(dtype)
-        return [(a, d) for d in self.output_gradients(name, dtype, rows)]
+        return [(a.to(dtype), d) for d in self.output_gradients(name, dtype, rows)]
 
     def output_gradients(
         self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
     ) -> list[torch.Tensor]:
         """Output gradients ds (B', T, out) of layer ``name`` in ``dtype``, scaled back, per vector."""
-        out = []
+        rows, out = _some(rows), []
         for ds, scale in zip(self.output_grads, self.scales, strict=True):
             d = ds[name] if rows is None else ds[name][rows]
+            if scale is None:
+                out.append(d.to(dtype))
+                continue
             s = scale if rows is None else scale[rows]
             out.append(d.to(dtype) * (1.0 / s).to(dtype)[:, None, None])
         return out
@@ -186,6 +189,11 @@ class BatchBackprop:
     ) -> list[torch.Tensor]:
         """Per-sample gradient matrices (B', out, in_dim) of layer ``name``, one per backprop vector."""
         return [per_sample_gradient(a, d) for a, d in self.factored(name, dtype, rows)]
+
+
+def _some(rows: torch.Tensor | None) -> torch.Tensor | None:
+    """``rows`` (B,) bool, or None where it selects every row (no copy needed)."""
+    return None if rows is None or bool(rows.all()) else rows
 
 
 def _scales(v: torch.Tensor) -> torch.Tensor:
@@ -206,6 +214,7 @@ def forward_backprop(
     mode: str,
     seed: int,
     sample_indices: np.ndarray,
+    dtype: torch.dtype | None = None,
 ) -> BatchBackprop:
     """Forward ``inputs`` through ``net`` and back-propagate the vectors of ``mode``.
 
@@ -216,6 +225,9 @@ def forward_backprop(
         mode: "loss" (or "empirical"): the loss at the targets; "measurement": the task's query
             measurement; "true": targets drawn from the model; "expected": the output Hessian's vectors.
         seed, sample_indices: the draws of the true Fisher.
+        dtype: the dtype the layer inputs and output gradients are stored in, the output gradients
+            divided by their scales already (exact: powers of two), e.g. the float64 of the factors,
+            written in one copy each; None: the compute dtype, gradients at their scale (``scales``).
     """
     if mode not in MODES:
         raise ValueError(f"unknown backprop mode {mode!r}; one of {MODES}")
@@ -258,15 +270,27 @@ def forward_backprop(
             vectors = [v]
         names = list(capture.layers)
         outputs = [out for n in names for _, out in capture.calls[n]]
-        inputs_by_layer, positions = {}, {}
+        watch = z.dtype != torch.float64  # underflow is possible: find samples no gradient reaches
+        valid = torch.isfinite(zd.flatten(1)).all(1) if zd.ndim > 1 else torch.isfinite(zd)
+        inputs_by_layer, positions, live = {}, {}, {}
         for n in names:
             info = capture.layers[n]
             calls = capture.calls[n]
-            parts = [layer_inputs(info, x, mask) for x, _ in calls]
+            parts = []
+            for x, _ in calls:
+                valid &= torch.isfinite(x).flatten(1).all(1)  # the patches hold nothing else
+                parts.append(layer_inputs(info, x, mask, dtype))
             inputs_by_layer[n] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
             positions[n] = sum(layer_positions(info, x, mask) for x, _ in calls)
+            if watch:
+                live[n] = _live_positions(info, inputs_by_layer[n])
         grads_per_vector, scales = [], []
+        nonzero = torch.zeros(b, dtype=torch.bool, device=z.device)
+        reached = torch.zeros(b, dtype=torch.bool, device=z.device)
         for k, v in enumerate(vectors):
+            flat = v.flatten(1) if v.ndim > 1 else v[:, None]
+            valid &= torch.isfinite(flat).all(1)
+            nonzero |= (flat != 0).any(1)
             scale = _scales(v)
             scaled = (v * scale.view(-1, *([1] * (v.ndim - 1)))).to(z.dtype)
             grads = torch.autograd.grad(
@@ -277,28 +301,23 @@ def forward_backprop(
                 info = capture.layers[n]
                 parts = []
                 for _, out in capture.calls[n]:
-                    g = grads[i]
+                    g = torch.zeros_like(out) if grads[i] is None else grads[i]
                     i += 1
-                    parts.append(layer_output_grads(info, torch.zeros_like(out) if g is None else g, mask))
+                    valid &= torch.isfinite(g).flatten(1).all(1)
+                    parts.append(layer_output_grads(info, g, mask, dtype, None if dtype is None else scale))
                 ds[n] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+                if watch and not bool(reached.all()):
+                    reached |= ((ds[n] != 0).any(2) & live[n]).any(1)  # some ds_t a_tᵀ is non-zero
             grads_per_vector.append(ds)
-            scales.append(scale)
+            scales.append(scale if dtype is None else None)
     capture.clear()
-    valid = torch.isfinite(zd.flatten(1)).all(1) if zd.ndim > 1 else torch.isfinite(zd)
-    nonzero = torch.zeros(b, dtype=torch.bool, device=z.device)
-    for v in vectors:
-        flat = v.flatten(1) if v.ndim > 1 else v[:, None]
-        valid &= torch.isfinite(flat).all(1)
-        nonzero |= (flat != 0).any(1)
-    reached = torch.zeros(b, dtype=torch.bool, device=z.device)
-    for n in names:
-        a_live = (inputs_by_layer[n] != 0).any(2)  # (B, T)
-        valid &= torch.isfinite(inputs_by_layer[n]).flatten(1).all(1)
-        for ds in grads_per_vector:
-            valid &= torch.isfinite(ds[n]).flatten(1).all(1)
-            reached |= ((ds[n] != 0).any(2) & a_live).any(1)  # some ds_t a_tᵀ is non-zero
-    vanished = valid & nonzero & ~reached if z.dtype != torch.float64 else torch.zeros_like(valid)
+    vanished = valid & nonzero & ~reached if watch else torch.zeros_like(valid)
     return BatchBackprop(inputs_by_layer, grads_per_vector, scales, positions, losses, valid, vanished)
+
+
+def _live_positions(info: LayerInfo, a: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: positions whose input a_t is non-zero (a bias column is 1 at every real position)."""
+    return a[..., -1] != 0 if info.has_bias else (a != 0).any(2)
 
 
 def task_batches(

@@ -161,7 +161,15 @@ class _Engine:
         bar = progress_bar(total=len(source), unit="sample", disable=not progress, desc=desc, leave=False)
         for pos, inputs, targets in task_batches(source, self.task, batch_size, self.device, self.dtype):
             bp = forward_backprop(
-                self.net, self.capture, self.task, inputs, targets, mode, 0, source.indices[pos]
+                self.net,
+                self.capture,
+                self.task,
+                inputs,
+                targets,
+                mode,
+                0,
+                source.indices[pos],
+                self.pre.dtype,
             )
             yield pos, bp
             bar.update(len(pos))

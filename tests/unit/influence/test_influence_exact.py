@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from exact_influence import (
     MLP,
     ConvSoftmax,
@@ -30,6 +31,7 @@ from exact_influence import (
     explicit_quantities,
 )
 from scipy.stats import spearmanr
+from torch import nn
 
 from epochlens.influence import (
     InfluenceSettings,
@@ -40,7 +42,18 @@ from epochlens.influence import (
     tracin_pairwise,
     tracin_self,
 )
-from epochlens.influence.layers import rotated_gradient
+from epochlens.influence import layers as layer_math
+from epochlens.influence.gradients import forward_backprop, prepared_model
+from epochlens.influence.layers import (
+    ActivationCapture,
+    gram_,
+    layer_inputs,
+    layer_output_grads,
+    rotated_gradient,
+    select_layers,
+    symmetrize_,
+)
+from epochlens.tasks import ClassificationTask
 
 
 def test_explicit_ggn_is_the_hessian_for_a_linear_model() -> None:
@@ -207,3 +220,85 @@ def test_rotated_gradient_equals_rotating_the_gradient_matrix(positions) -> None
     qa = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=torch.float64))[0]
     direct = qs.T @ torch.einsum("bto,bti->boi", ds, a) @ qa
     torch.testing.assert_close(rotated_gradient(a, ds, qs, qa), direct, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 4, 5, 11])
+def test_gram_by_upper_blocks_then_mirrored_is_the_full_product(monkeypatch, dim) -> None:
+    """Σ_batches aᵀa from the block rows of the upper triangle (blocks of 4: one, several, ragged)."""
+    monkeypatch.setattr(layer_math, "GRAM_BLOCK", 4)
+    g = torch.Generator().manual_seed(dim)
+    batches = [torch.randn(7, dim, generator=g, dtype=torch.float64) for _ in range(3)]
+    out = torch.zeros(dim, dim, dtype=torch.float64)
+    for a in batches:
+        gram_(out, a)
+    for start in range(4, dim, 4):  # nothing left of the diagonal blocks until mirrored
+        assert torch.count_nonzero(out[start:, :start]) == 0
+    full = sum(a.T @ a for a in batches)
+    torch.testing.assert_close(symmetrize_(out), full, rtol=1e-13, atol=1e-13)
+    assert torch.equal(out, out.T)
+
+
+def test_layer_inputs_and_output_grads_are_unfold_and_the_transpose_in_the_stored_dtype() -> None:
+    """One copy writes patches, cast and bias column: equal to F.unfold + ones, in float64 from a
+    float32 input (stride, padding, dilation), and a (B, T, d) Linear input with a padding mask."""
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1, dilation=2)
+    (info,) = select_layers(nn.Sequential(conv)).values()
+    x = torch.randn(2, 3, 9, 8)
+    a = layer_inputs(info, x, dtype=torch.float64)
+    patches = F.unfold(x.double(), 3, dilation=2, padding=1, stride=2).transpose(1, 2)
+    assert a.dtype == torch.float64 and a.is_contiguous()
+    torch.testing.assert_close(a, torch.cat([patches, torch.ones(*patches.shape[:2], 1).double()], 2))
+    ds = torch.randn(2, 4, 3, 3)
+    scale = torch.tensor([2.0, 0.25], dtype=torch.float64)
+    got = layer_output_grads(info, ds, dtype=torch.float64, scale=scale)
+    expected = ds.double().flatten(2).transpose(1, 2) / scale[:, None, None]
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+    linear = nn.Linear(5, 2)
+    (info,) = select_layers(nn.Sequential(linear)).values()
+    x = torch.randn(2, 4, 5)
+    mask = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    a = layer_inputs(info, x, mask, torch.float64)
+    expected = torch.cat([x.double(), torch.ones(2, 4, 1).double()], 2) * mask[:, :, None]
+    torch.testing.assert_close(a, expected, rtol=0, atol=0)
+    x_before = x.clone()
+    linear_nobias = nn.Linear(5, 2, bias=False)
+    (info,) = select_layers(nn.Sequential(linear_nobias)).values()
+    layer_inputs(info, x, mask)  # a view of x with the mask applied: x itself untouched
+    assert torch.equal(x, x_before)
+
+
+def test_gradients_stored_in_float64_are_the_compute_dtype_gradients_scaled_back() -> None:
+    """forward_backprop(dtype=float64) stores what the compute-dtype tensors give once unscaled."""
+    m = TinyCNN().float().eval()
+    x, y = data(6, (2, 6, 6), 5, seed=3)
+    task = ClassificationTask(np.arange(5))
+    layers = select_layers(m)
+    out = {}
+    with (
+        prepared_model(m, layers, torch.device("cpu"), torch.float32) as net,
+        ActivationCapture(layers) as cap,
+    ):
+        for dtype in (None, torch.float64):
+            out[dtype] = forward_backprop(
+                net,
+                cap,
+                task,
+                x.float(),
+                torch.as_tensor(y, dtype=torch.float64),
+                "loss",
+                0,
+                np.arange(6),
+                dtype,
+            )
+    assert out[torch.float64].scales == [None]
+    for n in layers:
+        (a0, d0), (a1, d1) = (
+            out[None].factored(n, torch.float64)[0],
+            out[torch.float64].factored(n, torch.float64)[0],
+        )
+        assert out[torch.float64].inputs[n].dtype == torch.float64
+        torch.testing.assert_close(a1, a0, rtol=0, atol=0)
+        torch.testing.assert_close(d1, d0, rtol=0, atol=0)
+    assert torch.equal(out[None].valid, out[torch.float64].valid)
