@@ -1,5 +1,6 @@
-"""Rule lds_retrain: part k of P of the retrainings on random subsets of the training images
-that the linear datamodeling score of one checkpoint is measured on (epochlens.study.lds).
+"""Rule lds_retrain: part k of P of the retrainings on random subsets of the training samples
+(images or sentences) that the linear datamodeling score of one checkpoint is measured on
+(epochlens.study.lds).
 
 By hand, from the run's working directory:
     python scripts/lds_retrain.py run=digits_noisy index=0 epoch=0075 part=0 nparts=1
@@ -13,9 +14,9 @@ from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_state_dict
-from epochlens.data import read_dataset
+from epochlens.data.text import read_any_dataset
 from epochlens.device import job_device
-from epochlens.models.networks import build_model
+from epochlens.models.build import build_untrained
 from epochlens.provenance import file_sha256, provenance
 from epochlens.schedule import schedule_from_config
 from epochlens.study.retrain import retrain_part
@@ -25,11 +26,10 @@ from epochlens.training import TrainSettings
 def main(snakemake) -> None:
     run, lds, wc = snakemake.params.run, snakemake.params.lds, snakemake.wildcards
     index, epoch = int(wc.index), int(wc.epoch)
-    data = read_dataset(snakemake.input.dataset)
+    data = read_any_dataset(snakemake.input.dataset)
     schedule = schedule_from_config(run["schedule"], snakemake.input.class_order)
     # The run's own recipe, as its training job (scripts/train.py) applies it.
     settings = TrainSettings(**{**run["train"], "seed": run["train"]["seed"] + index})
-    channels = data.train_images.shape[1]
     device = job_device(snakemake.config["device"], job_resources(snakemake))
     output = Path(snakemake.output.part)
     start, inputs = None, {"dataset": data.content_hash}
@@ -37,7 +37,7 @@ def main(snakemake) -> None:
         start = (snakemake.params.start_epoch, load_state_dict(snakemake.input.start[0]))
         inputs["start_checkpoint"] = file_sha256(snakemake.input.start[0])
     arrays = retrain_part(
-        lambda: build_model(run["model"]["name"], data.num_classes, channels, seed=settings.seed),
+        lambda: build_untrained(run["model"], data, settings.seed),
         data, schedule, settings, epoch, lds, int(wc.part), int(wc.nparts),
         save_every=run["checkpoints"].get("save_every"), device=device, scratch=output.parent, start=start,
     )  # fmt: skip

@@ -199,18 +199,19 @@ def check_influence_config(name: str, run: dict) -> None:
 
 
 def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> None:
-    """influence.lds retrains the run: the pipeline must know its recipe, and the queries must be
-    test images it can measure as they are."""
+    """influence.lds retrains the run: the pipeline must know its recipe (a built-in network, or a
+    text classifier built from its config), and the queries must be test samples it can measure as
+    they are."""
     spec = run["influence"]
     lds = spec["lds"]
     if not (spec["enabled"] and lds["enabled"]):
         return
     key = f"runs.{name}.influence.lds"
     problems = []
-    if run["checkpoints"]["source"] != "train" or "name" not in run["model"]:
+    if run["checkpoints"]["source"] != "train" or not ({"name", "hf"} & set(run["model"])):
         problems.append(
             "it retrains the run with the pipeline's recipe, so the run must be trained by the "
-            "pipeline (checkpoints.source: train, a built-in model.name)"
+            "pipeline (checkpoints.source: train, a built-in model.name or a model.hf.config)"
         )
     if task_name != "classification":
         problems.append(f"it measures classification losses; task {task_name} is not supported yet")

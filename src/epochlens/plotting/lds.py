@@ -36,7 +36,7 @@ def plot_lds(lds: pd.DataFrame, queries: pd.DataFrame, title: str) -> plt.Figure
     ax.set_ylabel("LDS (Spearman ρ, mean over queries)")
     first = lds.iloc[0]
     ax.set_title(
-        f"{int(first['n_subsets'])} retrainings on {first['fraction']:.0%} of the training images; "
+        f"{int(first['n_subsets'])} retrainings on {first['fraction']:.0%} of the training samples; "
         "95% CI over subsets",
         fontsize=9,
     )

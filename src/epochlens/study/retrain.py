@@ -1,9 +1,10 @@
-"""Retraining on subsets of the training images, for the linear datamodeling score
-(:mod:`epochlens.study.lds`): what the workflow's ``lds_retrain`` jobs do.
+"""Retraining on subsets of the training samples (images, or a text classifier's sentences), for
+the linear datamodeling score (:mod:`epochlens.study.lds`): what the workflow's ``lds_retrain``
+jobs do.
 
 Each subset is trained from scratch with the run's own recipe (:func:`epochlens.training.
 train_incremental`: the same initial weights, seed, schedule, learning rates, early stopping on
-the holdout), with the training images outside the subset removed, up to the analysed epoch, or
+the holdout), with the training samples outside the subset removed, up to the analysed epoch, or
 (``influence.lds.start: previous``) warm-started from the run's checkpoint before the analysed one
 and trained for the epochs in between only (the affordable choice for a large run: what the
 scores are asked to predict is then the last stretch of training); the model of the analysed
@@ -25,21 +26,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from epochlens.batches import num_samples, select_rows, to_device
 from epochlens.data import Dataset
+from epochlens.data.text import TextDataset
 from epochlens.layout import epoch_name
 from epochlens.models.networks import restrict_logits
 from epochlens.schedule import ClassSchedule
+from epochlens.tasks import call_model
 from epochlens.training import TrainSettings, train_incremental
 
 log = logging.getLogger("epochlens")
 
 
-def subset_data(data: Dataset, keep: np.ndarray) -> Dataset:
-    """``data`` with the training images outside ``keep`` (N,) bool taken out of training: their
+def subset_data(data: Dataset | TextDataset, keep: np.ndarray) -> Dataset | TextDataset:
+    """``data`` with the training samples outside ``keep`` (N,) bool taken out of training: their
     label becomes -1, a class no task has (the holdout is kept: it drives early stopping)."""
     keep = np.asarray(keep, dtype=bool)
     if keep.shape != data.train_labels.shape:
-        raise ValueError(f"subset mask of shape {keep.shape} for {len(data.train_labels)} training images")
+        raise ValueError(f"subset mask of shape {keep.shape} for {len(data.train_labels)} training samples")
     labels = np.where(keep | data.holdout, data.train_labels, -1)
     return dataclasses.replace(data, train_labels=labels)
 
@@ -67,21 +71,28 @@ def part_subsets(subsets: int, part: int, parts: int) -> np.ndarray:
 
 @torch.no_grad()
 def test_log_probs(
-    model: nn.Module, data: Dataset, active: np.ndarray, device: torch.device, batch_size: int = 1024
+    model: nn.Module,
+    data: Dataset | TextDataset,
+    active: np.ndarray,
+    device: torch.device,
+    batch_size: int = 1024,
 ) -> np.ndarray:
-    """(N_test, A) float32 log-probabilities of every test image over the ``active`` classes."""
+    """(N_test, A) float32 log-probabilities of every test sample over the ``active`` classes
+    (images normalised as the run trains on them; a text classifier's token ids and masks)."""
     model.eval().to(device)
-    x = data.normalized("test")
-    parts = [
-        torch.log_softmax(restrict_logits(model(x[s : s + batch_size].to(device)), active).double(), 1)
-        for s in range(0, len(x), batch_size)
-    ]
+    x = data.inputs("test") if isinstance(data, TextDataset) else data.normalized("test")
+    n = num_samples(x)
+    parts = []
+    for s in range(0, n, batch_size):
+        batch = to_device(select_rows(x, torch.arange(s, min(s + batch_size, n))), device)
+        logits = restrict_logits(call_model(model, batch), active)
+        parts.append(torch.log_softmax(logits.double(), 1))
     return torch.cat(parts).float().cpu().numpy()
 
 
 def retrain_subsets(
     build_model: Callable[[], nn.Module],
-    data: Dataset,
+    data: Dataset | TextDataset,
     schedule: ClassSchedule,
     settings: TrainSettings,
     epoch: int,
@@ -124,7 +135,7 @@ def retrain_subsets(
         model.load_state_dict(state)
         out.append(test_log_probs(model, data, active, device))
         log.info(
-            "subset %d of %d: %d training images, retrained in %.1f s",
+            "subset %d of %d: %d training samples, retrained in %.1f s",
             k + 1, len(masks), int(keep.sum()), time.perf_counter() - began,
         )  # fmt: skip
     return np.stack(out) if out else np.zeros((0, len(data.test_labels), len(active)), np.float32)
@@ -132,7 +143,7 @@ def retrain_subsets(
 
 def retrain_part(
     build_model: Callable[[], nn.Module],
-    data: Dataset,
+    data: Dataset | TextDataset,
     schedule: ClassSchedule,
     settings: TrainSettings,
     epoch: int,
@@ -152,7 +163,7 @@ def retrain_part(
     masks = subset_masks(eligible, lds["subsets"], lds["fraction"], lds["seed"])
     ids = part_subsets(lds["subsets"], part, parts)
     log.info(
-        "LDS retrainings %s of %d at epoch %d (part %d of %d), %.0f%% of %d training images each, %s",
+        "LDS retrainings %s of %d at epoch %d (part %d of %d), %.0f%% of %d training samples each, %s",
         ids.tolist(), lds["subsets"], epoch, part + 1, parts, 100 * lds["fraction"], int(eligible.sum()),
         "from scratch" if start is None else f"from the run's epoch {start[0]}",
     )  # fmt: skip

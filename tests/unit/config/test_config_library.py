@@ -319,6 +319,17 @@ def test_features_and_probes_of_sequence_classifiers_only(monkeypatch, tmp_path)
         run_config.validate({"runs": {"lm": lm_run(**on)}}, SCHEMA)
 
 
+def test_lds_of_a_text_classifier_trained_by_the_pipeline():
+    """The pipeline retrains a text classifier from its model.hf.config as it trains an image
+    network; a run read from the user's folder cannot be retrained."""
+    lds = {"enabled": True, "transforms": ["none", "token_dropout"], "lds": {"enabled": True, "subsets": 4}}
+    run = run_config.validate({"runs": {"pol": text_run(influence=lds)}}, SCHEMA)["runs"]["pol"]
+    assert run_config.lds_retrain_params(run)["run"]["model"]["hf"]["config"]["model_type"] == "bert"
+    folder = text_run(influence=lds, checkpoints={"source": "folder", "path": "runs/checkpoint-{epoch}"})
+    with pytest.raises(ConfigError, match="influence.lds: it retrains the run with the pipeline's recipe"):
+        run_config.validate({"runs": {"pol": folder}}, SCHEMA)
+
+
 def test_a_user_text_file_needs_its_text_section_and_path():
     run = text_run(data={"source": "jsonl", "path": "texts.jsonl"})
     with pytest.raises(ConfigError, match="text"):

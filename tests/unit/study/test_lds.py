@@ -170,3 +170,48 @@ def test_retraining_on_every_image_is_the_runs_own_training(tmp_path) -> None:
     assert part["subset_ids"].tolist() == [2] and part["masks"].sum() == round(0.5 * every.sum())
     assert not np.allclose(part["log_probs"][0], reference)
     assert list(tmp_path.glob("lds-*")) == []  # the retrainings' checkpoints are not left behind
+
+
+def test_retraining_a_text_classifier_on_every_sentence_is_the_runs_own_training(tmp_path) -> None:
+    """The same for a BERT classifier built from its config (the run's ``model.hf``): token ids and
+    masks in, the run's own checkpoint out when every sentence is kept; a half subset differs."""
+    pytest.importorskip("transformers")
+    from epochlens.data.text import TextDataset
+    from epochlens.models.build import build_untrained
+    from epochlens.schedule import ClassSchedule
+    from epochlens.study.retrain import retrain_part, retrain_subsets, test_log_probs
+    from epochlens.training import TrainSettings, train_incremental
+
+    rng = np.random.default_rng(0)
+
+    def sentences(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lengths = rng.integers(2, 9, size=n)
+        mask = (np.arange(8)[None, :] < lengths[:, None]).astype(np.int64)
+        ids = np.where(mask == 1, rng.integers(2, 30, size=(n, 8)), 0)
+        return ids, mask, (ids[:, 0] % 2).astype(np.int64)  # the first token decides the label
+
+    (a, am, ay), (b, bm, by) = sentences(48), sentences(16)
+    data = TextDataset(
+        name="tiny_text", source="test", kind="classification", train_input_ids=a, train_attention_mask=am,
+        train_labels=ay, test_input_ids=b, test_attention_mask=bm, test_labels=by, num_classes=2,
+        pad_token_id=0, vocab_size=30, holdout=np.arange(48) >= 40,
+    )  # fmt: skip
+    config = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 16, "max_position_embeddings": 16}  # fmt: skip
+    model = {"hf": {"config": config, "task": "sequence_classification", "attention": "eager"}}
+    schedule = ClassSchedule(np.arange(2), 2, 0, 3)  # one task of 3 epochs
+    settings = TrainSettings(optimizer="adamw", batch_size=8, lr=0.01, seed=2, early_stopping=False)
+
+    def build():
+        return build_untrained(model, data, settings.seed)
+
+    run = build()
+    train_incremental(run, data, schedule, settings, lambda e: tmp_path / f"run_{e}.pt", progress=False)
+    run.load_state_dict(torch.load(tmp_path / "run_3.pt", weights_only=True))
+    reference = test_log_probs(run, data, np.arange(2), torch.device("cpu"))
+    assert reference.shape == (16, 2) and np.isfinite(reference).all()
+    got = retrain_subsets(build, data, schedule, settings, 3, (~data.holdout)[None], scratch=tmp_path)
+    np.testing.assert_array_equal(got[0], reference)
+    part = retrain_part(build, data, schedule, settings, 3, {"subsets": 2, "fraction": 0.5, "seed": 0}, 1, 2)
+    assert part["masks"].sum() == 20 and not (part["masks"] & data.holdout).any()
+    assert not np.allclose(part["log_probs"][0], reference)
