@@ -359,10 +359,10 @@ def covariance_sums(
     or none valid, is not an error here (a shard may hold none); :func:`eigendecompose` checks.
     """
     p = _Pass(model, images, labels, active_classes, settings, sample_indices, device, task, "fit_factors")
-    f64, dev = F64, p.device
-    a_sum = {n: torch.zeros(i.in_dim, i.in_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
-    s_sum = {n: torch.zeros(i.out_dim, i.out_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
-    positions = {n: torch.zeros((), dtype=f64, device=dev) for n in p.layers}
+    dev = p.device
+    a_sum = {n: torch.zeros(i.in_dim, i.in_dim, dtype=F64, device=dev) for n, i in p.layers.items()}
+    s_sum = {n: torch.zeros(i.out_dim, i.out_dim, dtype=F64, device=dev) for n, i in p.layers.items()}
+    positions = {n: torch.zeros((), dtype=F64, device=dev) for n in p.layers}
     out = CovarianceSums({}, {}, {}, 0, 0)
     with prepared_model(model, p.layers, dev, p.dtype) as net:
         for pos, bp in p.batches(net, "covariances", progress):
@@ -470,7 +470,7 @@ def correction_sums(
     samples it leaves out; EK-FAC's were reported by the covariance pass.
     """
     p = _Pass(model, images, labels, active_classes, settings, sample_indices, device, task, "fit_factors")
-    f64, dev = F64, p.device
+    dev = p.device
     ekfac = p.settings.method == "ekfac"
     if ekfac and factors is None:
         raise ValueError("EK-FAC's corrections need the eigendecomposed factors (eigendecompose)")
@@ -480,7 +480,7 @@ def correction_sums(
             n: (lf.gradient_vectors.to(dev), lf.activation_vectors.to(dev))
             for n, lf in factors.layers.items()
         }
-    sums = {n: torch.zeros(i.out_dim, i.in_dim, dtype=f64, device=dev) for n, i in p.layers.items()}
+    sums = {n: torch.zeros(i.out_dim, i.in_dim, dtype=F64, device=dev) for n, i in p.layers.items()}
     out = CorrectionSums({}, 0, 0)
     with prepared_model(model, p.layers, dev, p.dtype) as net:
         for pos, bp in p.batches(net, "eigenvalue corrections" if ekfac else "diagonal", progress):
@@ -491,7 +491,7 @@ def correction_sums(
             out.n_valid += int(ok.sum())
             out.n_seen += len(pos)
             for n in p.layers:
-                for a, ds in bp.factored(n, f64, rows=ok):
+                for a, ds in bp.factored(n, F64, rows=ok):
                     g = rotated_gradient(a, ds, *rot[n]) if ekfac else per_sample_gradient(a, ds)
                     sums[n] += (g * g).sum(0)
     out.sums = {n: t.cpu() for n, t in sums.items()}
