@@ -372,10 +372,11 @@ def covariance_sums(
             out.n_valid += int(ok.sum())
             out.n_seen += len(pos)
             for n in p.layers:
-                (a, ds), *more = bp.factored(n, F64, rows=ok)
+                pairs = bp.factored(n, F64, rows=ok)  # one per backprop vector, the same inputs
                 positions[n] += bp.positions[n][ok].sum()
+                a = pairs[0][0]
                 gram_(a_sum[n], a.reshape(-1, a.shape[-1]))
-                for d in [ds] + [d for _, d in more]:
+                for _, d in pairs:
                     gram_(s_sum[n], d.reshape(-1, d.shape[-1]))
     for t in (*a_sum.values(), *s_sum.values()):
         symmetrize_(t)
