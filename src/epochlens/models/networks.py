@@ -119,8 +119,15 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int | None 
 
 
 def restrict_logits(logits: torch.Tensor, active_classes: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Logits of the active classes only, in class-order position: (B, num_active)."""
-    idx = torch.as_tensor(np.asarray(active_classes), dtype=torch.long, device=logits.device)
+    """Logits of the active classes only, in class-order position: (B, num_active).
+
+    ``active_classes`` may be a tensor already on the logits' device (the curvature engine keeps
+    one there); a tensor is never converted through NumPy, which a CUDA tensor refuses.
+    """
+    if isinstance(active_classes, torch.Tensor):
+        idx = active_classes.to(device=logits.device, dtype=torch.long)
+    else:
+        idx = torch.as_tensor(np.asarray(active_classes), dtype=torch.long, device=logits.device)
     return logits.index_select(1, idx)
 
 

@@ -215,6 +215,14 @@ def test_restrict_logits_selects_columns_in_class_order():
     assert restrict_logits(logits, np.array([], dtype=np.int64)).shape == (2, 0)
 
 
+def test_restrict_logits_takes_an_index_tensor_on_a_device_numpy_cannot_read():
+    # The curvature engine keeps the active classes on the compute device; a CUDA tensor refuses
+    # NumPy conversion exactly as a meta tensor does, so this is the GPU path without a GPU.
+    logits = torch.empty(3, 10, device="meta")
+    out = restrict_logits(logits, torch.tensor([7, 2], device="meta"))
+    assert out.shape == (3, 2) and out.device.type == "meta"
+
+
 def test_restrict_logits_gradient_reaches_only_active_columns():
     logits = torch.randn(3, 6, requires_grad=True)
     restrict_logits(logits, np.array([4, 1])).sum().backward()
