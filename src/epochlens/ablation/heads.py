@@ -145,7 +145,7 @@ def site_means(
     keyword inputs with ``attention_mask``), accumulated in float64."""
     modules = dict(model.named_modules())
     sums: dict[str, torch.Tensor] = {}
-    count = torch.zeros((), dtype=torch.float64)
+    count = 0  # real tokens seen (a Python int: the batches may be on any device)
     mask: list[torch.Tensor] = []
 
     def make(name: str):
@@ -161,7 +161,7 @@ def site_means(
     try:
         for batch in batches:
             mask[:] = [batch["attention_mask"]]
-            count += batch["attention_mask"].sum()
+            count += int(batch["attention_mask"].sum())
             model(**batch)
     finally:
         for h in handles:
