@@ -1,0 +1,60 @@
+"""epochlens.runner: a step's exit. A step that used CUDA leaves without interpreter teardown once its
+work is done (finished outputs must not be lost to an abort in PyTorch's teardown); a CPU step and a
+failed step exit as before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from epochlens import runner
+
+
+class Exited(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+@pytest.fixture
+def cuda_used(monkeypatch):
+    """torch reports an initialised CUDA context; os._exit raises instead of ending pytest."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(True))
+
+    def fake_exit(status: int) -> None:
+        raise Exited(status)
+
+    monkeypatch.setattr(runner.os, "_exit", fake_exit)
+    monkeypatch.delenv("EPOCHLENS_FULL_TEARDOWN", raising=False)
+    return synced
+
+
+def test_a_cuda_step_ends_with_status_0_after_its_log_is_written(cuda_used, tmp_path):
+    log_path = tmp_path / "job.log"
+    with pytest.raises(Exited) as exited:
+        runner.run_step(lambda: runner.log.info("outputs written"), log_path)
+    assert exited.value.status == 0
+    assert cuda_used == [True]  # device work finished before the process ends
+    assert "outputs written" in log_path.read_text()  # the log was flushed and closed first
+
+
+def test_a_failed_cuda_step_still_exits_1(cuda_used, tmp_path):
+    def main() -> None:
+        raise ValueError("broken")
+
+    with pytest.raises(SystemExit) as exited:
+        runner.run_step(main, tmp_path / "job.log")
+    assert exited.value.code == 1
+    assert "ValueError: broken" in (tmp_path / "job.log").read_text()
+
+
+def test_full_teardown_can_be_asked_for(cuda_used, tmp_path, monkeypatch):
+    monkeypatch.setenv("EPOCHLENS_FULL_TEARDOWN", "1")
+    runner.run_step(lambda: None, tmp_path / "job.log")  # returns: Python's normal exit follows
+    assert cuda_used == []
+
+
+def test_a_cpu_step_returns(tmp_path):
+    assert not torch.cuda.is_initialized()
+    runner.run_step(lambda: None, tmp_path / "job.log")
