@@ -58,8 +58,19 @@ def tiny(tmp_path):
 def tiny_done(tmp_path_factory):
     """One finished tiny run for this module (each full run takes minutes here).
     test_results_of_tiny_run reads it; test_partial_rebuilds then edits and reruns it, which
-    changes none of what the former checks (class counts and cohort sizes), whatever the order."""
-    return tiny_run(tmp_path_factory.mktemp("tiny_done"))
+    changes none of what the former checks (class counts and cohort sizes), whatever the order.
+    Features, probes and ablations at the epochs test_partial_rebuilds touches and the last."""
+    return tiny_run(tmp_path_factory.mktemp("tiny_done"), partial_config)
+
+
+def partial_config(ckpts) -> dict:
+    return tiny_config(ckpts, **analysed_at(4, 6))
+
+
+def analysed_at(*epochs: int) -> dict:
+    """Config sections: features (so probes) and ablations at ``epochs`` only (a tiny run's time
+    goes mostly to these jobs' start-up)."""
+    return {"features": {"epochs": list(epochs)}, "ablation": {"epochs": list(epochs)}}
 
 
 def test_default_config_job_list(tmp_path):
@@ -247,7 +258,8 @@ def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
 
 
 def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
-    wf, work, cfg, ckpts = tiny
+    wf, work, _, ckpts = tiny
+    cfg = write_config(work / "corrupt.yaml", tiny_config(ckpts, **analysed_at(2, 6)))
     bad = ckpts / "index-0_epoch-2.pt"
     bad.write_bytes(bad.read_bytes()[:1000])
     proc = snakemake(wf, work, configfile=cfg, check=False)
