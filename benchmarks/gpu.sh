@@ -29,21 +29,27 @@ step() { # step NAME SECONDS COMMAND...: run with a time limit, output to the lo
     echo "== $name: exit $rc after $(($(date +%s) - start)) s" | tee -a "$log"
 }
 
+report() { # report NAME SECONDS BENCHMARK ARGS...: a step whose JSON report (--json) is OUT/NAME.json
+    local name=$1 limit=$2
+    shift 2
+    step "$name" "$limit" sh -c 'json=$1; shift; "$@" --json >"$json"' sh "$out/$name.json" "$py" "$@"
+}
+
 {
     date -u
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
     "$py" -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
 } >>"$log" 2>&1
 
-step smoke 60 sh -c "'$py' benchmarks/influence.py --model small_cnn --n-train 256 --n-query 16 \
-    --device cuda --json > '$out/influence_smoke.json'"
+report influence_smoke 60 benchmarks/influence.py --model small_cnn --n-train 256 --n-query 16 \
+    --device cuda
 step influence_resnet18 300 "$py" benchmarks/influence.py --model resnet18_lop --n-train 1000 \
     --n-query 100 --fisher empirical --device cuda --kronfluence "$kf" --repeats 1 \
     --out "$out/influence_resnet18_n1000.json"
-step curvature_resnet18 60 sh -c "'$py' benchmarks/curvature.py --model resnet18_lop --device cuda \
-    --n-samples 4096 --batch-size 256 --repeats 2 --json > '$out/curvature_resnet18.json'"
-step features_resnet18 45 sh -c "'$py' benchmarks/features.py --model resnet18_lop --device cuda \
-    --n-samples 2000 --repeats 1 --json > '$out/features_resnet18.json'"
+report curvature_resnet18 60 benchmarks/curvature.py --model resnet18_lop --device cuda \
+    --n-samples 4096 --batch-size 256 --repeats 2
+report features_resnet18 45 benchmarks/features.py --model resnet18_lop --device cuda \
+    --n-samples 2000 --repeats 1
 step influence_bert 60 "$py" benchmarks/influence.py --model tiny_bert --n-train 1000 --n-query 100 \
     --fisher empirical --device cuda --kronfluence "$kf" --repeats 2 \
     --out "$out/influence_bert_n1000.json"

@@ -158,6 +158,12 @@ def tiny_config(ckpt_dir: Path, **overrides) -> dict:
     return {"device": "cpu", "runs": {"tiny": run}}
 
 
+def analysed_at(*epochs: int) -> dict:
+    """:func:`tiny_config` sections: features (so probes) and ablations at ``epochs`` only (a tiny
+    run's time goes mostly to these jobs' start-up)."""
+    return {"features": {"epochs": list(epochs)}, "ablation": {"epochs": list(epochs)}}
+
+
 def write_random_checkpoints(folder: Path, epochs=TINY_EPOCHS, index: int = 0) -> Path:
     """Random SmallCNN checkpoints (10 classes), seeded by epoch, as the user's folder."""
     from epochlens.models.networks import SmallCNN

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from wfutil import (
     TINY_EPOCHS,
+    analysed_at,
     copy_workflow,
     planned_jobs,
     snakemake,
@@ -35,10 +36,7 @@ def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS, **curvature) -> dict:
     """Features, probes and ablations at epoch 6 only (24 jobs, not 33): these tests check the
     curvature, and of the other stages only that they run, read it (probes) or do not rerun."""
     epochs = list(epochs) if epochs else None
-    last = {"epochs": [6]}
-    return tiny_config(
-        ckpts, curvature={"shards": shards, "epochs": epochs, **curvature}, features=last, ablation=last
-    )
+    return tiny_config(ckpts, curvature={"shards": shards, "epochs": epochs, **curvature}, **analysed_at(6))
 
 
 def epoch_rel(epoch: int) -> str:

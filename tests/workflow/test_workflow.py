@@ -12,6 +12,7 @@ import pytest
 from wfutil import (
     REPO,
     TINY_EPOCHS,
+    analysed_at,
     planned_jobs,
     planned_wildcards,
     save_random_checkpoint,
@@ -65,12 +66,6 @@ def tiny_done(tmp_path_factory):
 
 def partial_config(ckpts) -> dict:
     return tiny_config(ckpts, **analysed_at(4, 6))
-
-
-def analysed_at(*epochs: int) -> dict:
-    """Config sections: features (so probes) and ablations at ``epochs`` only (a tiny run's time
-    goes mostly to these jobs' start-up)."""
-    return {"features": {"epochs": list(epochs)}, "ablation": {"epochs": list(epochs)}}
 
 
 def test_default_config_job_list(tmp_path):

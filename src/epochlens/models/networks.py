@@ -124,10 +124,9 @@ def restrict_logits(logits: torch.Tensor, active_classes: np.ndarray | torch.Ten
     ``active_classes`` may be a tensor already on the logits' device (the curvature engine keeps
     one there); a tensor is never converted through NumPy, which a CUDA tensor refuses.
     """
-    if isinstance(active_classes, torch.Tensor):
-        idx = active_classes.to(device=logits.device, dtype=torch.long)
-    else:
-        idx = torch.as_tensor(np.asarray(active_classes), dtype=torch.long, device=logits.device)
+    if not isinstance(active_classes, torch.Tensor):
+        active_classes = np.asarray(active_classes)
+    idx = torch.as_tensor(active_classes, dtype=torch.long, device=logits.device)
     return logits.index_select(1, idx)
 
 
