@@ -86,6 +86,11 @@ def get_checkpoint(wildcards):
     return path
 
 
+def get_task_name(wildcards):
+    """The run's task by name (classification, regression, language_model or an import path)."""
+    return run_config.task_name(get_run(wildcards))
+
+
 def get_class_schedule(wildcards):
     """The run's class schedule, None for a causal LM (epochlens.config.class_schedule)."""
     return run_config.class_schedule(get_run(wildcards))

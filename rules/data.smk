@@ -21,6 +21,7 @@ rule prepare_data:
         *config["envmodules"],
     params:
         data=config_provider("data"),
+        task=get_task_name,
     script:
         "../scripts/prepare_data.py"
 

@@ -52,6 +52,27 @@ rule accuracy_tables:
         "../scripts/accuracy_tables.py"
 
 
+rule regression_tables:
+    input:
+        tables=get_eval_tables,
+        code=get_code("regression_tables.py"),
+    output:
+        metrics=layout.table("regression_metrics"),
+        summary=layout.table("regression_summary"),
+        provenance=layout.table_provenance("regression_tables"),
+    log:
+        layout.log("regression_tables"),
+    benchmark:
+        layout.benchmark("regression_tables")
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    script:
+        "../scripts/regression_tables.py"
+
+
 # Seconds of work on small tables: on a cluster they run on the submit host instead of queueing.
 localrules:
     accuracy_tables,
+    regression_tables,

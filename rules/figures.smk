@@ -32,6 +32,30 @@ rule plot_accuracy:
         "../scripts/plot_accuracy.py"
 
 
+rule plot_regression:
+    input:
+        metrics=rules.regression_tables.output.metrics,
+        code=get_code("plot_regression.py"),
+    output:
+        png=report(
+            layout.figure("regression_metrics", "png"),
+            caption="../report/regression_metrics.rst",
+            category="Accuracy",
+            subcategory="{run}",
+        ),
+        pdf=layout.figure("regression_metrics", "pdf"),
+    log:
+        layout.log("plot_regression"),
+    benchmark:
+        layout.benchmark("plot_regression")
+    conda:
+        "../envs/plots.yaml"
+    envmodules:
+        *config["envmodules"],
+    script:
+        "../scripts/plot_regression.py"
+
+
 rule figures:
     input:
         all_figures(),

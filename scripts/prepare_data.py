@@ -9,8 +9,10 @@ from _helpers import run_script
 
 from epochlens.atomic import save_npy
 from epochlens.data import holdout_mask, load_source, write_dataset
+from epochlens.data.dataset import check_kind
 from epochlens.data.text import write_text_dataset
 from epochlens.formats.images import IMAGE_SOURCES, ImageSettings, load_images
+from epochlens.formats.tables import TableSettings, load_table
 from epochlens.formats.text import TextSettings, load_polarity, load_text
 from epochlens.runner import log
 from epochlens.study.corruption import corrupt
@@ -26,6 +28,8 @@ def load(source: str, path: str | None, cfg: dict):
         if source == "polarity":
             return load_polarity(settings, **cfg.get("polarity", {}))
         return load_text(source, path, settings, tokenizer)
+    if "table" in cfg:
+        return load_table(source, path, TableSettings(**cfg["table"]), cfg.get("normalize", "auto"))
     if source in IMAGE_SOURCES:
         return load_images(source, path, ImageSettings(**cfg.get("images", {})))
     return load_source(source, path, **cfg)
@@ -35,6 +39,7 @@ def main(snakemake) -> None:
     cfg = dict(snakemake.params.data)
     corruption = cfg.pop("corruption", None) or {"kind": "none"}
     dataset = load(cfg.pop("source"), cfg.pop("path", None), cfg)
+    check_kind(dataset, snakemake.params.task)
     # The holdout first: it is never corrupted (not trained on).
     dataset.holdout = holdout_mask(dataset.train_labels, cfg.get("holdout_per_class", 0))
     dataset, corrupted = corrupt(dataset, corruption)
@@ -42,15 +47,18 @@ def main(snakemake) -> None:
     (write_text_dataset if is_text else write_dataset)(dataset, snakemake.output.dataset)
     save_npy(snakemake.output.corrupted, corrupted)
     shape = dataset.train_input_ids.shape[1:] if is_text else dataset.train_images.shape[1:]
+    regression = getattr(dataset, "kind", "") == "regression"
     log.info(
-        "%s: %d train (%d holdout) / %d test %s %s, %d classes, hash %s",
+        "%s: %d train (%d holdout) / %d test %s %s, %s, hash %s",
         dataset.name,
         len(dataset.train_labels),
         int(dataset.holdout.sum()),
         len(dataset.test_labels),
-        "texts of tokens" if is_text else "images",
+        "texts of tokens" if is_text else "inputs",
         tuple(shape),
-        dataset.num_classes,
+        f"{dataset.train_labels.dtype} targets {dataset.train_labels.shape[1:]}"
+        if regression
+        else f"{dataset.num_classes} classes",
         dataset.content_hash[:12],
     )
     if corruption["kind"] != "none":

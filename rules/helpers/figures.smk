@@ -5,13 +5,19 @@ def get_train_logs(wildcards):
     return per_index(wildcards.run, layout.train_log)
 
 
+def evaluation_figure(run):
+    """A run's evaluation figure: accuracy per cohort, or a regression's errors."""
+    regression = run_config.is_regression_run(config["runs"][run])
+    return "regression_metrics" if regression else "accuracy_by_cohort"
+
+
 def figure_targets():
-    """Accuracy figures of every run; training curves where the pipeline trains."""
+    """Evaluation figures of every run; training curves where the pipeline trains."""
     trained = set(get_trained_runs())
     return [
         path
         for run in config["runs"]
-        for name in ("accuracy_by_cohort", "training_curves")
+        for name in (evaluation_figure(run), "training_curves")
         if name != "training_curves" or run in trained
         for path in layout.figures(name, run)
     ]

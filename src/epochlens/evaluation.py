@@ -1,4 +1,6 @@
-"""Per-checkpoint evaluation: accuracy and loss per class and per task cohort, and per data group.
+"""Per-checkpoint evaluation: accuracy and loss per class and per task cohort, and per data group;
+a regression's squared error, absolute error and R² per split and data group
+(:func:`evaluate_regression`).
 
 A cohort is the set of classes introduced in the same task. At checkpoint epoch E the "new" cohort
 is the one most recently trained (the task that ended at or is running at E) and the "old" cohorts
@@ -136,6 +138,100 @@ def evaluate_checkpoint(
                 )
             )
     return pd.DataFrame(rows)
+
+
+#: Columns of a regression's evaluation table (after run and index), one row per split and data
+#: group ("all": the whole split).
+REGRESSION_COLUMNS = ("epoch", "split", "data_group", "n", "mean_loss", "mse", "mae", "r2")
+REGRESSION_METRICS = ("mean_loss", "mse", "mae", "r2")
+
+
+def predict_regression(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: np.ndarray,
+    reduction: str = "mean",
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Predictions (N, D) float64 (D values per sample, as the targets) and each sample's loss
+    (N,) float64 (:func:`epochlens.outcome.squared_error` with ``reduction``), eval mode, computed
+    in the model's dtype."""
+    import torch
+
+    from epochlens.outcome import squared_error
+    from epochlens.tasks import call_model
+
+    model.eval().to(device)
+    y = torch.as_tensor(np.asarray(targets))
+    preds, losses = [], []
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            rows = slice(start, start + batch_size)
+            z = call_model(model, inputs[rows].to(device))
+            losses.append(squared_error(z, y[rows], reduction).double().cpu())
+            preds.append(z.reshape(len(z), -1).double().cpu())
+    width = 1 if y.ndim == 1 else y.shape[1]
+    if not preds:
+        return np.zeros((0, width)), np.zeros(0)
+    return torch.cat(preds).numpy(), torch.cat(losses).numpy()
+
+
+def regression_metrics(prediction: np.ndarray, targets: np.ndarray, loss: np.ndarray) -> dict[str, float]:
+    """n, mean per-sample loss, MSE and MAE over every value, and R² (scikit-learn's ``r2_score``,
+    averaged over the D outputs; NaN for fewer than two samples) of one group of samples."""
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    y = np.asarray(targets, dtype=np.float64).reshape(len(targets), -1)
+    z = np.asarray(prediction, dtype=np.float64).reshape(len(prediction), -1)
+    return dict(
+        n=len(y),
+        mean_loss=float(np.mean(loss)),
+        mse=float(mean_squared_error(y, z)),
+        mae=float(mean_absolute_error(y, z)),
+        r2=float(r2_score(y, z)) if len(y) > 1 else float("nan"),
+    )
+
+
+def evaluate_regression(
+    model: nn.Module,
+    data: Dataset,
+    epoch: int,
+    reduction: str = "mean",
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> pd.DataFrame:
+    """A regression checkpoint on the test split and the training holdout: one row per split and
+    data group (``all``, then each group of data with groups), columns :data:`REGRESSION_COLUMNS`.
+    ``mean_loss`` is the mean per-sample loss of the run's task (squared error, mean or sum over a
+    sample's values), ``mse`` and ``mae`` the mean over every value of every sample."""
+    rows = []
+    for split, base in (("test", "test"), ("holdout", "train")):
+        idx = np.arange(len(data.labels(base))) if split == "test" else np.flatnonzero(data.holdout)
+        if len(idx) == 0:
+            continue
+        targets = data.labels(base)[idx]
+        pred, loss = predict_regression(
+            model, data.normalized(base, idx), targets, reduction, batch_size, device
+        )
+        parts = [("all", np.ones(len(idx), dtype=bool))]
+        groups = data.groups(base)
+        if groups is not None:
+            parts += [(name, groups[idx] == g) for g, name in enumerate(data.group_names)]
+        for name, mask in parts:
+            if mask.any():
+                metrics = regression_metrics(pred[mask], targets[mask], loss[mask])
+                rows.append(dict(epoch=epoch, split=split, data_group=name, **metrics))
+    return pd.DataFrame(rows, columns=list(REGRESSION_COLUMNS))
+
+
+def regression_summary(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Mean, std and Student-t 95% half-width over replicate indices of each regression metric,
+    per (run, epoch, split, data group) of a run's concatenated evaluation tables."""
+    from epochlens.stats import over_replicates
+
+    keys = ["run", "epoch", *(["train_epoch"] if "train_epoch" in metrics else []), "split", "data_group"]
+    return over_replicates(metrics, keys, list(REGRESSION_METRICS))
 
 
 GROUP_COLUMNS = ("index", "epoch", "split", "data_group", "n", "n_correct", "accuracy", "mean_loss")

@@ -24,6 +24,7 @@ from torch import nn
 
 from epochlens.checkpoints import load_into
 from epochlens.data import Dataset
+from epochlens.data.dataset import target_dim
 from epochlens.data.text import TextDataset, read_any_dataset
 from epochlens.device import job_device
 from epochlens.errors import CheckpointError
@@ -64,6 +65,17 @@ class CheckpointJob:
     def in_channels(self) -> int:
         return int(self.data.train_images.shape[1]) if isinstance(self.data, Dataset) else 0
 
+    def factory_defaults(self) -> dict[str, int]:
+        """What your model's factory is given where it accepts it and model.kwargs does not set it:
+        ``num_classes``, ``in_channels`` (axis 1 of the inputs), ``in_features`` (values per input
+        sample) and, for regression data, ``num_outputs`` (values per target)."""
+        defaults = {"num_classes": self.data.num_classes, "in_channels": self.in_channels}
+        if isinstance(self.data, Dataset):
+            defaults["in_features"] = int(np.prod(self.data.train_images.shape[1:]))
+            if self.data.is_regression:
+                defaults["num_outputs"] = target_dim(self.data.train_labels)
+        return defaults
+
     def build_model(self, checkpoint: str | Path | None = None) -> nn.Module:
         """The model with the weights of ``checkpoint`` (default: the job's), on the CPU.
 
@@ -83,9 +95,7 @@ class CheckpointJob:
             from epochlens.formats.user_model import attach_output_adapter, build_user_model
 
             factory = FactorySpec.from_config(spec)
-            model = build_user_model(
-                factory, {"num_classes": self.data.num_classes, "in_channels": self.in_channels}
-            )
+            model = build_user_model(factory, self.factory_defaults())
             attach_output_adapter(model, factory.output)
         else:
             model = build_model(spec["name"], self.data.num_classes, self.in_channels)
@@ -143,6 +153,8 @@ class CheckpointJob:
             f"model.factory: {spec['factory']}" if "factory" in spec else f"model.name: {spec['name']}"
         )
         candidates = {configured: shapes_of(model)}
+        if isinstance(self.data, Dataset) and self.data.is_regression:
+            return candidates  # the built-in networks are classifiers
         for name in MODELS:
             if name != spec.get("name"):
                 candidates[f"model.name: {name}"] = shapes_of(

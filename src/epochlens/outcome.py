@@ -1,4 +1,5 @@
-"""A causal language model's per-sample outcome on its targets: its loss and whether it is right.
+"""Per-sample outcomes that are not a classifier's: a causal language model's loss on its target
+tokens and whether it is right, and a regression's squared error (:func:`squared_error`).
 
 A causal LM's sample is a prompt followed by a target; its token labels (N, L) hold the target's
 ids and -100 (:data:`IGNORE_INDEX`) at the prompt and the padding (Hugging Face's convention).
@@ -49,8 +50,39 @@ def sequence_outcome(
     return hit.all(1) & (count > 0), loss
 
 
+REDUCTIONS = ("mean", "sum")
+
+
+def regression_reduction(task: str | dict | None) -> str:
+    """A run's ``task`` section's per-sample squared error: ``mean`` (default) or ``sum`` over a
+    sample's values (``{name: regression, kwargs: {reduction: sum}}``)."""
+    if not isinstance(task, dict):
+        return "mean"
+    return {**task, **task.get("kwargs", {})}.get("reduction", "mean")
+
+
+def squared_error(prediction: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """A regression's per-sample loss (B,): ``mean`` ‖z − y‖²/D over a sample's D values (what
+    ``nn.MSELoss`` gives for that sample alone), or ``sum`` ‖z − y‖². Prediction (B, ...) and
+    targets (B, ...) must hold the same number of values per sample; the loss is differentiable
+    in the prediction and keeps its dtype."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} must be one of {REDUCTIONS}")
+    z = prediction.reshape(prediction.shape[0], -1)
+    y = targets.to(device=z.device, dtype=z.dtype).reshape(z.shape[0], -1)
+    if y.shape != z.shape:
+        raise ValueError(
+            f"targets of {y.shape[1]} values per sample for predictions of {z.shape[1]}: the model's "
+            "outputs must match the targets (a regression head with one output per target value)."
+        )
+    sq = ((z - y) ** 2).sum(1)
+    return sq / z.shape[1] if reduction == "mean" else sq
+
+
 def sample_classes(labels: np.ndarray) -> np.ndarray:
-    """Each sample's class id: the labels of a classifier's data (N,), 0 for a causal LM's token
-    labels (N, L)."""
+    """Each sample's class id: the labels of a classifier's data (N,); 0 for a causal LM's token
+    labels (N, L) and for a regression's float targets (N,) or (N, D), which have no classes."""
     labels = np.asarray(labels)
-    return labels if labels.ndim == 1 else np.zeros(len(labels), dtype=np.int64)
+    if labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer):
+        return labels
+    return np.zeros(len(labels), dtype=np.int64)

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from epochlens.errors import ConfigError
+from epochlens.outcome import squared_error
 
 # ------------------------------------------------------------------ per-sample random draws
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -404,22 +405,13 @@ class RegressionTask(Task):
             raise ConfigError(f"regression: reduction={reduction!r} must be 'mean' or 'sum'")
         self.reduction = reduction
 
-    def _flat(self, prediction: torch.Tensor, targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> torch.Tensor:
         if targets is None:
             raise ConfigError("regression: the batch has no targets; its items must be (inputs, target)")
-        z = prediction.reshape(prediction.shape[0], -1)
-        y = torch.as_tensor(targets, device=z.device).to(z.dtype).reshape(z.shape[0], -1)
-        if y.shape != z.shape:
-            raise ConfigError(
-                f"regression: targets of {y.shape[1]} values per sample for predictions of {z.shape[1]}; "
-                "the targets must match the model's outputs."
-            )
-        return z, y
-
-    def loss(self, prediction: torch.Tensor, targets: Any, inputs: Any) -> torch.Tensor:
-        z, y = self._flat(prediction, targets)
-        sq = ((z - y) ** 2).sum(1)
-        return sq / z.shape[1] if self.reduction == "mean" else sq
+        try:
+            return squared_error(prediction, torch.as_tensor(targets), self.reduction)
+        except ValueError as exc:
+            raise ConfigError(f"regression: {exc}") from None
 
     def _variance(self, d: int) -> float:
         return d / 2.0 if self.reduction == "mean" else 0.5

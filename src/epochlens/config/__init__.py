@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epochlens.config.checks import check_config, check_run, is_causal_lm_run
+from epochlens.config.checks import (
+    check_config,
+    check_run,
+    is_causal_lm_run,
+    is_regression_run,
+    task_name,
+)
 from epochlens.config.epochs import (
     analysis_epochs,
     checkpoint_epochs,
@@ -87,6 +93,7 @@ __all__ = [
     "fill_defaults",
     "influence_epochs",
     "is_causal_lm_run",
+    "is_regression_run",
     "lds_start_epoch",
     "influence_factor_params",
     "model_param",
@@ -105,6 +112,7 @@ __all__ = [
     "run_params",
     "schedule",
     "section_epochs",
+    "task_name",
     "tracin_epochs",
     "validate",
 ]

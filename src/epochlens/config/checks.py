@@ -7,6 +7,8 @@ models are checked when their job builds them.
 
 from __future__ import annotations
 
+import os
+
 from epochlens.config import epochs
 from epochlens.errors import ConfigError
 from epochlens.models.catalog import DEFAULT_LAYERS, known_layers
@@ -18,6 +20,7 @@ def check_run(name: str, run: dict) -> None:
     check_checkpoint_config(name, run)
     check_model_config(name, run)
     check_text_config(name, run)
+    check_regression_config(name, run)
     epochs.analysis_epochs(name, run)
     epochs.curvature_epochs(name, run)
     check_feature_config(name, run)
@@ -62,6 +65,88 @@ def is_causal_lm_run(run: dict) -> bool:
     """A text run of a causal language model (``model.hf.task: causal_lm``): prompts and targets,
     no classes (its jobs get no class schedule)."""
     return is_text_run(run) and run["model"].get("hf", {}).get("task") == "causal_lm"
+
+
+def task_name(run: dict) -> str:
+    """The run's ``task`` by name: classification, regression, language_model or an import path."""
+    task = run.get("task", "classification")
+    return task if isinstance(task, str) else task["name"]
+
+
+def is_regression_run(run: dict) -> bool:
+    """A run of continuous targets (``task: regression``): no classes (its jobs get no class
+    schedule), per-sample loss the squared error, MSE / MAE / R² in place of accuracy."""
+    return task_name(run) == "regression"
+
+
+#: Data sources whose targets can be continuous (regression).
+REGRESSION_SOURCES = ("npz", "csv", "jsonl", "parquet", "save_to_disk")
+#: What a regression run may corrupt.
+REGRESSION_CORRUPTIONS = ("none", "target_noise")
+
+
+def check_regression_config(name: str, run: dict) -> None:
+    """A regression run (or float targets without one): every key that must change, at once, and
+    the data's kind against the task where the data is cheap to read (an .npz's labels)."""
+    data, regression = run["data"], is_regression_run(run)
+    corruption = (data.get("corruption") or {"kind": "none"})["kind"]
+    if not regression:
+        if corruption == "target_noise":
+            raise ConfigError(
+                f"runs.{name}.data.corruption.kind: target_noise adds noise to regression targets; "
+                "this run's task is not regression (use label_flip or trigger)."
+            )
+        if data["source"] == "npz":
+            check_npz_kind(name, data, task_name(run))
+        return
+    problems = []
+    if data["source"] not in REGRESSION_SOURCES or "text" in data:
+        problems.append(
+            f"data.source: one of {list(REGRESSION_SOURCES)} holding float targets ({data['source']} "
+            "data has class labels)"
+        )
+    elif data["source"] != "npz" and "table" not in data:
+        problems.append("data.table: the columns of the inputs and targets (a tabular data set)")
+    if "factory" not in run["model"]:
+        problems.append("model.factory: your regression model (the built-in networks are classifiers)")
+    if run["schedule"].get("initial_classes", 0) is not None:
+        problems.append("schedule: none (a regression's samples have no classes to introduce over time)")
+    if corruption not in REGRESSION_CORRUPTIONS:
+        problems.append(f"data.corruption.kind: one of {list(REGRESSION_CORRUPTIONS)} (not {corruption})")
+    if problems:
+        raise ConfigError(f"runs.{name} is a regression (task: regression); set " + "; ".join(problems) + ".")
+    if data["source"] == "npz":
+        check_npz_kind(name, data, "regression")
+
+
+def check_npz_kind(name: str, data: dict, task: str) -> None:
+    """An .npz's labels against the task, read before any job (labels only, not the inputs):
+    integer labels are class ids, float labels regression targets. A missing file is left to the
+    data rule's input check."""
+    import numpy as np
+
+    path = data.get("path")
+    if not path or not os.path.isfile(path):
+        return
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            dtype = archive["y_train"].dtype if "y_train" in archive.files else None
+    except (OSError, ValueError):
+        return  # unreadable: prepare_data says so with the file's own error
+    if dtype is None:
+        return
+    floats, regression = np.issubdtype(dtype, np.floating), task == "regression"
+    if regression and not floats:
+        raise ConfigError(
+            f"runs.{name}: task regression, but {path} holds integer labels (y_train {dtype}), i.e. class "
+            "ids. Store the targets as floats (y.astype(np.float32)), or use task: classification."
+        )
+    if floats and not regression:
+        raise ConfigError(
+            f"runs.{name}: {path} holds float targets (y_train {dtype}), but the run's task is "
+            f"{task}: set runs.{name}.task: regression "
+            "(and model.factory, schedule: none), or store class ids as integers (y.astype(np.int64))."
+        )
 
 
 #: Stages a causal LM run does not have yet (its per-sample loss is evaluated and ablated).
@@ -169,14 +254,13 @@ def check_influence_config(name: str, run: dict) -> None:
     a trigger, a trigger's target class outside the data set."""
     influence_epochs = epochs.influence_epochs(name, run)
     spec = run["influence"]
-    task = run.get("task", "classification")
-    task_name = task if isinstance(task, str) else task["name"]
-    if spec["enabled"] and task_name in ("regression", "language_model"):
+    name_of_task = task_name(run)
+    if spec["enabled"] and name_of_task in ("regression", "language_model"):
         queries = spec["queries"]
         if queries["select"] == "misclassified" or queries["labels"] == "predicted":
             raise ConfigError(
                 f"runs.{name}.influence.queries: select: misclassified and labels: predicted need "
-                f"class predictions, which task {task_name} has none of; set queries.select: all "
+                f"class predictions, which task {name_of_task} has none of; set queries.select: all "
                 "and queries.labels: correct."
             )
     if "tracin" in spec["methods"]:
@@ -188,7 +272,7 @@ def check_influence_config(name: str, run: dict) -> None:
             f"runs.{name}.influence.queries.trigger: true needs a trigger to stamp; set "
             f"runs.{name}.data.corruption.kind: trigger, or queries.trigger: null."
         )
-    check_lds_config(name, run, task_name, corruption)
+    check_lds_config(name, run, name_of_task, corruption)
     if corruption["kind"] == "trigger":
         classes = epochs.num_classes(run["data"])
         if corruption["target_class"] >= classes:

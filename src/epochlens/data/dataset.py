@@ -1,13 +1,25 @@
 """The :class:`Dataset` of a run and the ``dataset.h5`` contract (torch-free; torch is imported
 only by :meth:`Dataset.normalized`). The sources it is loaded from: :mod:`epochlens.data.sources`.
 
-``dataset.h5`` layout (images kept in their stored dtype; normalisation is applied on load)::
+Two kinds of data (``kind``):
 
-    /train/images  (N, C, H, W)  uint8 or float32
-    /train/labels  (N,)          int64
-    /train/holdout (N,)          bool   first ``holdout_per_class`` images of each class
+* ``classification``: labels are class ids (N,) int64;
+* ``regression``: labels are continuous targets, (N,) or (N, D), kept in their stored float dtype
+  (never cast); no classes (``num_classes`` 0). Every stage reads them as the targets of the
+  run's regression task (per-sample loss: squared error, :class:`epochlens.tasks.RegressionTask`).
+
+Inputs are images (N, C, H, W) or any other array of samples (N, ...), e.g. vectors (N, D) of a
+tabular data set; axis 1 is the "channel" that ``mean`` and ``std`` normalise.
+
+``dataset.h5`` layout (inputs kept in their stored dtype; normalisation is applied on load)::
+
+    /train/images  (N, C, H, W) or (N, ...)  uint8 or float
+    /train/labels  (N,) int64 class ids, or float targets (N,) / (N, D)
+    /train/holdout (N,)          bool   first ``holdout_per_class`` samples of each class (regression:
+                                        the first ``holdout_per_class`` samples)
     /test/images, /test/labels
-    attrs: name, source, num_classes, class_names (JSON), scale, mean (C,), std (C,), content_hash
+    attrs: name, source, kind, num_classes, class_names (JSON), scale, mean (C,), std (C,),
+           content_hash (a file without ``kind`` holds classification data)
 """
 
 from __future__ import annotations
@@ -28,11 +40,15 @@ if TYPE_CHECKING:
     import torch
 
 
+DATA_KINDS = ("classification", "regression")
+
+
 @dataclass
 class Dataset:
-    """Train/test images and labels plus how to normalise them.
+    """Train/test inputs and labels (class ids or regression targets) plus how to normalise them.
 
-    Normalised pixel = (image * scale - mean[c]) / std[c].
+    Normalised input = (input * scale - mean[c]) / std[c], c the index along axis 1 (an image's
+    channel, a vector's feature; a mean and std of length 1 apply to every c).
     """
 
     name: str
@@ -52,10 +68,17 @@ class Dataset:
     train_groups: np.ndarray | None = None  # (N_train,) int64
     test_groups: np.ndarray | None = None  # (N_test,) int64
     group_names: list[str] = field(default_factory=list)
+    kind: str = "classification"  # or "regression": labels are float targets (N,) or (N, D)
 
     def __post_init__(self) -> None:
-        self.train_labels = np.asarray(self.train_labels, dtype=np.int64)
-        self.test_labels = np.asarray(self.test_labels, dtype=np.int64)
+        if self.kind not in DATA_KINDS:
+            raise ValueError(f"kind must be one of {DATA_KINDS}, not {self.kind!r}")
+        if self.kind == "regression":
+            self.train_labels, self.test_labels = check_targets(self.train_labels, self.test_labels)
+            self.num_classes, self.class_names = 0, []
+        else:
+            self.train_labels = np.asarray(self.train_labels, dtype=np.int64)
+            self.test_labels = np.asarray(self.test_labels, dtype=np.int64)
         if len(self.holdout) == 0:
             self.holdout = np.zeros(len(self.train_labels), dtype=bool)
         if not self.class_names:
@@ -69,7 +92,7 @@ class Dataset:
                 ("train", self.train_groups, self.train_labels),
                 ("test", self.test_groups, self.test_labels),
             ):
-                if groups.shape != labels.shape:
+                if groups.shape != labels.shape[:1]:
                     raise ValueError(f"{split}_groups has shape {groups.shape}, labels {labels.shape}")
             n = max(int(self.train_groups.max(initial=-1)), int(self.test_groups.max(initial=-1))) + 1
             if not self.group_names:
@@ -97,20 +120,81 @@ class Dataset:
         """Group index (N,) int64 of every sample of ``split``; None for data without groups."""
         return self.train_groups if _check_split(split) == "train" else self.test_groups
 
+    @property
+    def is_regression(self) -> bool:
+        return self.kind == "regression"
+
     def normalized(self, split: str, indices: np.ndarray | None = None) -> torch.Tensor:
-        """Float32 tensor (N, C, H, W) of normalised images of ``split`` ("train" or "test")."""
+        """Float32 tensor (N, C, H, W) (or (N, ...): the stored inputs' shape) of normalised inputs
+        of ``split`` ("train" or "test")."""
         import torch  # here, not at the top: tables and figures read data sets without torch
 
         images = self.train_images if _check_split(split) == "train" else self.test_images
         if indices is not None:
             images = images[indices]
         x = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32) * self.scale
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(shape)
+        std = torch.tensor(self.std, dtype=torch.float32).view(shape)
         return (x - mean) / std
 
     def labels(self, split: str) -> np.ndarray:
+        """Class ids (N,) int64, or regression targets (N,) / (N, D) in their stored dtype."""
         return self.train_labels if _check_split(split) == "train" else self.test_labels
+
+
+def check_targets(train: np.ndarray, test: np.ndarray, origin: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Regression targets of both splits as they are stored: float, (N,) or (N, D) with the same D,
+    finite. Raises DataError naming ``origin`` (the file) and the fix."""
+    where = f"{origin}: " if origin else ""
+    out = []
+    for split, y in (("train", train), ("test", test)):
+        y = np.asarray(y)
+        if not np.issubdtype(y.dtype, np.floating):
+            raise DataError(
+                f"{where}the {split} targets are {y.dtype}, not floats: integer labels are class ids. "
+                "Use task: classification for them, or store the targets as floats "
+                "(e.g. y.astype(np.float32)) for a regression."
+            )
+        if y.ndim not in (1, 2):
+            raise DataError(
+                f"{where}the {split} targets have shape {y.shape}; a regression's targets are (N,) or "
+                "(N, D): flatten each sample's target (e.g. y.reshape(len(y), -1))."
+            )
+        bad = np.flatnonzero(~np.isfinite(y.reshape(len(y), -1)).all(1))
+        if len(bad):
+            raise DataError(
+                f"{where}{len(bad)} {split} target(s) are NaN or Inf (rows {bad[:10].tolist()}); "
+                "drop or fix those samples."
+            )
+        out.append(y)
+    if out[0].shape[1:] != out[1].shape[1:]:
+        raise DataError(f"{where}train targets {out[0].shape[1:]} per sample but test {out[1].shape[1:]}.")
+    return out[0], out[1]
+
+
+def check_kind(dataset: Dataset, task: str) -> None:
+    """The data's labels against the run's task (before anything is written): float targets go with
+    ``task: regression``, class ids with every other task. Raises DataError naming the data's
+    source and the fix."""
+    kind = getattr(dataset, "kind", "classification")
+    if task == "regression" and kind != "regression":
+        raise DataError(
+            f"{dataset.source}: task regression, but the data's labels are integers (class ids). Store "
+            "the targets as floats (e.g. y.astype(np.float32); a table's target_columns as float "
+            "columns), or use task: classification."
+        )
+    if task != "regression" and kind == "regression":
+        raise DataError(
+            f"{dataset.source}: the labels are float targets (a regression's), but the run's task is "
+            f"{task}: set the run's task: regression (with model.factory and schedule: none), or store "
+            "class ids as integers (y.astype(np.int64))."
+        )
+
+
+def target_dim(targets: np.ndarray) -> int:
+    """Values per sample of regression targets (N,) or (N, D): 1 or D."""
+    return 1 if np.ndim(targets) == 1 else int(np.shape(targets)[1])
 
 
 def _check_split(split: str) -> str:
@@ -123,9 +207,12 @@ def holdout_mask(labels: np.ndarray, per_class: int) -> np.ndarray:
     """Boolean mask of the first ``per_class`` samples of each class, in data order.
 
     This is the loss-of-plasticity validation split (first 50 training images per class), used for
-    early stopping and excluded from training.
+    early stopping and excluded from training. Regression targets (float labels) have no classes:
+    the first ``per_class`` samples.
     """
     labels = np.asarray(labels)
+    if not np.issubdtype(labels.dtype, np.integer):
+        labels = np.zeros(len(labels), dtype=np.int64)
     mask = np.zeros(len(labels), dtype=bool)
     if per_class <= 0:
         return mask
@@ -133,7 +220,7 @@ def holdout_mask(labels: np.ndarray, per_class: int) -> np.ndarray:
         idx = np.flatnonzero(labels == c)
         if len(idx) <= per_class:
             raise DataError(
-                f"class {c} has {len(idx)} training images, not more than holdout_per_class="
+                f"class {c} has {len(idx)} training samples, not more than holdout_per_class="
                 f"{per_class}; lower data.holdout_per_class in the config."
             )
         mask[idx[:per_class]] = True
@@ -141,10 +228,12 @@ def holdout_mask(labels: np.ndarray, per_class: int) -> np.ndarray:
 
 
 def channel_stats(images: np.ndarray, scale: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of ``images * scale`` (N, C, H, W)."""
+    """Per-channel mean and std of ``images * scale`` (N, C, H, W) (any (N, C, ...): over every
+    axis but 1)."""
     x = images.astype(np.float64) * scale
-    mean = x.mean(axis=(0, 2, 3))
-    std = x.std(axis=(0, 2, 3))
+    axes = (0, *range(2, x.ndim))
+    mean = x.mean(axis=axes)
+    std = x.std(axis=axes)
     std[std == 0] = 1.0
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
@@ -168,6 +257,7 @@ def write_dataset(dataset: Dataset, path: str | Path) -> None:
         f.attrs.update(
             name=dataset.name,
             source=dataset.source,
+            kind=dataset.kind,
             num_classes=dataset.num_classes,
             class_names=json.dumps(dataset.class_names),
             scale=dataset.scale,
@@ -198,6 +288,7 @@ def read_dataset(path: str | Path) -> Dataset:
                 train_groups=f["train/groups"][()] if "groups" in f["train"] else None,
                 test_groups=f["test/groups"][()] if "groups" in f["test"] else None,
                 group_names=json.loads(f.attrs.get("group_names", "[]")),
+                kind=str(f.attrs.get("kind", "classification")),
             )
             stored_hash = str(f.attrs["content_hash"])
     except (OSError, KeyError) as exc:

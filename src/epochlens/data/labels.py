@@ -18,8 +18,9 @@ from epochlens.errors import DataError
 
 @dataclass
 class SplitLabels:
-    """Labels (N,) int64 of one split, its data groups (N,) int64 indices into ``group_names``, or
-    None for data without groups, and the training split's holdout mask."""
+    """Labels (N,) int64 of one split (a regression's float targets (N,) or (N, D) as stored), its
+    data groups (N,) int64 indices into ``group_names``, or None for data without groups, and the
+    training split's holdout mask."""
 
     labels: np.ndarray
     groups: np.ndarray | None
@@ -41,12 +42,30 @@ def read_labels(path: str | Path, split: str = "train") -> SplitLabels:
         with h5py.File(path, "r") as f:
             g = f[split]
             return SplitLabels(
-                labels=np.asarray(g["labels"][()], dtype=np.int64),
+                labels=_labels(g["labels"][()]),
                 groups=np.asarray(g["groups"][()], dtype=np.int64) if "groups" in g else None,
                 group_names=json.loads(f.attrs.get("group_names", "[]")),
                 holdout=np.asarray(g["holdout"][()], dtype=bool) if "holdout" in g else None,
             )
     except (OSError, KeyError) as exc:
+        raise DataError(
+            f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."
+        ) from exc
+
+
+def _labels(stored: np.ndarray) -> np.ndarray:
+    """Class ids as int64; regression targets (floats) as stored."""
+    stored = np.asarray(stored)
+    return stored if np.issubdtype(stored.dtype, np.floating) else stored.astype(np.int64)
+
+
+def read_data_kind(path: str | Path) -> str:
+    """``classification`` or ``regression``: what the labels of a ``dataset.h5`` are (a text
+    data set's: classification)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return str(f.attrs.get("kind", "classification"))
+    except OSError as exc:
         raise DataError(
             f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."
         ) from exc

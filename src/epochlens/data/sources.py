@@ -4,8 +4,9 @@
   with a seeded stratified split.
 * ``cifar100``: a ``cifar-100-python`` folder in its original pickle layout (files ``train``,
   ``test``, ``meta``; ``data`` uint8 (N, 3072) as R, G, B planes; ``fine_labels``).
-* ``npz``: a generic ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``; images as
-  (N, H, W), (N, C, H, W) or (N, H, W, C) with ``layout: nhwc``.
+* ``npz``: a generic ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``; inputs as
+  images (N, H, W), (N, C, H, W) or (N, H, W, C) with ``layout: nhwc``, or vectors (N, D). Integer
+  ``y`` are class ids; float ``y``, (N,) or (N, D), are regression targets, kept in their dtype.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from epochlens.data.dataset import Dataset, channel_stats
+from epochlens.data.dataset import Dataset, channel_stats, check_targets
 from epochlens.errors import DataError
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -127,15 +128,38 @@ def load_cifar100(folder: str | Path) -> Dataset:
 
 
 def _to_nchw(x: np.ndarray, layout: str, path: Path, key: str) -> np.ndarray:
+    if x.ndim == 2:  # vectors (N, D)
+        return x
     if x.ndim == 3:
         return x[:, None]
     if x.ndim != 4:
-        raise DataError(f"{path}: '{key}' must have 3 or 4 dimensions, got shape {x.shape}.")
+        raise DataError(
+            f"{path}: '{key}' must be vectors (N, D) or images (N, H, W) / (N, C, H, W), got shape {x.shape}."
+        )
     return np.transpose(x, (0, 3, 1, 2)) if layout == "nhwc" else x
 
 
-def load_npz(path: str | Path, layout: str = "nchw", scale: float | None = None) -> Dataset:
-    """A generic ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``."""
+NORMALIZE = ("auto", "per_channel", "none")
+
+
+def normalisation(
+    x_train: np.ndarray, scale: float, normalize: str, regression: bool
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) of the inputs' normalisation: the training inputs' per-channel statistics
+    (``per_channel``; ``auto`` for class-labelled data) or none, mean 0 and std 1 (``none``; ``auto``
+    for regression data, whose model, your own, was trained on the inputs as you stored them)."""
+    if normalize not in NORMALIZE:
+        raise DataError(f"data.normalize: {normalize!r} is not one of {list(NORMALIZE)}.")
+    if normalize == "none" or (normalize == "auto" and regression):
+        return (0.0,), (1.0,)
+    return channel_stats(x_train, scale)
+
+
+def load_npz(
+    path: str | Path, layout: str = "nchw", scale: float | None = None, normalize: str = "auto"
+) -> Dataset:
+    """A generic ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``: class ids (integer
+    ``y``) or regression targets (float ``y``, kept as stored; see the module doc)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found. Set data.path to an existing .npz file.")
@@ -157,16 +181,22 @@ def load_npz(path: str | Path, layout: str = "nchw", scale: float | None = None)
         )
     x_train = _to_nchw(archive["x_train"], layout, path, "x_train")
     x_test = _to_nchw(archive["x_test"], layout, path, "x_test")
-    y_train, y_test = archive["y_train"].astype(np.int64), archive["y_test"].astype(np.int64)
+    y_train, y_test = archive["y_train"], archive["y_test"]
     for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
         if len(x) != len(y):
-            raise DataError(f"{path}: x_{split} has {len(x)} images but y_{split} {len(y)} labels.")
+            raise DataError(f"{path}: x_{split} has {len(x)} samples but y_{split} {len(y)} labels.")
     if x_train.shape[1:] != x_test.shape[1:]:
-        raise DataError(f"{path}: train images {x_train.shape[1:]} vs test {x_test.shape[1:]}.")
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
+        raise DataError(f"{path}: train inputs {x_train.shape[1:]} vs test {x_test.shape[1:]}.")
+    regression = np.issubdtype(y_train.dtype, np.floating) or np.issubdtype(y_test.dtype, np.floating)
+    if regression:
+        y_train, y_test = check_targets(y_train, y_test, str(path))
+        num_classes = 0
+    else:
+        y_train, y_test = _class_ids(y_train, y_test, path)
+        num_classes = int(max(y_train.max(), y_test.max())) + 1
     if scale is None:
         scale = 1.0 / 255.0 if x_train.dtype == np.uint8 else 1.0
-    mean, std = channel_stats(x_train, scale)
+    mean, std = normalisation(x_train, scale, normalize, regression)
     return Dataset(
         name=path.stem,
         source=str(path),
@@ -178,7 +208,23 @@ def load_npz(path: str | Path, layout: str = "nchw", scale: float | None = None)
         scale=scale,
         mean=mean,
         std=std,
+        kind="regression" if regression else "classification",
     )
+
+
+def _class_ids(y_train: np.ndarray, y_test: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Integer labels of both splits as int64 class ids (N,), or DataError with the fix."""
+    for split, y in (("train", y_train), ("test", y_test)):
+        if not np.issubdtype(y.dtype, np.integer) or y.ndim != 1:
+            raise DataError(
+                f"{path}: y_{split} is {y.dtype} {y.shape}; class labels are integers (N,), regression "
+                "targets floats (N,) or (N, D)."
+            )
+        if len(y) and y.min() < 0:
+            raise DataError(
+                f"{path}: y_{split} has negative class ids (min {y.min()}); classes are 0, 1, ..."
+            )
+    return y_train.astype(np.int64), y_test.astype(np.int64)
 
 
 def load_source(source: str, path: str | None = None, **options) -> Dataset:
@@ -190,7 +236,9 @@ def load_source(source: str, path: str | None = None, **options) -> Dataset:
     if source == "cifar100":
         return load_cifar100(path)
     if source == "npz":
-        return load_npz(path, options.get("layout", "nchw"), options.get("scale"))
+        return load_npz(
+            path, options.get("layout", "nchw"), options.get("scale"), options.get("normalize", "auto")
+        )
     raise DataError(
         f"unknown data.source {source!r}; use digits, cifar100 or npz here (imagefolder, save_to_disk "
         "and parquet: epochlens.formats.images.load_images)."

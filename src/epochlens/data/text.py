@@ -60,6 +60,9 @@ class TextDataset:
     train_text: list[str] | None = None  # the raw texts, for tables and figures (not hashed)
     test_text: list[str] | None = None
 
+    #: Text labels are class ids or token labels, never regression targets.
+    is_regression = False
+
     def __post_init__(self) -> None:
         if self.kind not in TEXT_KINDS:
             raise ValueError(f"kind must be one of {TEXT_KINDS}, not {self.kind!r}")

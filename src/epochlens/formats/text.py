@@ -32,9 +32,9 @@ import pandas as pd
 from epochlens.data.text import IGNORE_INDEX, TextDataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.images import _encode as encode_values
+from epochlens.formats.tables import TABLE_SOURCES, read_tables
 
-TEXT_SOURCES = ("jsonl", "csv", "parquet", "save_to_disk")
-_EXTENSIONS = {"jsonl": (".jsonl", ".json"), "csv": (".csv",), "parquet": (".parquet",)}
+TEXT_SOURCES = TABLE_SOURCES
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "vocab.txt",
     "merges.txt", "tokenizer.model", "spiece.model", "added_tokens.json",
@@ -65,6 +65,7 @@ class TextSettings:
         default=None, metadata={"help": "the pad token, for a tokenizer without one (e.g. its eos token)"}
     )
     name: str | None = field(default=None, metadata={"help": "data set name; None: the file or folder name"})
+    section = "data.text"  # where these settings are in the config (for messages)
 
     def __post_init__(self) -> None:
         problems = []
@@ -91,108 +92,6 @@ class TextSettings:
         cols = [self.prompt_column, self.target_column] if self.kind == "causal_lm" else [self.text_column]
         cols += [] if self.kind == "causal_lm" else [self.label_column]
         return [c for c in [*cols, self.group_column] if c]
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the tables
-
-
-def read_text_tables(
-    source: str, path: str | Path, settings: TextSettings
-) -> tuple[dict[str, pd.DataFrame], list[str] | None]:
-    """``{"train": df, "test": df}`` with the settings' columns, and the label names a
-    ``ClassLabel`` column carries (None otherwise)."""
-    if source not in TEXT_SOURCES:
-        raise ConfigError(f"data.source: {source!r} is not a text layout; use one of {list(TEXT_SOURCES)}.")
-    path = Path(path)
-    names = None
-    if source == "save_to_disk":
-        tables, names = _read_saved(path, settings)
-    elif path.is_file():
-        tables = _by_split_column(_read_file(source, path), settings, str(path))
-    elif path.is_dir():
-        tables = {
-            s: _read_file(source, _split_file(path, n, source)) for s, n in settings.split_names.items()
-        }
-    else:
-        raise DataError(f"{path}: no such file or folder. Set data.path to your {source} data.")
-    for split, df in tables.items():
-        missing = [c for c in settings.columns() if c not in df.columns]
-        if missing:
-            raise DataError(
-                f"{path} [{settings.split_names[split]}]: no column(s) {missing} (columns: "
-                f"{list(df.columns)[:20]}). Set data.text's column names to yours."
-            )
-        if df.empty:
-            raise DataError(f"{path}: the {settings.split_names[split]!r} split has no rows.")
-    return tables, names
-
-
-def _read_file(source: str, path: Path) -> pd.DataFrame:
-    try:
-        if source == "jsonl":
-            return pd.read_json(path, lines=True, dtype=False)
-        if source == "csv":
-            return pd.read_csv(path, keep_default_na=False)
-        return pd.read_parquet(path)
-    except (ValueError, OSError) as exc:
-        raise DataError(
-            f"{path}: not a readable {source} file ({type(exc).__name__}: {str(exc)[:200]})."
-        ) from exc
-
-
-def _split_file(folder: Path, name: str, source: str) -> Path:
-    for ext in _EXTENSIONS[source]:
-        if (folder / f"{name}{ext}").is_file():
-            return folder / f"{name}{ext}"
-    found = sorted(p.name for p in folder.iterdir())[:15]
-    raise DataError(
-        f"{folder}: no {name}{_EXTENSIONS[source][0]} (found {found}). Name the files after the splits, "
-        "set data.text.train_split / test_split, or give one file with data.text.split_column."
-    )
-
-
-def _by_split_column(df: pd.DataFrame, settings: TextSettings, origin: str) -> dict[str, pd.DataFrame]:
-    column = settings.split_column
-    if column is None:
-        raise DataError(
-            f"{origin}: one table for both splits; set data.text.split_column to the column that names "
-            "each row's split, or give a folder with one file per split."
-        )
-    if column not in df.columns:
-        raise DataError(f"{origin}: no split column {column!r} (columns: {list(df.columns)[:20]}).")
-    return {s: df[df[column] == n].reset_index(drop=True) for s, n in settings.split_names.items()}
-
-
-def _read_saved(path: Path, settings: TextSettings) -> tuple[dict[str, pd.DataFrame], list[str] | None]:
-    import datasets
-
-    if not path.is_dir():
-        raise DataError(f"{path}: no such folder. Set data.path to the folder written by save_to_disk.")
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError, OSError) as exc:
-        raise DataError(
-            f"{path}: not a folder written by datasets' save_to_disk "
-            f"({type(exc).__name__}: {str(exc)[:200]})."
-        ) from exc
-    parts = loaded if isinstance(loaded, datasets.DatasetDict) else {"": loaded}
-    first = next(iter(parts.values()))
-    label = first.features.get(settings.label_column)
-    names = list(label.names) if isinstance(label, datasets.ClassLabel) else None
-    if isinstance(loaded, datasets.DatasetDict) and settings.split_column is None:
-        missing = [n for n in settings.split_names.values() if n not in loaded]
-        if missing:
-            raise DataError(
-                f"{path}: no split(s) {missing} in the DatasetDict (splits: {list(loaded)}). Set "
-                "data.text.train_split / test_split."
-            )
-        return {s: loaded[n].to_pandas() for s, n in settings.split_names.items()}, names
-    if len(parts) != 1:
-        raise DataError(
-            f"{path}: data.text.split_column is set but the DatasetDict has splits {list(loaded)}."
-        )
-    return _by_split_column(first.to_pandas(), settings, str(path)), names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +204,7 @@ def load_text(
     tokenizer_folder: str | Path,
 ) -> TextDataset:
     """Read, tokenise and assemble a text data set (classification or causal LM)."""
-    tables, label_names = read_text_tables(source, path, settings)
+    tables, label_names = read_tables(source, path, settings)
     name = settings.name or Path(path).stem
     return text_dataset(tables, label_names, settings, tokenizer_folder, name, f"{source}:{path}")
 

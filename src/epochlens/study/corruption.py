@@ -5,8 +5,11 @@
 * :func:`plant_trigger`: a seeded fraction of the training samples of the other active classes
   gets a fixed checkerboard patch in a corner and the target class's label (a backdoor, as in
   BadNets, Gu et al. 2017); :func:`apply_trigger` puts the same patch on queries.
+* :func:`add_target_noise`: a regression's seeded fraction of the training samples gets Gaussian
+  noise added to its targets (``noise_scale`` times each target value's standard deviation over the
+  training samples), the inputs unchanged: mislabelled continuous data.
 
-Both return a new :class:`epochlens.data.dataset.Dataset` (the original is not modified; its content hash
+All return a new :class:`epochlens.data.dataset.Dataset` (the original is not modified; its content hash
 differs) and the sorted int64 positions of the corrupted samples in the training split. Samples of
 the validation holdout are never corrupted (they are not trained on). Selections are pure functions
 of (seed, fraction, eligible samples), via ``numpy.random.default_rng(seed)``.
@@ -156,8 +159,38 @@ def plant_trigger(
     return _with_train(dataset, images, new_labels, note), idx
 
 
+def add_target_noise(
+    dataset: Dataset, fraction: float, noise_scale: float = 3.0, seed: int = 0
+) -> tuple[Dataset, np.ndarray]:
+    """Add N(0, (noise_scale · σ_j)²) to value j of the targets of ``fraction`` of the training
+    samples outside the holdout, σ_j the standard deviation of value j over the training samples
+    (regression data; the targets keep their dtype).
+
+    Returns:
+        (corrupted data set, sorted int64 positions of the noised training samples).
+    """
+    if dataset.kind != "regression":
+        raise ConfigError(
+            "data.corruption.kind=target_noise adds noise to regression targets; this data set has class "
+            "labels (use label_flip)."
+        )
+    if not noise_scale > 0:
+        raise ConfigError(f"target_noise: noise_scale={noise_scale} must be > 0")
+    targets = dataset.train_labels
+    rng = np.random.default_rng(seed)
+    idx = _pick(np.flatnonzero(~dataset.holdout), fraction, rng, "target_noise")
+    flat = targets.reshape(len(targets), -1).astype(np.float64)
+    sigma = flat.std(axis=0)
+    sigma[sigma == 0] = 1.0
+    noisy = flat.copy()
+    noisy[idx] += rng.standard_normal((len(idx), flat.shape[1])) * noise_scale * sigma
+    new_targets = noisy.reshape(targets.shape).astype(targets.dtype)
+    note = f"target_noise(fraction={fraction}, noise_scale={noise_scale}, seed={seed}, n={len(idx)})"
+    return _with_train(dataset, dataset.train_images.copy(), new_targets, note), idx
+
+
 def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:
-    """Apply the config's ``data.corruption`` (kind none, label_flip or trigger).
+    """Apply the config's ``data.corruption`` (kind none, label_flip, trigger or target_noise).
 
     Returns:
         The (possibly) corrupted data set and the sorted int64 positions of the corrupted training
@@ -166,7 +199,14 @@ def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:
     spec = spec or {"kind": "none"}
     kind = spec["kind"]
     if kind == "label_flip":
+        if getattr(dataset, "kind", "classification") == "regression":
+            raise ConfigError(
+                "data.corruption.kind=label_flip gives samples another class; a regression's "
+                "targets take target_noise."
+            )
         return flip_labels(dataset, spec["fraction"], spec["seed"])
+    if kind == "target_noise":
+        return add_target_noise(dataset, spec["fraction"], spec.get("noise_scale", 3.0), spec["seed"])
     if kind == "trigger":
         if not hasattr(dataset, "train_images"):
             raise ConfigError(
@@ -176,5 +216,5 @@ def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:
             dataset, spec["fraction"], spec["target_class"], spec["seed"], spec["patch_size"], spec["corner"]
         )
     if kind != "none":
-        raise ConfigError(f"data.corruption.kind={kind!r} must be none, label_flip or trigger.")
+        raise ConfigError(f"data.corruption.kind={kind!r} must be none, label_flip, trigger or target_noise.")
     return dataset, np.zeros(0, dtype=np.int64)

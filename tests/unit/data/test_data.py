@@ -318,13 +318,13 @@ def test_load_npz_corrupt_file(tmp_path):
 
 def test_load_npz_inconsistent_arrays(tmp_path):
     path = _save_npz(tmp_path / "a.npz", np.zeros((3, 4, 4)), np.zeros(2), np.zeros((1, 4, 4)), [0])
-    with pytest.raises(DataError, match="x_train has 3 images but y_train 2 labels"):
+    with pytest.raises(DataError, match="x_train has 3 samples but y_train 2 labels"):
         load_npz(path)
     path = _save_npz(tmp_path / "b.npz", np.zeros((2, 4, 4)), [0, 1], np.zeros((1, 5, 5)), [0])
-    with pytest.raises(DataError, match="train images"):
+    with pytest.raises(DataError, match="train inputs"):
         load_npz(path)
     path = _save_npz(tmp_path / "c.npz", np.zeros((2, 1, 1, 4, 4)), [0, 1], np.zeros((1, 4)), [0])
-    with pytest.raises(DataError, match="3 or 4 dimensions") as err:
+    with pytest.raises(DataError, match=r"must be vectors \(N, D\) or images") as err:
         load_npz(path)
     assert str(path) in str(err.value)
 
@@ -403,7 +403,7 @@ def test_holdout_mask_lop_sizes():
 
 def test_holdout_mask_class_with_too_few_images():
     labels = np.array([0, 0, 0, 1, 1, 2, 2, 2])
-    with pytest.raises(DataError, match="class 1 has 2 training images"):
+    with pytest.raises(DataError, match="class 1 has 2 training samples"):
         holdout_mask(labels, 2)  # would leave nothing of class 1 to train on
     assert holdout_mask(labels, 1).sum() == 3
 
