@@ -11,7 +11,7 @@ from _helpers import run_script
 
 from epochlens.atomic import write_atomic, write_json
 from epochlens.curvature.dynamics import run_tables
-from epochlens.data.labels import read_labels
+from epochlens.data.labels import read_data_kind, read_labels
 from epochlens.formats.trainer_folders import insert_training_epochs
 from epochlens.provenance import table_provenance
 
@@ -21,8 +21,9 @@ def main(snakemake) -> None:
     # metadata.json of each (index, epoch), index-major: the epoch folders to read
     folders = [Path(m).parent for m in inp.metadata]
     groups = read_labels(inp.dataset, "train").group_of_each()  # data groups (None: no group column)
+    correct = "learned" if read_data_kind(inp.dataset) == "regression" else "accuracy"
     tables = run_tables(
-        run, p.indices, p.epochs, folders, inp.class_orders, p.schedule, p.epochs_per_task, groups
+        run, p.indices, p.epochs, folders, inp.class_orders, p.schedule, p.epochs_per_task, groups, correct
     )
     # A Trainer folder's checkpoints are numbered by step: the epoch each was written at, too.
     insert_training_epochs(tables["cohorts"], snakemake.config["runs"][run]["checkpoints"])

@@ -21,9 +21,13 @@ from epochlens.config.checks import is_causal_lm_run, is_regression_run
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
+from epochlens.outcome import regression_reduction
 from epochlens.probes.settings import ProbeSettings
 from epochlens.study.lds import LdsSettings
 from epochlens.study.settings import QuerySettings, QueryTransformSettings
+
+#: Curvature settings of a regression only (a classifier's params leave them out).
+REGRESSION_FIELDS = ("tolerance", "reduction")
 
 #: Sections of a run that only analyses read: training and evaluation never see them.
 ANALYSIS_SECTIONS = ("curvature", "features", "probes", "ablation", "influence")
@@ -85,8 +89,15 @@ def curvature_params(run: Mapping) -> dict:
     Not the whole run config, so that changing e.g. curvature.epochs does not rerun the epochs
     already computed, nor batch_size or processes (execution settings).
     """
+    if is_regression_run(dict(run)):  # the squared error's reduction comes from the task
+        settings = {
+            **result_settings(run["curvature"], CurvatureSettings),
+            "reduction": regression_reduction(run["task"]),
+        }
+    else:  # a classifier's results do not depend on the regression fields
+        settings = result_settings(run["curvature"], CurvatureSettings, exclude=REGRESSION_FIELDS)
     return {
-        "settings": result_settings(run["curvature"], CurvatureSettings),
+        "settings": settings,
         "model": model_param(run),
         "schedule": class_schedule(run),  # a classifier's schedule section; None for a causal LM
     }

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from epochlens.curvature.estimator import per_sample_curvature
+from epochlens.curvature.estimator import per_sample_curvature, regression_threshold
 from epochlens.curvature.io import shard_range
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.data.text import TextDataset
@@ -86,6 +86,7 @@ def parallel_curvature(
     processes: int = 1,
     progress: bool = False,
     tokens: dict[str, torch.Tensor] | None = None,
+    loss_threshold: float | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`per_sample_curvature` of N samples split over ``processes`` ranks on this node.
 
@@ -97,8 +98,9 @@ def parallel_curvature(
     labels, sample_indices = np.asarray(labels), np.asarray(sample_indices)
     if processes == 1 or len(labels) < processes:
         return per_sample_curvature(
-            model, images, labels, sample_indices, active_classes, settings, device, progress, tokens
-        )
+            model, images, labels, sample_indices, active_classes, settings, device, progress, tokens,
+            loss_threshold,
+        )  # fmt: skip
     payload = (
         copy.deepcopy(model).cpu(),
         torch.as_tensor(images),
@@ -107,6 +109,7 @@ def parallel_curvature(
         active_classes,
         settings,
         tokens,
+        loss_threshold,
     )
     threads = max(1, torch.get_num_threads() // processes)
     # Rank 0 leaves the merged result (or the ranks' errors) in a file: a pipe back to this
@@ -139,7 +142,9 @@ def curvature_shard(
 
     The header records what the values depend on (epoch, active classes, estimator, inputs'
     hashes), the device and the compute time. A causal LM's samples (token labels, no class
-    schedule) are all of class 0 (:func:`epochlens.outcome.sample_classes`), its one active class.
+    schedule) and a regression's (float targets) are all of class 0
+    (:func:`epochlens.outcome.sample_classes`), its one active class; a regression's sample is
+    correct when its loss is at most :func:`regression_threshold` of the training targets.
     """
     data = job.data
     active = job.active if job.active is not None else np.zeros(1, np.int64)
@@ -152,16 +157,26 @@ def curvature_shard(
     )  # fmt: skip
     start = time.perf_counter()
     inputs, tokens = curvature_inputs(job, idx)
+    threshold = None
+    if data.is_regression:  # on the whole training split, so every shard shares it
+        threshold = regression_threshold(data.train_labels, settings.tolerance, settings.reduction)
     results = parallel_curvature(
         job.model, inputs, data.train_labels[idx], idx, active, settings,
-        job.device, processes, progress=progress, tokens=tokens,
+        job.device, processes, progress=progress, tokens=tokens, loss_threshold=threshold,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
     results.update(labels=sample_classes(data.train_labels[idx]), holdout=data.holdout[idx])
+    estimator = settings.estimator_metadata()
+    if threshold is not None:
+        del estimator["temperature"]
+        estimator["gradient"] = (
+            f"g(x)=d/dx squared error(f(x), y) ({settings.reduction} over y's values), model in eval mode"
+        )
     header = {
         "epoch": job.epoch,
         "allowed_classes": [int(c) for c in active],
-        "estimator": settings.estimator_metadata(),
+        "estimator": estimator,
+        **({"regression": regression_header(settings, threshold)} if threshold is not None else {}),
         "n_samples": n,
         "nshards": nshards,
         "device": str(job.device),
@@ -170,6 +185,16 @@ def curvature_shard(
     }
     log.info("%d samples in %.1f s", hi - lo, elapsed)
     return lo, hi, results, header
+
+
+def regression_header(settings: CurvatureSettings, threshold: float) -> dict:
+    """A regression's loss and what counts as learned, for the results' metadata."""
+    return {
+        "loss": f"squared error, {settings.reduction} over a sample's values",
+        "tolerance": settings.tolerance,
+        "learned_below": threshold,
+        "formula_learned": "loss <= tolerance * mean_n loss(mean of the training targets, y_n)",
+    }
 
 
 def curvature_inputs(
@@ -213,7 +238,7 @@ def _worker(rank, world, port, device, threads, payload, out_dir, progress) -> N
     else:
         torch.set_num_threads(threads)
     dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timedelta(minutes=30))
-    model, images, labels, indices, active, settings, tokens = payload
+    model, images, labels, indices, active, settings, tokens, loss_threshold = payload
     lo, hi = shard_range(len(labels), rank, world)
     try:
         part = per_sample_curvature(
@@ -226,6 +251,7 @@ def _worker(rank, world, port, device, threads, payload, out_dir, progress) -> N
             device,
             progress=progress and rank == 0,
             tokens=None if tokens is None else {k: v[lo:hi] for k, v in tokens.items()},
+            loss_threshold=loss_threshold,
         )
         message = ("ok", part)
     except Exception as exc:  # every rank must reach the gather, or rank 0 waits forever

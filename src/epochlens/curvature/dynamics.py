@@ -14,6 +14,12 @@ class was trained. Over the epochs E₁ < … < E_m at which sample x is active:
     forgetting_events(x)    = number of correct → wrong transitions between consecutive active
                               epochs (Toneva et al. 2019)
 
+A regression's sample is "correct" when its loss is at most the run's learned threshold
+(``curvature.tolerance`` times the loss of predicting the training targets' mean; the threshold is
+in each epoch's metadata): its learning time is the first checkpoint from which its loss stays
+below the threshold, a forgetting event a rise above it, and the cohort tables call the fraction of
+such samples ``learned`` instead of ``accuracy``.
+
 The sums run over the *analysed* checkpoints, not over every training epoch: they rank samples
 within one run (which is what they are used for), and their scale depends on how many checkpoints
 were analysed; csl_mean does not.
@@ -138,8 +144,10 @@ def cohort_curvature(
     sample_task: np.ndarray,
     epochs_per_task: int,
     sample_group: np.ndarray | None = None,
+    correct_name: str = "accuracy",
 ) -> pd.DataFrame:
-    """Curvature, loss and accuracy per (epoch, group) over the active samples.
+    """Curvature, loss and accuracy per (epoch, group) over the active samples (the share of
+    correct samples is named ``correct_name``: a regression's is ``learned``).
 
     Groups: ``cohort <k>`` for each task k active at the epoch, and ``old`` / ``new`` (the task the
     checkpoint was most recently trained on is new, as in epochlens.evaluation.cohort_table).
@@ -173,7 +181,7 @@ def cohort_curvature(
                 row[f"curvature_q{round(q * 100):02d}"] = float(value)
             row["directional_eig_mean"] = float(np.asarray(res["directional_eig"])[mask].mean())
             row["loss_mean"] = float(np.asarray(res["loss"])[mask].mean())
-            row["accuracy"] = float(np.asarray(res["correct"])[mask].mean())
+            row[correct_name] = float(np.asarray(res["correct"])[mask].mean())
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -187,6 +195,7 @@ def run_tables(
     schedule: Mapping | None,
     epochs_per_task: int,
     sample_group: np.ndarray | None = None,
+    correct_name: str = "accuracy",
 ) -> dict[str, pd.DataFrame]:
     """The curvature tables of one run from its merged epoch folders.
 
@@ -200,6 +209,8 @@ def run_tables(
         epochs_per_task: epochs between task boundaries.
         sample_group: (N_train,) each training image's data group name, for data with groups
             (rows ``data: <name>`` in the cohort tables); None: none.
+        correct_name: the cohort tables' name for the share of correct samples (``learned`` for a
+            regression, whose samples are learned or not, never right or wrong).
 
     Returns:
         ``samples`` (:func:`sample_dynamics` per index), ``cohorts`` (:func:`cohort_curvature` per
@@ -218,7 +229,9 @@ def run_tables(
         samples.append(table.assign(index=index))
         sample_task = task_of_class[results[0]["labels"]]
         cohorts.append(
-            cohort_curvature(epochs, results, sample_task, epochs_per_task, sample_group).assign(index=index)
+            cohort_curvature(
+                epochs, results, sample_task, epochs_per_task, sample_group, correct_name
+            ).assign(index=index)
         )
         pooled_results.append(results)
         pooled_tasks.append(sample_task)
@@ -231,7 +244,9 @@ def run_tables(
         for k in range(len(epochs))
     ]
     pooled_groups = None if sample_group is None else np.concatenate([sample_group] * len(indices))
-    pooled = cohort_curvature(epochs, per_epoch, np.concatenate(pooled_tasks), epochs_per_task, pooled_groups)
+    pooled = cohort_curvature(
+        epochs, per_epoch, np.concatenate(pooled_tasks), epochs_per_task, pooled_groups, correct_name
+    )
 
     def first(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
         df.insert(0, "run", run)
@@ -242,6 +257,6 @@ def run_tables(
         "cohorts": first(pd.concat(cohorts, ignore_index=True), "index", "epoch"),
         "distribution": first(pooled, "epoch"),
     }
-    metrics = ["n", "curvature_mean", "curvature_q50", "loss_mean", "accuracy"]
+    metrics = ["n", "curvature_mean", "curvature_q50", "loss_mean", correct_name]
     tables["summary"] = over_replicates(tables["cohorts"], ["run", "epoch", "group", "cohort"], metrics)
     return tables

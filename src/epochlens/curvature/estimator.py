@@ -50,6 +50,11 @@ loss of that sample alone when T = 1; correct is exact match (every target token
 the input embeddings of all its real tokens (prompt and target), as for a text classifier. A sample
 without a target token is not computed (NaN), like a sample of an inactive class.
 
+Regression (``labels`` float targets (N,) or (N, D), the model's outputs z (N, D)): ℓ is the
+squared error :func:`epochlens.outcome.squared_error` (mean or sum over a sample's D values, the
+run's task; no temperature), every sample is computed, and correct means ℓ ≤ ``loss_threshold``
+(:func:`regression_threshold`: a tolerance times the loss of predicting the training targets' mean).
+
 The two modes measure different things on ReLU networks. Their input gradient is piecewise
 constant in the ReLU pattern, H holds only the softmax curvature (ReLU'' = 0 almost everywhere),
 and a step of h = 1e-3 along a Rademacher direction (length h·sqrt(C·H·W), 0.055 on CIFAR) flips
@@ -82,7 +87,7 @@ from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
-from epochlens.outcome import IGNORE_INDEX, sequence_outcome
+from epochlens.outcome import IGNORE_INDEX, sequence_outcome, squared_error
 from epochlens.progress import progress_bar
 
 RESULT_KEYS = ("curvature", "directional_eig", "loss", "grad_norm", "correct")
@@ -207,6 +212,7 @@ def per_sample_curvature(
     device: str | torch.device | None = None,
     progress: bool = False,
     tokens: Mapping[str, torch.Tensor] | None = None,
+    loss_threshold: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Curvature, directional eigenvalue, loss, gradient norm and correctness of every sample.
 
@@ -215,7 +221,8 @@ def per_sample_curvature(
             not modified: a copy in eval mode, without parameter gradients, is used on ``device``.
             The computation runs in the dtype of its parameters (float32 or float64).
         images: (N, C, H, W) normalised inputs (any device; moved batch by batch).
-        labels: (N,) class ids, or a causal LM's token labels (N, L) (with ``tokens``; module doc).
+        labels: (N,) class ids, a causal LM's token labels (N, L) (with ``tokens``), or a
+            regression's float targets (N,) / (N, D) (module doc).
         sample_indices: (N,) global indices of the samples in the data set; with
             ``settings.seed`` they fix the directions, so results do not depend on sharding.
         active_classes: class ids the model was trained on (restricted logits, in this order);
@@ -225,6 +232,8 @@ def per_sample_curvature(
         progress: show a progress bar (tqdm) over samples.
         tokens: a text model's ``input_ids`` and ``attention_mask`` (N, T): ``images`` are then their
             input embeddings (N, T, D), what the curvature is taken with respect to (module doc).
+        loss_threshold: regression: a sample is correct (learned) when its loss is at most this
+            (:func:`regression_threshold`); None: no sample is.
 
     Returns:
         dict of length-N numpy arrays: ``curvature``, ``directional_eig`` (see module doc; input
@@ -247,12 +256,22 @@ def per_sample_curvature(
             f"images {tuple(images.shape)}, labels ({len(labels)},) and sample_indices "
             f"({len(sample_indices)},) must describe the same N samples"
         )
-    lm = labels.ndim == 2 and tokens is not None  # a causal LM's token labels
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError("labels must be integers: class ids (N,) or a causal LM's token labels (N, L)")
+    regression = np.issubdtype(labels.dtype, np.floating)
+    lm = labels.ndim == 2 and tokens is not None and not regression  # a causal LM's token labels
+    if regression and settings.temperature != 1.0:
+        raise ConfigError(
+            f"curvature.temperature={settings.temperature}: the temperature divides a classifier's "
+            "logits; a regression's squared error has none. Set curvature.temperature: 1."
+        )
+    if regression and labels.ndim not in (1, 2):
+        raise ValueError(f"regression targets must be (N,) or (N, D), got {labels.shape}")
+    if not regression and not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            "labels must be class ids (N,), a causal LM's token labels (N, L) or float regression targets"
+        )
     if lm and labels.shape != tuple(torch.as_tensor(tokens["input_ids"]).shape):
         raise ValueError(f"token labels {labels.shape} must have the shape of the input_ids")
-    if not lm and (labels.ndim != 1 or (labels < 0).any()):
+    if not (lm or regression) and (labels.ndim != 1 or (labels < 0).any()):
         raise ValueError("labels must be a 1-D array of non-negative class ids")
     if active_classes.ndim != 1 or len(np.unique(active_classes)) != len(active_classes):
         raise ConfigError(f"active_classes must be distinct class ids, got {active_classes}")
@@ -262,6 +281,9 @@ def per_sample_curvature(
     if lm:  # samples with a target token (the first position is never one: nothing predicts it)
         targets = labels
         active = np.flatnonzero((labels[:, 1:] != IGNORE_INDEX).any(1))
+    elif regression:  # every sample, its targets as they are
+        targets = labels
+        active = np.arange(n_samples)
     else:
         targets = positions_in(labels, active_classes)
         active = np.flatnonzero(targets >= 0)
@@ -283,8 +305,10 @@ def per_sample_curvature(
     active_idx = torch.as_tensor(active_classes, device=device)
     first = torch.as_tensor(active[:1])
     _check_outputs(
-        net, images[first].to(device, dtype), active_classes, _token_rows(tokens, first, device), lm
-    )
+        net, images[first].to(device, dtype), active_classes, _token_rows(tokens, first, device), lm,
+        targets[active[:1]] if regression else None,
+    )  # fmt: skip
+    loss = _Loss(settings, regression, loss_threshold)
 
     bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
@@ -292,6 +316,8 @@ def per_sample_curvature(
             rows = active[start : start + settings.batch_size]
             x = images[torch.as_tensor(rows)].to(device=device, dtype=dtype)
             y = torch.as_tensor(targets[rows], device=device)
+            if regression:
+                y = y.to(dtype)
             t = _token_rows(tokens, torch.as_tensor(rows), device)
             if t is None:
                 signs = rademacher_directions(
@@ -302,7 +328,7 @@ def per_sample_curvature(
                 signs = token_directions(
                     settings.seed, sample_indices[rows], mask, shape[-1], settings.n_directions, torch.int8
                 )
-            stats = _batch_statistics(net, x, y, signs.to(device), active_idx, settings, chunks, t)
+            stats = _batch_statistics(net, x, y, signs.to(device), active_idx, settings, chunks, t, loss)
             stats = stats.cpu().numpy()  # the one device-to-host copy per batch
             _check_finite_results(stats, sample_indices[rows])
             for j, key in enumerate(RESULT_KEYS[:4]):
@@ -351,31 +377,52 @@ class _RowChunks:
             torch.cuda.empty_cache()
 
 
-def _loss_and_grad(
-    net: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    active_idx: torch.Tensor,
-    temperature: float,
-    create_graph: bool = False,
-    tokens: Mapping[str, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample losses (R,), restricted logits (R, A) and input gradients (R, *shape) at x
-    (a text model's input embeddings of ``tokens``). For a causal LM (``y`` token labels (R, L)) the
-    second item is whether each sample is an exact match (R,) instead of logits.
+class _Loss:
+    """The per-sample loss the curvature is taken of, and what counts as correct: a classifier's
+    cross-entropy over the restricted logits / T (argmax), a causal LM's target tokens' NLL / T
+    (exact match), or a regression's squared error (loss at most ``threshold``)."""
 
-    ``x`` must be a leaf tensor that requires grad (the caller keeps it for double backward).
-    """
-    logits = _forward(net, x, tokens)
-    if y.ndim == 2:  # a causal LM: its own branch, the classifiers' operations below stay as they are
-        exact, losses = sequence_outcome(logits / temperature, y, keep_dtype=True)
+    def __init__(self, settings: CurvatureSettings, regression: bool = False, threshold: float | None = None):
+        self.temperature, self.regression = settings.temperature, regression
+        self.reduction, self.threshold = settings.reduction, threshold
+
+    def __call__(
+        self,
+        net: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        active_idx: torch.Tensor,
+        create_graph: bool = False,
+        tokens: Mapping[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-sample losses (R,), whether each sample is correct (R,) and the input gradients
+        (R, *shape) at x (a text model's input embeddings of ``tokens``).
+
+        ``x`` must be a leaf tensor that requires grad (the caller keeps it for double backward).
+        """
+        logits = _forward(net, x, tokens)
+        if self.regression:
+            losses = squared_error(logits, y, self.reduction)
+            correct = losses <= self.threshold if self.threshold is not None else torch.zeros_like(losses)
+        elif y.ndim == 2:  # a causal LM: its own branch, the classifiers' operations below stay as they are
+            correct, losses = sequence_outcome(logits / self.temperature, y, keep_dtype=True)
+        else:
+            restricted = restrict_logits(logits, active_idx)
+            losses = F.cross_entropy(restricted / self.temperature, y, reduction="none")
+            correct = restricted.detach().argmax(1) == y
+        # The sum, not the mean: each sample's gradient is then its own (eval mode, no coupling).
         (grad,) = torch.autograd.grad(losses.sum(), x, create_graph=create_graph)
-        return losses, exact, grad
-    restricted = restrict_logits(logits, active_idx)
-    losses = F.cross_entropy(restricted / temperature, y, reduction="none")
-    # The sum, not the mean: each sample's gradient is then its own (eval mode, no coupling).
-    (grad,) = torch.autograd.grad(losses.sum(), x, create_graph=create_graph)
-    return losses, restricted, grad
+        return losses, correct, grad
+
+
+def regression_threshold(targets: np.ndarray, tolerance: float, reduction: str = "mean") -> float:
+    """The loss below which a regression sample counts as learned: ``tolerance`` times the mean
+    per-sample squared error of always predicting the mean of ``targets`` (the training targets,
+    (N,) or (N, D)): ``tolerance`` x the targets' variance averaged (``mean``) or summed (``sum``)
+    over the D values."""
+    y = np.asarray(targets, dtype=np.float64).reshape(len(targets), -1)
+    variance = y.var(axis=0)
+    return float(tolerance * (variance.mean() if reduction == "mean" else variance.sum()))
 
 
 def _batch_statistics(
@@ -387,15 +434,18 @@ def _batch_statistics(
     settings: CurvatureSettings,
     chunks: _RowChunks,
     tokens: Mapping[str, torch.Tensor] | None = None,
+    loss: _Loss | None = None,
 ) -> torch.Tensor:
     """(B, 5) tensor: curvature, directional_eig, loss, grad_norm, correct, for one batch.
 
-    x: (B, *shape) inputs; y: (B,) targets (positions in active_idx), or a causal LM's token labels
-    (B, L); signs: (B, n, *shape) ±1 (0 on padding); tokens: ids and attention mask (B, T) of a
-    text model's input embeddings, or None.
+    x: (B, *shape) inputs; y: (B,) targets (positions in active_idx), a causal LM's token labels
+    (B, L) or a regression's targets; signs: (B, n, *shape) ±1 (0 on padding); tokens: ids and
+    attention mask (B, T) of a text model's input embeddings, or None; loss: the per-sample loss
+    (default: a classifier's or causal LM's with the settings' temperature).
     """
     n_batch, n_dir, h = len(x), settings.n_directions, settings.h
-    temperature, exact = settings.temperature, settings.mode == "exact"
+    exact = settings.mode == "exact"
+    loss_and_grad = loss or _Loss(settings)
     g0 = torch.empty(n_batch, x[0].numel(), dtype=x.dtype, device=x.device)
     losses = torch.empty(n_batch, dtype=x.dtype, device=x.device)
     correct = torch.empty(n_batch, dtype=x.dtype, device=x.device)
@@ -403,13 +453,10 @@ def _batch_statistics(
     def clean(lo: int, hi: int) -> None:  # g(x), loss and correctness, once per sample
         leaf = x[lo:hi].detach().requires_grad_(True)
         t = _token_rows(tokens, slice(lo, hi))
-        loss, restricted, grad = _loss_and_grad(net, leaf, y[lo:hi], active_idx, temperature, tokens=t)
+        loss, hit, grad = loss_and_grad(net, leaf, y[lo:hi], active_idx, tokens=t)
         g0[lo:hi] = grad.flatten(1)
         losses[lo:hi] = loss.detach()
-        if y.ndim == 2:  # a causal LM: exact match
-            correct[lo:hi] = restricted
-        else:
-            correct[lo:hi] = restricted.detach().argmax(1) == y[lo:hi]
+        correct[lo:hi] = hit
 
     # Perturbed rows: row r = (sample r // n, direction r % n); all B*n go through in chunks.
     v_all = signs.reshape(n_batch * n_dir, -1)
@@ -423,13 +470,13 @@ def _batch_statistics(
         t = _token_rows(tokens, owner)
         if exact:
             leaf = x_rows.requires_grad_(True)
-            _, _, grad = _loss_and_grad(net, leaf, y[owner], active_idx, temperature, True, t)
+            _, _, grad = loss_and_grad(net, leaf, y[owner], active_idx, True, t)
             # Rows are independent, so the gradient of sum_r v_r·g_r with respect to x_r is H_r v_r.
             (hvp,) = torch.autograd.grad(grad, leaf, grad_outputs=v.view_as(grad))
             delta = h * hvp.flatten(1)
         else:
             leaf = (x_rows + h * v.view_as(x_rows)).requires_grad_(True)
-            _, _, grad = _loss_and_grad(net, leaf, y[owner], active_idx, temperature, tokens=t)
+            _, _, grad = loss_and_grad(net, leaf, y[owner], active_idx, tokens=t)
             delta = grad.flatten(1) - g0[owner]
         sq = (delta * delta).sum(1)
         norms[lo:hi] = sq if settings.norm == "l2_squared" else sq.sqrt()
@@ -474,11 +521,23 @@ def _check_outputs(
     active_classes: np.ndarray,
     tokens: Mapping[str, torch.Tensor] | None = None,
     lm: bool = False,
+    regression_targets: np.ndarray | None = None,
 ) -> None:
-    """Check on one sample that the model returns (batch, classes) logits covering the classes, or
-    a causal LM (``lm``) (batch, length, vocabulary) logits."""
+    """Check on one sample that the model returns (batch, classes) logits covering the classes, a
+    causal LM (``lm``) (batch, length, vocabulary) logits, or a regression (one sample's
+    ``regression_targets``) as many values as the targets."""
     with torch.no_grad():
         logits = _forward(net, x, tokens)
+    if regression_targets is not None:
+        want = int(np.prod(np.shape(regression_targets)[1:]))
+        got = int(np.prod(logits.shape[1:])) if isinstance(logits, torch.Tensor) else None
+        if got != want:
+            raise EpochlensError(
+                f"a regression model must return {want} value(s) per sample, the targets' number, got "
+                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
+                + ": check model.output and the model's head"
+            )
+        return
     if lm:
         length = tokens["input_ids"].shape[1]
         if not isinstance(logits, torch.Tensor) or logits.shape[:2] != (1, length) or logits.ndim != 3:

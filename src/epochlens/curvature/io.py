@@ -86,8 +86,11 @@ def read_shard(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     return header, arrays
 
 
-def curvature_stats(curvature: np.ndarray, correct: np.ndarray, active: np.ndarray) -> dict:
-    """Summary of one epoch: counts and curvature mean/median/std over active samples."""
+def curvature_stats(
+    curvature: np.ndarray, correct: np.ndarray, active: np.ndarray, correct_name: str = "accuracy"
+) -> dict:
+    """Summary of one epoch: counts and curvature mean/median/std over active samples, and the share
+    of them that are correct (``<correct_name>_active``; a regression's: ``learned_active``)."""
     c = curvature[active].astype(np.float64)
     some = len(c) > 0
     return {
@@ -97,7 +100,7 @@ def curvature_stats(curvature: np.ndarray, correct: np.ndarray, active: np.ndarr
         "curvature_mean": float(np.mean(c)) if some else None,
         "curvature_median": float(np.median(c)) if some else None,
         "curvature_std": float(np.std(c)) if some else None,
-        "accuracy_active": float(correct[active].mean()) if some else None,
+        f"{correct_name}_active": float(correct[active].mean()) if some else None,
     }
 
 
@@ -143,14 +146,18 @@ def merge_shards(shard_paths: Sequence[str | Path], outputs: Mapping[str, str | 
         save_npy(outputs[key], merged[key])
     active = np.isin(merged["labels"], np.asarray(first["allowed_classes"], dtype=np.int64))
     devices = sorted({h["device"] for h, _, _ in shards})
+    regression = first.get("regression")  # a regression's loss and learned threshold
     metadata = {
         "epoch": first["epoch"],
         "allowed_classes": first["allowed_classes"],
         "estimator": first["estimator"],
+        **({"regression": regression} if regression else {}),
         "device": devices[0] if len(devices) == 1 else devices,
         "shards": first["nshards"],
         "compute_time_seconds": float(sum(h["compute_time_seconds"] for h, _, _ in shards)),
-        "stats": curvature_stats(merged["curvature"], merged["correct"], active),
+        "stats": curvature_stats(
+            merged["curvature"], merged["correct"], active, "learned" if regression else "accuracy"
+        ),
         "provenance": provenance(config, first["inputs"]),
     }
     write_json(outputs["metadata"], metadata)

@@ -37,6 +37,19 @@ class CurvatureSettings:
         metadata={"help": "Δg = g(x+hv) − g(x), or exact: Δg = h·H v by Hessian-vector product"},
     )
     seed: int = field(default=0, metadata={"help": "seed of the directions (with sample index)"})
+    tolerance: float = field(
+        default=0.1,
+        metadata={
+            "help": "regression: a sample counts as learned (correct) when its loss is at most "
+            "tolerance x the mean loss of predicting the training targets' mean"
+        },
+    )
+    reduction: Literal["mean", "sum"] = field(
+        default="mean",
+        metadata={
+            "help": "regression: the squared error's mean or sum over a sample's values (the run's task)"
+        },
+    )
     batch_size: int = field(
         default=128,
         metadata={"help": "samples per batch (one device-to-host copy per batch)", "execution": True},
@@ -62,6 +75,10 @@ class CurvatureSettings:
             problems.append(f"norm={self.norm!r} must be 'l2' or 'l2_squared'")
         if self.mode not in ("finite_difference", "exact"):
             problems.append(f"mode={self.mode!r} must be 'finite_difference' or 'exact'")
+        if not (math.isfinite(self.tolerance) and self.tolerance > 0):
+            problems.append(f"tolerance={self.tolerance} must be a positive number")
+        if self.reduction not in ("mean", "sum"):
+            problems.append(f"reduction={self.reduction!r} must be 'mean' or 'sum'")
         if self.batch_size < 1:
             problems.append(f"batch_size={self.batch_size} must be >= 1")
         if self.max_batch is not None and self.max_batch < 1:
@@ -72,7 +89,9 @@ class CurvatureSettings:
     def estimator_metadata(self) -> dict:
         """What a result depends on, for ``metadata.json`` (batch sizes excluded: they do not)."""
         meta = asdict(self)
-        del meta["batch_size"], meta["max_batch"]
+        # batch sizes change no result; the regression fields are in a regression's own header
+        for key in ("batch_size", "max_batch", "tolerance", "reduction"):
+            del meta[key]
         delta = "h*H(x)v_i" if self.mode == "exact" else "g(x+h*v_i)-g(x)"
         power = "^2" if self.norm == "l2_squared" else ""
         meta.update(

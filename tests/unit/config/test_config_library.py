@@ -150,7 +150,11 @@ def _result_fields(settings_class) -> set[str]:
 @pytest.mark.parametrize(
     ("section", "settings_class", "expected"),
     [
-        ("curvature", CurvatureSettings, ["h", "n_directions", "temperature", "norm", "mode", "seed"]),
+        (
+            "curvature",
+            CurvatureSettings,
+            ["h", "n_directions", "temperature", "norm", "mode", "seed", "tolerance"],
+        ),
         (
             "probes",
             ProbeSettings,
@@ -165,6 +169,37 @@ def test_result_settings_are_the_dataclass_fields_that_are_not_execution(section
     assert list(got) == expected
     assert set(got) == _result_fields(settings_class) & set(run[section])
     assert "batch_size" not in got or section == "probes"  # part of the probes' method
+
+
+def test_a_classifiers_curvature_params_have_no_regression_fields():
+    """Existing runs keep their params (no rerun of their curvature): tolerance and reduction are
+    a regression's only, the reduction taken from its task."""
+    settings = run_config.curvature_params(validated())["settings"]
+    assert list(settings) == ["h", "n_directions", "temperature", "norm", "mode", "seed"]
+
+
+def regression_run(folder: Path, **sections) -> dict:
+    """A regression run of your MLP (tests/userproject's matinv) on an .npz, checkpoints 0 and 5."""
+    (folder / "ckpt").mkdir()
+    for epoch in (0, 5):
+        (folder / "ckpt" / f"m_{epoch}.pt").touch()
+    run = {
+        "data": {"source": "npz", "path": str(folder / "inverse.npz")},
+        "model": {"factory": "matinv.model:build", "project_path": str(REPO / "tests/userproject/template")},
+        "task": "regression",
+        "schedule": "none",
+        "checkpoints": {"source": "folder", "path": str(folder / "ckpt" / "m_{epoch}.pt"), "key": "model"},
+    }
+    run.update(copy.deepcopy(sections))
+    return run
+
+
+def test_a_regressions_curvature_params_take_the_reduction_from_the_task(tmp_path):
+    run = regression_run(tmp_path, task={"name": "regression", "kwargs": {"reduction": "sum"}})
+    regression = run_config.validate({"runs": {"r": run}}, SCHEMA)["runs"]["r"]
+    settings = run_config.curvature_params(regression)["settings"]
+    assert settings["tolerance"] == 0.1 and settings["reduction"] == "sum"
+    assert run_config.curvature_params(regression)["schedule"] is None  # no classes
 
 
 def test_lds_params_leave_out_the_split_into_jobs_and_the_bootstrap():
@@ -400,3 +435,37 @@ def test_warm_started_lds_needs_a_checkpoint_before_each_influence_epoch():
         ConfigError, match=r"start: previous needs a checkpoint before each influence epoch; epoch\(s\) \[0\]"
     ):
         run_config.validate({"runs": {"tiny": run([0, 4])}}, SCHEMA)
+
+
+def _validate(run: dict) -> dict:
+    return run_config.validate({"runs": {"r": copy.deepcopy(run)}}, SCHEMA)["runs"]["r"]
+
+
+def test_the_data_kind_is_checked_against_the_task_before_any_job(tmp_path):
+    """Integer labels with task regression, float targets with a classifier: the dry run says so,
+    naming the file and the fix (an .npz's labels are read, not its inputs)."""
+    import numpy as np
+
+    run = regression_run(tmp_path)
+    x = np.zeros((4, 9), np.float32)
+    np.savez(tmp_path / "inverse.npz", x_train=x, y_train=np.arange(4), x_test=x, y_test=np.arange(4))
+    with pytest.raises(ConfigError, match=r"task regression, but .*inverse.npz holds integer labels.*floats"):
+        _validate(run)
+    np.savez(tmp_path / "inverse.npz", x_train=x, y_train=x, x_test=x, y_test=x)
+    assert _validate(run)["task"] == "regression"
+    classifier = {**run, "task": "classification", "schedule": "none"}
+    with pytest.raises(ConfigError, match=r"holds float targets .*task is classification: set runs.r.task"):
+        _validate(classifier)
+
+
+def test_what_a_regression_run_must_change_is_named_at_once(tmp_path):
+    run = regression_run(tmp_path, model={"name": "small_cnn"}, data={"source": "digits"})
+    run["schedule"] = {"initial_classes": 2, "increment": 2, "epochs_per_task": 5}
+    run["checkpoints"] = {"source": "train"}
+    with pytest.raises(ConfigError) as err:
+        _validate(run)
+    for fix in ("data.source: one of", "model.factory", "schedule: none"):
+        assert fix in str(err.value)
+    noisy = tiny_run(data={"source": "digits", "corruption": {"kind": "target_noise"}})
+    with pytest.raises(ConfigError, match="target_noise adds noise to regression targets"):
+        _validate(noisy)
