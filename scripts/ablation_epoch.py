@@ -44,10 +44,11 @@ def main(snakemake) -> None:
         return
     images, labels = evaluation_images(job.data, split, wc.run)
     reference = reference_images(job.data, job.active, p.ablation["mean_samples"])
+    reduction = p.ablation.get("reduction")  # a regression's squared error
+    classes = "regression" if reduction else f"{len(job.active)} active classes ({len(job.new)} new)"
     log.info(
-        "epoch %d: %d active classes (%d new), %d %s images, %s reference images, on %s",
-        job.epoch, len(job.active), len(job.new), len(labels), split,
-        "no" if reference is None else len(reference), job.device,
+        "epoch %d: %s, %d %s samples, %s reference samples, on %s",
+        job.epoch, classes, len(labels), split, "no" if reference is None else len(reference), job.device,
     )  # fmt: skip
     table = ablation_table(
         job.model,
@@ -60,11 +61,13 @@ def main(snakemake) -> None:
         context,
         job.device,
         progress=True,
+        reduction=reduction,
     )
     write_atomic(snakemake.output.table, lambda path: table.to_csv(path, index=False))
-    whole = table[(table["group"] == "all") & (table["cohort"] != "all")]
+    whole = table[(table["group"] == "all") & ((table["cohort"] != "all") | bool(reduction))]
     for row in whole.itertuples():
-        log.info("%s %s-ablated: %s accuracy %+.3f", row.block, row.mode, row.cohort, row.delta_accuracy)
+        change = f"loss {row.delta_loss:+.4g}" if reduction else f"accuracy {row.delta_accuracy:+.3f}"
+        log.info("%s %s-ablated: %s %s", row.block, row.mode, row.cohort, change)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,12 @@ from epochlens.plotting.common import save_figure
 def main(snakemake) -> None:
     summary, run = pd.read_csv(snakemake.input.summary), snakemake.wildcards.run
     heads = summary["group"].astype(str).str.startswith("head ").any()
-    fig = plot_head_ablation(summary, run) if heads else plot_ablation_effect(summary, run)
+    if heads:
+        fig = plot_head_ablation(summary, run)
+    elif "delta_accuracy_mean" in summary:
+        fig = plot_ablation_effect(summary, run)
+    else:  # a regression: its loss is the squared error
+        fig = plot_ablation_effect(summary, run, "delta_loss", loss_unit="squared error")
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
 
 

@@ -16,7 +16,8 @@ from epochlens.provenance import table_provenance
 
 def main(snakemake) -> None:
     out = snakemake.output
-    metrics = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in snakemake.input.tables])
+    tables = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in snakemake.input.tables]
+    metrics = pd.concat(tables, ignore_index=True)
     metrics = metrics.sort_values(["index", "epoch", "split"], kind="stable").reset_index(drop=True)
     run_cfg = snakemake.config["runs"][snakemake.wildcards.run]
     insert_training_epochs(metrics, run_cfg["checkpoints"])

@@ -24,6 +24,10 @@ Tidy output (:func:`ablation_table`), one row per (block, group, mode, cohort), 
 columns (e.g. epoch, split) first: block, group, channel_start, channel_stop, n_channels, mode,
 cohort, n_samples, accuracy_base, accuracy, delta_accuracy, loss_base, loss, delta_loss. Deltas are
 ablated minus intact; losses in nats (mean over the cohort's samples).
+
+A regression (float targets, :func:`epochlens.outcome.squared_error` as the loss, mean or sum over
+a sample's values): every sample in the one cohort ``all``, no accuracy columns; ``loss`` is the
+mean per-sample squared error.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from epochlens.device import autocast, model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
-from epochlens.outcome import sequence_outcome
+from epochlens.outcome import sequence_outcome, squared_error
 from epochlens.progress import progress_bar
 
 COHORTS = ("old", "new", "all")
@@ -210,19 +214,25 @@ def per_sample_outcome(
     active_classes: np.ndarray,
     batch_size: int,
     device: torch.device,
+    reduction: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(correct (N,) bool, loss (N,) float64 nats) over the restricted logits; eval mode expected.
     ``images``: (N, ...) inputs, or a text model's keyword inputs (each (N, L)); ``targets`` (N, L):
-    a causal LM's token labels (:func:`epochlens.outcome.sequence_outcome`)."""
+    a causal LM's token labels (:func:`epochlens.outcome.sequence_outcome`); with ``reduction``
+    (a regression): float targets, the loss their squared error and no sample correct."""
     correct, losses = [], []
     active = torch.as_tensor(np.asarray(active_classes, dtype=np.int64), device=device)
-    t = torch.as_tensor(targets, dtype=torch.long)
+    t = torch.as_tensor(targets) if reduction else torch.as_tensor(targets, dtype=torch.long)
     for lo in range(0, len(t), batch_size):
         y = t[lo : lo + batch_size].to(device)
         if isinstance(images, Mapping):
             logits = net(**{k: v[lo : lo + batch_size].to(device) for k, v in images.items()})
         else:
             logits = net(images[lo : lo + batch_size].to(device, torch.float32))
+        if reduction:
+            losses.append(squared_error(logits.double(), y, reduction).cpu())
+            correct.append(torch.zeros(len(y), dtype=torch.bool))
+            continue
         if y.ndim == 2:
             hit, loss = sequence_outcome(logits, y)
             losses.append(loss.cpu())
@@ -245,13 +255,14 @@ def ablation_table(
     context: Mapping[str, object] | None = None,
     device: torch.device | str | None = None,
     progress: bool = False,
+    reduction: str | None = None,
 ) -> pd.DataFrame:
     """Change in accuracy and loss on old, new and all active classes when each unit group is ablated.
 
     Args:
         model: classifier (B, C, H, W) -> (B, num_classes); not modified (a copy runs in eval mode).
         images: (N, C, H, W) normalised evaluation images (e.g. the test split or the holdout).
-        labels: (N,) class ids.
+        labels: (N,) class ids, or with ``reduction`` a regression's float targets (N,) / (N, D).
         active_classes: classes trained at this checkpoint (restricted logits, in this order).
         new_classes: the current task's classes (a subset of ``active_classes``).
         settings: blocks, channel groups, modes, batch size.
@@ -260,6 +271,8 @@ def ablation_table(
         context: constant columns put first in every row (e.g. ``{"epoch": 200, "split": "test"}``).
         device: "auto", "cpu", "cuda", ... ; None: the model's device.
         progress: progress bar over ablations.
+        reduction: a regression's squared error, ``mean`` or ``sum`` over a sample's values (the
+            run's task): every sample in cohort ``all``, loss columns only (module doc).
 
     Returns:
         Tidy DataFrame (columns in the module doc); cohorts without samples are left out.
@@ -270,24 +283,13 @@ def ablation_table(
     """
     settings = settings or AblationSettings()
     images = torch.as_tensor(images)
-    labels = np.asarray(labels, dtype=np.int64)
-    active = np.asarray(active_classes, dtype=np.int64)
-    new = np.asarray(new_classes, dtype=np.int64)
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} labels")
-    stray = np.setdiff1d(new, active)
-    if len(stray):
-        raise ConfigError(f"new classes {stray.tolist()} are not among the active classes {active.tolist()}")
-    keep = np.flatnonzero(np.isin(labels, active))
-    if len(keep) == 0:
-        raise ConfigError(
-            f"no evaluation image belongs to an active class ({active.tolist()[:10]}...); check the "
-            "class order and the epoch."
-        )
-    x = images[torch.as_tensor(keep)]
-    y = labels[keep]
-    targets = positions_in(y, active)
-    cohorts = {"old": ~np.isin(y, new), "new": np.isin(y, new), "all": np.ones(len(y), dtype=bool)}
+    if reduction:  # a regression: every sample, its targets as they are
+        x, targets, active = images, np.asarray(labels), np.zeros(1, np.int64)
+        cohorts = {"all": np.ones(len(targets), dtype=bool)}
+    else:
+        x, targets, active, cohorts = _classified(images, labels, active_classes, new_classes)
 
     dev = model_device(model, device)
     net = copy.deepcopy(model).to(dev).eval().requires_grad_(False)
@@ -300,12 +302,15 @@ def ablation_table(
             blocks = list(dict.fromkeys(g.block for g in groups))
             means = unit_means(net, ref, blocks, settings.batch_size, dev)
 
-        base_correct, base_loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
+        def outcome() -> tuple[np.ndarray, np.ndarray]:
+            return per_sample_outcome(net, x, targets, active, settings.batch_size, dev, reduction)
+
+        base_correct, base_loss = outcome()
         rows = []
         jobs = [(g, m) for g in groups for m in settings.modes]
         for group, mode in progress_bar(jobs, desc="ablations", disable=not progress):
             with ablated(net, group, mode, means):
-                correct, loss = per_sample_outcome(net, x, targets, active, settings.batch_size, dev)
+                correct, loss = outcome()
             unit = {
                 "block": group.block,
                 "group": group.group,
@@ -315,8 +320,30 @@ def ablation_table(
                 "mode": mode,
             }
             base = (base_correct, base_loss)
-            rows += cohort_rows({**(context or {}), **unit}, cohorts, base, (correct, loss))
+            rows += cohort_rows({**(context or {}), **unit}, cohorts, base, (correct, loss), not reduction)
     return pd.DataFrame(rows)
+
+
+def _classified(
+    images: torch.Tensor, labels: np.ndarray, active_classes: np.ndarray, new_classes: np.ndarray
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """A classifier's evaluation samples: the images of active classes, their targets (positions
+    among the active classes), the active classes, and the old / new / all cohorts."""
+    labels = np.asarray(labels, dtype=np.int64)
+    active = np.asarray(active_classes, dtype=np.int64)
+    new = np.asarray(new_classes, dtype=np.int64)
+    stray = np.setdiff1d(new, active)
+    if len(stray):
+        raise ConfigError(f"new classes {stray.tolist()} are not among the active classes {active.tolist()}")
+    keep = np.flatnonzero(np.isin(labels, active))
+    if len(keep) == 0:
+        raise ConfigError(
+            f"no evaluation image belongs to an active class ({active.tolist()[:10]}...); check the "
+            "class order and the epoch."
+        )
+    y = labels[keep]
+    cohorts = {"old": ~np.isin(y, new), "new": np.isin(y, new), "all": np.ones(len(y), dtype=bool)}
+    return images[torch.as_tensor(keep)], positions_in(y, active), active, cohorts
 
 
 def cohort_rows(
@@ -324,28 +351,21 @@ def cohort_rows(
     cohorts: Mapping[str, np.ndarray],
     base: tuple[np.ndarray, np.ndarray],
     ablated: tuple[np.ndarray, np.ndarray],
+    accuracy: bool = True,
 ) -> list[dict]:
     """One table row per cohort with samples: ``unit``'s columns, then n_samples and accuracy and
-    loss intact, ablated and their difference; ``base``/``ablated`` are per-sample (correct, loss)."""
+    loss intact, ablated and their difference; ``base``/``ablated`` are per-sample (correct, loss).
+    Without ``accuracy`` (a regression) the loss columns only."""
     rows = []
     for cohort, sel in cohorts.items():
         if not sel.any():
             continue
-        acc_base, acc = float(base[0][sel].mean()), float(ablated[0][sel].mean())
+        row = {**unit, "cohort": cohort, "n_samples": int(sel.sum())}
+        if accuracy:
+            acc_base, acc = float(base[0][sel].mean()), float(ablated[0][sel].mean())
+            row.update(accuracy_base=acc_base, accuracy=acc, delta_accuracy=acc - acc_base)
         loss_base, loss = float(base[1][sel].mean()), float(ablated[1][sel].mean())
-        rows.append(
-            {
-                **unit,
-                "cohort": cohort,
-                "n_samples": int(sel.sum()),
-                "accuracy_base": acc_base,
-                "accuracy": acc,
-                "delta_accuracy": acc - acc_base,
-                "loss_base": loss_base,
-                "loss": loss,
-                "delta_loss": loss - loss_base,
-            }
-        )
+        rows.append({**row, "loss_base": loss_base, "loss": loss, "delta_loss": loss - loss_base})
     return rows
 
 
@@ -374,6 +394,9 @@ def reference_images(
     them; None without mean ablation (``mean_samples`` None or 0)."""
     if not mean_samples:
         return None
-    pool = np.flatnonzero(~data.holdout & np.isin(data.train_labels, active_classes))
+    if data.is_regression:  # every training sample outside the holdout
+        pool = np.flatnonzero(~data.holdout)
+    else:
+        pool = np.flatnonzero(~data.holdout & np.isin(data.train_labels, active_classes))
     take = np.unique(np.linspace(0, len(pool) - 1, min(mean_samples, len(pool))).round())
     return data.normalized("train", pool[take.astype(np.int64)])

@@ -25,8 +25,10 @@ ABLATION_KEYS = (
 def ablation_summary(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, epoch, split, unit group, mode, cohort) from the ablation rows of every
     index (``epochlens.ablation.ablate.ablation_table`` plus run and index): n_indices, n_samples (mean),
-    and ``_mean``, ``_std``, ``_ci95`` over indices of each metric of :data:`ABLATION_METRICS`."""
-    out = over_replicates(rows, ABLATION_KEYS, [*ABLATION_METRICS, "n_samples"])
+    and ``_mean``, ``_std``, ``_ci95`` over indices of each metric of :data:`ABLATION_METRICS` that
+    the rows have (a regression's: the loss ones)."""
+    metrics = [m for m in ABLATION_METRICS if m in rows]  # a regression's rows have no accuracy
+    out = over_replicates(rows, ABLATION_KEYS, [*metrics, "n_samples"])
     out = out.rename(columns={"n_samples_mean": "n_samples"}).drop(
         columns=["n_samples_std", "n_samples_ci95"]
     )

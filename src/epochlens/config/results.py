@@ -128,13 +128,17 @@ def probe_params(run: Mapping) -> dict:
 
 
 def ablation_params(run: Mapping) -> dict:
-    """What ablation results depend on: unit groups and modes, the split, the mean's images."""
+    """What ablation results depend on: unit groups and modes, the split, the mean's images (and a
+    regression's loss reduction)."""
     spec = run["ablation"]
-    return {
+    params = {
         "settings": result_settings(spec, AblationSettings),
         "split": spec["split"],
         "mean_samples": spec["mean_samples"] if "mean" in spec["modes"] else None,
     }
+    if is_regression_run(dict(run)):  # the squared error's reduction (a classifier's params: unchanged)
+        params["reduction"] = regression_reduction(run["task"])
+    return params
 
 
 def _factor_fields() -> set[str]:

@@ -10,9 +10,12 @@ import pandas as pd
 from epochlens.plotting.common import heatmap_panel
 
 
-def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta_accuracy") -> plt.Figure:
+def plot_ablation_effect(
+    summary: pd.DataFrame, title: str, metric: str = "delta_accuracy", loss_unit: str = "nats"
+) -> plt.Figure:
     """Heatmaps of the effect of ablating each unit group, unit group x epoch, on the old and the
-    new classes (columns of panels) for each ablation mode (rows of panels).
+    new classes (columns of panels; a regression's: all samples) for each ablation mode (rows of
+    panels). ``loss_unit`` names the loss's unit (a regression's: squared error).
 
     ``summary`` is :func:`epochlens.ablation.summary.ablation_summary`; cells are ``{metric}_mean``
     (ablated minus intact; red: the ablation hurts accuracy). The colour scale is symmetric and
@@ -20,7 +23,7 @@ def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta
     blocks where there are no groups), so that the small channel-group effects stay visible next to
     whole-block ablations, which mostly saturate; written values are in percentage points.
     """
-    cohorts = [c for c in ("old", "new") if c in set(summary["cohort"])]
+    cohorts = [c for c in ("old", "new") if c in set(summary["cohort"])] or ["all"]  # a regression: all
     modes = list(pd.unique(summary["mode"]))
     groups = list(dict.fromkeys(zip(summary["block"], summary["group"], strict=True)))
     rows = [f"{block} {group}" for block, group in groups]
@@ -53,21 +56,24 @@ def plot_ablation_effect(summary: pd.DataFrame, title: str, metric: str = "delta
             matrix = table.to_numpy(float)
             ax = axes[i, j]
             scale = 100.0 if "accuracy" in metric else 1.0
+            fmt = "{:+.0f}" if "accuracy" in metric else "{:+.2g}"  # percentage points, or a loss
             image = heatmap_panel(
-                ax, matrix * scale, rows, epochs, cmap, _scaled(norm, scale), "{:+.0f}", annotate, j == 0
+                ax, matrix * scale, rows, epochs, cmap, _scaled(norm, scale), fmt, annotate, j == 0
             )
             for k in block_ends:
                 ax.axhline(k - 0.5, color="k", lw=0.6)
-            ax.set_title(f"{mode} ablation, {cohort} classes", fontsize=9)
+            ax.set_title(
+                f"{mode} ablation, {cohort} {'samples' if cohort == 'all' else 'classes'}", fontsize=9
+            )
             if i == len(modes) - 1:
                 ax.set_xlabel("checkpoint epoch", fontsize=8)
-    unit = "percentage points" if "accuracy" in metric else "nats"
+    unit = "percentage points" if "accuracy" in metric else loss_unit
     fig.colorbar(image, ax=axes, shrink=0.8, extend="both", label=f"{metric} ({unit}; ablated - intact)")
     split = summary["split"].iloc[0] if "split" in summary and len(summary) else "test"
     n_idx = int(summary["n_indices"].max()) if len(summary) else 0
     fig.suptitle(
         f"{title}: effect of ablating each unit group on {split} {metric.removeprefix('delta_')} "
-        f"(mean of {n_idx} index(es); grey: no such classes yet)",
+        f"(mean of {n_idx} index(es)" + ("; grey: no such classes yet)" if cohorts != ["all"] else ")"),
         fontsize=10,
     )
     return fig

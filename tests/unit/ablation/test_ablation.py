@@ -158,3 +158,32 @@ def test_16_bit_ablations_are_close_to_float32_and_computed_in_16_bit(trained, p
     assert not np.array_equal(half["loss"], full["loss"])
     with pytest.raises(ConfigError, match="precision='float8'"):
         AblationSettings(precision="float8")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_regression_ablation_changes_the_squared_error_of_every_sample(reduction) -> None:
+    """Zeroing a hidden group of an MLP regression: the table's loss is the mean squared error of
+    the ablated network computed here by hand; one cohort (all samples), no accuracy columns."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential()
+    net.add_module("hidden", nn.Sequential(nn.Linear(5, 6), nn.Tanh()))
+    net.add_module("head", nn.Linear(6, 3))
+    x = torch.randn(20, 5)
+    y = torch.randn(20, 3).numpy()
+    settings = AblationSettings(blocks=["hidden"], channel_groups=2, modes=["zero"])
+    table = ablation_table(
+        net, x, y, np.zeros(1, np.int64), np.zeros(1, np.int64), settings, reduction=reduction
+    )
+    assert set(table["cohort"]) == {"all"} and "accuracy" not in table and "delta_accuracy" not in table
+    with torch.no_grad():
+        h = net.hidden(x)
+        h[:, :3] = 0  # group ch0-2
+        err = (net.head(h) - torch.as_tensor(y)) ** 2
+        base = (net(x) - torch.as_tensor(y)) ** 2
+    reduce = (lambda e: e.mean(1)) if reduction == "mean" else (lambda e: e.sum(1))
+    row = _row(table, "hidden", "ch0-2", "zero")
+    np.testing.assert_allclose(row["loss"], float(reduce(err).mean()), rtol=1e-6)
+    np.testing.assert_allclose(row["loss_base"], float(reduce(base).mean()), rtol=1e-6)
+    np.testing.assert_allclose(row["delta_loss"], row["loss"] - row["loss_base"], rtol=1e-9)
