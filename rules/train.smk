@@ -37,6 +37,58 @@ for _run in get_trained_runs():
             "../scripts/train.py"
 
 
+# Your own training command (checkpoints.source: command): one job per index, like train_<run>;
+# its files are inputs (editing them trains again), the commit of their repository is checked
+# when the run is planned and when the job starts, never a param (README "Your own training
+# script").
+for _run in get_command_runs():
+
+    rule:
+        name:
+            f"train_{_run}"
+        input:
+            data=get_command_data(_run),
+            files=get_command_files(_run),
+            code=get_code("train_command.py"),
+        output:
+            checkpoints=get_command_checkpoints(_run),
+            metadata=layout.train_metadata(_run),
+            train_output=directory(layout.train_output(_run)),
+        log:
+            layout.log("train", _run, index="{index}"),
+        benchmark:
+            layout.benchmark("train", _run, index="{index}")
+        conda:
+            "../envs/epochlens.yaml"
+        envmodules:
+            *config["envmodules"],
+        resources:
+            **get_train_resources(),
+        params:
+            command=get_command_params(_run),
+        script:
+            "../scripts/train_command.py"
+
+
+# The {data} of a training command: the run's prepared data set as arrays (.npz).
+rule training_data:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        code=get_code("training_data.py"),
+    output:
+        npz=layout.training_data(),
+    log:
+        layout.log("training_data"),
+    benchmark:
+        layout.benchmark("training_data")
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    script:
+        "../scripts/training_data.py"
+
+
 rule missing_checkpoint:
     output:
         layout.missing_checkpoint(),

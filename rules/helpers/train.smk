@@ -25,3 +25,119 @@ def get_train_resources():
     (e.g. --resources gpu=1: one GPU job at a time on a one-GPU machine).
     """
     return {**get_gpu_resources(), "cpus_per_gpu": 4, "mem_mb": 16000, "runtime": 240}
+
+
+# -- Your own training command (checkpoints.source: command; epochlens.formats.command) ----------
+
+from epochlens.formats import command as user_command
+
+
+def get_command_runs():
+    return [
+        r
+        for r, spec in config["runs"].items()
+        if spec["checkpoints"]["source"] == "command"
+    ]
+
+
+@cache
+def get_command_spec(run):
+    return user_command.CommandSpec.from_config(run, config["runs"][run])
+
+
+def get_command_checkpoints(run):
+    """Output paths of run's command job: the checkpoints of its epochs (``{index}`` left as a
+    wildcard), in the order of the params' epochs."""
+    return [layout.checkpoint(run, "{index}", e) for e in get_command_epochs(run)]
+
+
+def get_command_epochs(run):
+    return run_config.checkpoint_epochs(config["runs"][run])
+
+
+def get_command_data(run):
+    """The ``{data}`` export, an input of the run's command jobs where the command reads it."""
+    return [layout.training_data(run)] if get_command_spec(run).uses_data else []
+
+
+def get_command_params(run):
+    """What the command's checkpoints depend on besides its files and data (epochlens.formats.
+    command.command_params): never the commit, so a commit that leaves the files alone retrains
+    nothing."""
+    return user_command.command_params(config["runs"][run])
+
+
+@cache
+def _command_repository(run):
+    return user_command.repository_root(get_command_spec(run))
+
+
+@cache
+def _repository_state(root, files):
+    return user_command.repository_state(root, list(files))
+
+
+_warned_dirty = set()
+
+
+def get_command_files(run):
+    """Input function of train_<run>: the files the command depends on (it names, its scripts
+    import, checkpoints.files), so that editing them trains again; and the pin check: a job that
+    is to run with uncommitted changes of the code's repository, or after the repository moved
+    away from the commit this run was planned at, fails the planning with the fix (the job checks
+    again when it starts)."""
+
+    def command_files(wildcards):
+        spec, cfg = get_command_spec(run), config["runs"][run]
+        index = int(wildcards.index)
+        roots = (
+            [cfg["model"]["project_path"]] if cfg["model"].get("project_path") else []
+        )
+        try:
+            repository = _command_repository(run)
+            files = user_command.command_files(
+                spec,
+                index,
+                user_command.seed_of(cfg, index),
+                roots=roots,
+                within=[repository] if repository else [],
+            )
+            state = _repository_state(repository, tuple(files))
+        except user_command.CommandError as exc:
+            raise WorkflowError(str(exc)) from None
+        problems = user_command.pin_problems(state, spec.allow_dirty)
+        planned = user_command.pin_commit(state)
+        moved = (
+            None
+            if spec.allow_dirty or planned is None
+            else user_command.moved_error(spec, state, planned)
+        )
+        if problems or moved:
+            outputs = [
+                layout.checkpoint(run, index, e) for e in get_command_epochs(run)
+            ]
+            outputs.append(layout.train_metadata(run, index))
+            finished = all(os.path.exists(path) for path in outputs)
+            if not finished or user_command.will_run(outputs, files, state):
+                message = moved or user_command.pin_error(spec, state, problems)
+                if finished and run not in _warned_dirty:
+                    # Snakemake then takes the finished checkpoints as they are, silently:
+                    # say why this training does not run again.
+                    _warned_dirty.add(run)
+                    logger.warning(
+                        f"{message}\nThe pipeline trains commits only: until then the "
+                        f"finished checkpoints of runs.{run} are analysed as they are and "
+                        "its training does not run again."
+                    )
+                raise WorkflowError(message)
+            if problems and run not in _warned_dirty:
+                _warned_dirty.add(run)
+                logger.warning(
+                    f"runs.{run}: the repository {state.root} has uncommitted changes; the "
+                    "run's finished trainings stay as they are, but a training job of it that "
+                    "has to run refuses to until they are committed (or allow_dirty: true)."
+                )
+        return [str(f) for f in files]
+
+    command_files.__name__ = f"get_command_files_{run}"
+    return command_files

@@ -3,10 +3,12 @@
 ::
 
     results/{run}/
-      data/dataset.h5, data/corrupted_indices.npy
+      data/dataset.h5, data/corrupted_indices.npy, data/training_data.npz
       index-{index}/
         class_order.npy, train_log.csv, train_metadata.json
-        checkpoints/epoch_{E}.pt                  when the pipeline trains
+        checkpoints/epoch_{E}.pt                  when the pipeline trains (or runs your command)
+        train_output/                             what your training command wrote besides them
+        .resume/train/, .resume/output/           resume state of a training job (not outputs)
         checkpoints/epoch_{E}.missing             never written: a missing checkpoint's failing job
         eval/epoch_{E}.csv
         curvature/epoch_{E}/per_image_{key}.npy, metadata.json, shards/shard_{k}-of-{S}.npz
@@ -70,6 +72,11 @@ class Layout:
         """The run's data set (train/test images, labels, holdout, normalisation)."""
         return f"{self.run_dir(run)}/data/dataset.h5"
 
+    def training_data(self, run: str = "{run}") -> str:
+        """The run's data set as the ``{data}`` of a training command (``.npz``,
+        :mod:`epochlens.data.export`)."""
+        return f"{self.run_dir(run)}/data/training_data.npz"
+
     def corrupted_indices(self, run: str = "{run}") -> str:
         """Training positions corrupted on purpose (data.corruption), int64 .npy."""
         return f"{self.run_dir(run)}/data/corrupted_indices.npy"
@@ -119,6 +126,19 @@ class Layout:
         """Where a training job keeps its resume state (not an output: Snakemake does not delete it
         when the job fails; removed when the job completes)."""
         return f"{self.index_dir(run, index)}/.resume/train"
+
+    def command_output(self, run: str = "{run}", index: Val = "{index}") -> str:
+        """The ``{output}`` folder of a training command's job: what it writes, kept across attempts
+        with its ``{resume}`` folder (:meth:`resume_dir`) until the job completes."""
+        return f"{self.index_dir(run, index)}/.resume/output"
+
+    def command_state(self, run: str = "{run}", index: Val = "{index}") -> str:
+        """What the kept ``{output}`` and ``{resume}`` folders were made for (command, files, data)."""
+        return f"{self.index_dir(run, index)}/.resume/command.json"
+
+    def train_output(self, run: str = "{run}", index: Val = "{index}") -> str:
+        """What a training command wrote into ``{output}`` besides its checkpoints (metrics, logs)."""
+        return f"{self.index_dir(run, index)}/train_output"
 
     def class_order(self, run: str = "{run}", index: Val = "{index}") -> str:
         """int64 permutation of the classes (position p: the class introduced p-th)."""

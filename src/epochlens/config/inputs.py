@@ -37,19 +37,20 @@ def checkpoint_path(
     run_name: str, run: Mapping, index: int | str, epoch: int | str, layout: Layout = RESULTS
 ) -> str:
     """The checkpoint of (``run_name``, ``index``, ``epoch``): the pipeline's own file when it trains
-    the run (``checkpoints.source: train``), else the run's ``checkpoints.path`` template filled in.
+    the run (``checkpoints.source: train``) or runs the user's training command (``command``),
+    else the run's ``checkpoints.path`` template filled in.
 
     ``index`` and ``epoch`` may be the digits of Snakemake wildcards ("0", "0400").
     """
     ckpt = run["checkpoints"]
-    if ckpt["source"] == "train":
+    if ckpt["source"] in ("train", "command"):
         return layout.checkpoint(run_name, index, epoch)
     return ckpt["path"].format(index=int(index), epoch=int(epoch))
 
 
 def needs_file(run: Mapping) -> bool:
-    """Whether the run's checkpoints are files the user provides (not made by the pipeline)."""
-    return run["checkpoints"]["source"] != "train"
+    """Whether the run's checkpoints are files the user provides (not made by a pipeline job)."""
+    return run["checkpoints"]["source"] == "folder"
 
 
 def missing_checkpoints(config: Mapping) -> list[MissingCheckpoint]:
