@@ -18,6 +18,11 @@ from epochlens.plotting.influence import (
 )
 
 
+def targets_of(top: pd.DataFrame) -> dict[int, str]:
+    """A regression's top-ranked samples' targets as text (the top table's ``target`` column)."""
+    return {int(row.sample): f"y={row.target}" for row in top.itertuples(index=False)}
+
+
 def main(snakemake) -> None:
     inp, out, run = snakemake.input, snakemake.output, snakemake.wildcards.run
     detection = pd.read_csv(inp.detection)
@@ -25,12 +30,15 @@ def main(snakemake) -> None:
     kind = snakemake.params.corruption["kind"]
     title = run if kind == "none" else f"{run} ({kind.replace('_', ' ')})"
     top = pd.read_csv(inp.top)
+    regression = getattr(data, "is_regression", False)
     # One figure at a time (built, saved, closed): the job's peak memory is that of the largest.
     figures = {
         "roc": lambda: plot_poison_roc(pd.read_csv(inp.roc), detection, title),
         "top": lambda: (
             plot_top_influential_texts(top, detection, data.texts("train"), title, data.class_names)
             if isinstance(data, TextDataset)
+            else plot_top_influential_texts(top, detection, targets_of(top), title)
+            if regression
             else plot_top_influential_images(
                 top, detection, data.train_images, data.scale, title, data.class_names
             )

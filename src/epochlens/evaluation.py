@@ -146,37 +146,6 @@ REGRESSION_COLUMNS = ("epoch", "split", "data_group", "n", "mean_loss", "mse", "
 REGRESSION_METRICS = ("mean_loss", "mse", "mae", "r2")
 
 
-def predict_regression(
-    model: nn.Module,
-    inputs: torch.Tensor,
-    targets: np.ndarray,
-    reduction: str = "mean",
-    batch_size: int = 512,
-    device: torch.device | str = "cpu",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Predictions (N, D) float64 (D values per sample, as the targets) and each sample's loss
-    (N,) float64 (:func:`epochlens.outcome.squared_error` with ``reduction``), eval mode, computed
-    in the model's dtype."""
-    import torch
-
-    from epochlens.outcome import squared_error
-    from epochlens.tasks import call_model
-
-    model.eval().to(device)
-    y = torch.as_tensor(np.asarray(targets))
-    preds, losses = [], []
-    with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            rows = slice(start, start + batch_size)
-            z = call_model(model, inputs[rows].to(device))
-            losses.append(squared_error(z, y[rows], reduction).double().cpu())
-            preds.append(z.reshape(len(z), -1).double().cpu())
-    width = 1 if y.ndim == 1 else y.shape[1]
-    if not preds:
-        return np.zeros((0, width)), np.zeros(0)
-    return torch.cat(preds).numpy(), torch.cat(losses).numpy()
-
-
 def regression_metrics(prediction: np.ndarray, targets: np.ndarray, loss: np.ndarray) -> dict[str, float]:
     """n, mean per-sample loss, MSE and MAE over every value, and R² (scikit-learn's ``r2_score``,
     averaged over the D outputs; NaN for fewer than two samples) of one group of samples."""
@@ -205,6 +174,8 @@ def evaluate_regression(
     data group (``all``, then each group of data with groups), columns :data:`REGRESSION_COLUMNS`.
     ``mean_loss`` is the mean per-sample loss of the run's task (squared error, mean or sum over a
     sample's values), ``mse`` and ``mae`` the mean over every value of every sample."""
+    from epochlens.outcome import predict_regression
+
     rows = []
     for split, base in (("test", "test"), ("holdout", "train")):
         idx = np.arange(len(data.labels(base))) if split == "test" else np.flatnonzero(data.holdout)

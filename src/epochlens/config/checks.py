@@ -81,6 +81,8 @@ def is_regression_run(run: dict) -> bool:
 
 #: Data sources whose targets can be continuous (regression).
 REGRESSION_SOURCES = ("npz", "csv", "jsonl", "parquet", "save_to_disk")
+#: The query transforms that apply to any input (a regression's).
+REGRESSION_TRANSFORMS = ("none", "noise")
 #: What a regression run may corrupt.
 REGRESSION_CORRUPTIONS = ("none", "target_noise")
 
@@ -258,11 +260,23 @@ def check_influence_config(name: str, run: dict) -> None:
     if spec["enabled"] and name_of_task in ("regression", "language_model"):
         queries = spec["queries"]
         if queries["select"] == "misclassified" or queries["labels"] == "predicted":
+            selects = "all or highest_loss" if name_of_task == "regression" else "all"
             raise ConfigError(
                 f"runs.{name}.influence.queries: select: misclassified and labels: predicted need "
-                f"class predictions, which task {name_of_task} has none of; set queries.select: all "
-                "and queries.labels: correct."
+                f"class predictions, which task {name_of_task} has none of; set queries.select: "
+                f"{selects} and queries.labels: correct."
             )
+    if spec["enabled"] and spec["queries"]["select"] == "highest_loss" and name_of_task != "regression":
+        raise ConfigError(
+            f"runs.{name}.influence.queries.select: highest_loss is a regression's; a classifier's "
+            "queries are misclassified or all."
+        )
+    odd = [t for t in spec["transforms"] if t not in REGRESSION_TRANSFORMS]
+    if spec["enabled"] and name_of_task == "regression" and odd:
+        raise ConfigError(
+            f"runs.{name}.influence.transforms: {odd} transform images or texts; a regression's "
+            f"queries take {list(REGRESSION_TRANSFORMS)} (noise: Gaussian noise on the inputs)."
+        )
     if "tracin" in spec["methods"]:
         for epoch in influence_epochs:
             epochs.tracin_epochs(name, run, epoch)

@@ -169,7 +169,7 @@ def influence_factor_params(run: Mapping, method: str) -> dict:
     return {
         "settings": influence_settings(run, method),
         "model": model_param(run),
-        "schedule": run["schedule"],
+        "schedule": class_schedule(run),  # a classifier's schedule section; None for a regression
         "task": run["task"],
     }
 

@@ -28,9 +28,10 @@ from epochlens.influence.io import factor_cache_key, load_factors
 from epochlens.influence.scores import pairwise_influence, self_influence
 from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples, with_labels
 from epochlens.job import CheckpointJob
+from epochlens.outcome import regression_reduction
 from epochlens.provenance import file_sha256, provenance
 from epochlens.study.poison import accumulate_tracin, influence_settings
-from epochlens.study.queries import select_queries
+from epochlens.study.queries import select_queries, select_regression_queries
 from epochlens.study.transforms import transform_queries
 
 log = logging.getLogger("epochlens")
@@ -145,17 +146,23 @@ def score_shard(
     x, y, trained = shard_samples(x_all, y_all, trained_all, rows)
     q = spec["queries"]
     trigger = q["trigger"] if q["trigger"] is not None else corruption["kind"] == "trigger"
-    queries = select_queries(
-        job.model,
-        data,
-        job.active,
-        device,
-        q["select"],
-        q["max_count"],
-        q["labels"],
-        q["seed"],
-        trigger=corruption if trigger else None,
-    )
+    if data.is_regression:  # its test samples under their own targets
+        reduction = regression_reduction(params.get("task"))
+        queries = select_regression_queries(
+            job.model, data, device, q["select"], q["max_count"], q["seed"], reduction
+        )
+    else:
+        queries = select_queries(
+            job.model,
+            data,
+            job.active,
+            device,
+            q["select"],
+            q["max_count"],
+            q["labels"],
+            q["seed"],
+            trigger=corruption if trigger else None,
+        )
     log.info(
         "epoch %d %s: %d training images (shard %d of %d: %d), %d queries (%d %s test images%s), "
         "transforms %s, %s",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -131,7 +133,7 @@ def plot_top_influential_images(
 def plot_top_influential_texts(
     top: pd.DataFrame,
     detection: pd.DataFrame,
-    texts: list[str],
+    texts: Sequence[str] | Mapping[int, str],
     title: str,
     class_names: list[str] | None = None,
     max_texts: int = 8,
@@ -139,7 +141,8 @@ def plot_top_influential_texts(
 ) -> plt.Figure:
     """The training texts each signal ranks most suspicious (as :func:`plot_top_influential_images`
     for a text run): one panel per signal, its top ``max_texts`` texts with the label they were
-    trained on, corrupted ones in red; texts longer than ``width`` characters are shortened."""
+    trained on, corrupted ones in red; texts longer than ``width`` characters are shortened. A
+    regression's ``top`` has no label column: ``texts`` are then each sample's target, as text."""
     top, epoch, index, rows = _signal_rows(top, detection)
     k = min(max_texts, int(top["rank"].max()) if len(top) else 1)
     fig, axes = plt.subplots(len(rows), 1, figsize=(8.5, 0.24 * k * len(rows) + 0.5 * len(rows) + 0.6))
@@ -151,20 +154,25 @@ def plot_top_influential_texts(
         for j, row in enumerate(sub.itertuples(index=False)):
             text = texts[int(row.sample)]
             text = text if len(text) <= width else text[: width - 1] + "…"
-            name = class_names[int(row.label)] if class_names else str(int(row.label))
+            if hasattr(row, "label"):
+                name = class_names[int(row.label)] if class_names else str(int(row.label))
+                line = f"#{int(row.rank):<3d} y={name:<10s} {text}"
+            else:  # a regression: its text is the target trained on
+                line = f"#{int(row.rank):<3d} {text}"
             ax.text(
                 0.0,
                 1.0 - (j + 0.5) / k,
-                f"#{int(row.rank):<3d} y={name:<10s} {text}",
+                line,
                 transform=ax.transAxes,
                 fontsize=7.5,
                 family="monospace",
                 va="center",
                 color="tab:red" if row.corrupted else "k",
             )
+    what = "y: label trained on" if "label" in top else "y: target trained on"
+    kind = "texts" if "label" in top else "samples"
     fig.suptitle(
-        f"{title}: top-ranked training texts (epoch {epoch}, index {index}; red: corrupted; "
-        "y: label trained on)",
+        f"{title}: top-ranked training {kind} (epoch {epoch}, index {index}; red: corrupted; {what})",
         fontsize=9,
     )
     fig.tight_layout()

@@ -124,10 +124,13 @@ def top_ranked(
     """The k highest-scored training images of every signal.
 
     Columns: method, signal, rank (1 = most suspicious), sample (training position), score, label
-    (the label trained on), corrupted (bool). Ties are broken by position.
+    (the label trained on; a regression's float targets: ``target``, the values trained on, as
+    text), corrupted (bool). Ties are broken by position.
     """
     mask = np.zeros(len(labels), bool)
     mask[np.asarray(corrupted, np.int64)] = True
+    regression = np.issubdtype(np.asarray(labels).dtype, np.floating)
+    name = "target" if regression else "label"
     rows = []
     for (method, signal), scores in signals.items():
         scores = np.asarray(scores, np.float64)
@@ -141,11 +144,18 @@ def top_ranked(
                     "rank": rank,
                     "sample": int(n),
                     "score": float(scores[n]),
-                    "label": int(labels[n]),
+                    name: target_text(labels[n]) if regression else int(labels[n]),
                     "corrupted": bool(mask[n]),
                 }
             )
-    return pd.DataFrame(rows, columns=["method", "signal", "rank", "sample", "score", "label", "corrupted"])
+    return pd.DataFrame(rows, columns=["method", "signal", "rank", "sample", "score", name, "corrupted"])
+
+
+def target_text(target: np.ndarray | float, digits: int = 3) -> str:
+    """A regression target as compact text: ``0.123`` or ``[0.12, -1.5, ...]`` (at most 6 values)."""
+    values = np.atleast_1d(np.asarray(target, dtype=np.float64)).ravel()
+    shown = ", ".join(f"{v:.{digits}g}" for v in values[:6]) + (", ..." if len(values) > 6 else "")
+    return shown if np.ndim(target) == 0 else f"[{shown}]"
 
 
 def influence_settings(settings: Mapping, execution: Mapping | None = None) -> InfluenceSettings:

@@ -1,7 +1,9 @@
 """The queries of the data-quality study: the test images whose predictions are attributed.
 
 :func:`select_queries` picks them (by default those the checkpoint gets wrong), with the labels
-they are scored under and, for a backdoor study, the trigger patch stamped on them.
+they are scored under and, for a backdoor study, the trigger patch stamped on them;
+:func:`select_regression_queries` picks a regression's (all test samples, or those with the
+highest loss), scored under their own targets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from epochlens.data import Dataset
 from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError
 from epochlens.models.networks import restrict_logits
+from epochlens.outcome import predict_regression
 from epochlens.study.corruption import apply_trigger, trigger_value
 from epochlens.study.settings import QUERY_LABELS, QUERY_SELECTIONS
 from epochlens.tasks import call_model
@@ -31,8 +34,10 @@ class QuerySet:
         test_indices: (Q,) int64 positions in the test split.
         images: (Q, C, H, W) float32 normalised images (trigger stamped where ``triggered``), or a
             text run's keyword inputs (``input_ids``, ``attention_mask``: (Q, L) each).
-        labels: (Q,) int64 labels whose loss each query measures (predicted or correct).
-        true_labels, predicted: (Q,) int64 the test set's labels and the checkpoint's predictions.
+        labels: (Q,) int64 labels whose loss each query measures (predicted or correct); a
+            regression's targets (Q,) or (Q, D), as stored.
+        true_labels, predicted: (Q,) int64 the test set's labels and the checkpoint's predictions
+            (a regression's: its targets, and its predictions (Q, D) float64).
         triggered: whether the trigger patch was stamped on the queries.
         sign: +1 when the labels are the predictions (images that push a wrong prediction have
             positive influence), -1 for the correct labels; see
@@ -144,4 +149,47 @@ def select_queries(
         triggered=trigger is not None,
         sign=1.0 if labels == "predicted" else -1.0,
         candidates=n_qualified,
+    )
+
+
+def select_regression_queries(
+    model: nn.Module,
+    data: Dataset,
+    device: torch.device,
+    select: str = "all",
+    max_count: int = 50,
+    seed: int = 0,
+    reduction: str = "mean",
+) -> QuerySet:
+    """A regression's queries: the test samples under their own targets (training samples with
+    negative influence raise a query's squared error: ``sign`` -1).
+
+    Args:
+        select: ``all`` (a seeded subset of ``max_count`` when there are more) or ``highest_loss``
+            (the ``max_count`` test samples with the largest loss, ties by position).
+        reduction: the squared error's mean or sum over a sample's values (the run's task).
+    """
+    if select not in ("all", "highest_loss"):
+        raise ConfigError(
+            f"queries.select={select!r}: a regression's queries are all test samples or those with the "
+            "highest loss (select: all or highest_loss); it has no misclassified ones."
+        )
+    images = data.normalized("test")
+    targets = data.test_labels
+    predicted, loss = predict_regression(model, images, targets, reduction, device=device)
+    rows = np.arange(len(targets))
+    if len(rows) > max_count:
+        if select == "highest_loss":
+            rows = np.sort(np.argsort(-loss, kind="stable")[:max_count])
+        else:
+            rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_count, replace=False))
+    return QuerySet(
+        test_indices=rows.astype(np.int64),
+        images=images[torch.as_tensor(rows, dtype=torch.long)],
+        labels=targets[rows],
+        true_labels=targets[rows],
+        predicted=predicted[rows].reshape((len(rows), *targets.shape[1:])),
+        triggered=False,
+        sign=-1.0,
+        candidates=len(targets),
     )

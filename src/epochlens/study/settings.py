@@ -13,7 +13,7 @@ from typing import Literal
 
 from epochlens.errors import ConfigError
 
-QUERY_SELECTIONS = ("misclassified", "all")
+QUERY_SELECTIONS = ("misclassified", "all", "highest_loss")
 QUERY_LABELS = ("predicted", "correct")
 QUERY_REDUCTIONS = ("max", "mean")
 IMAGE_QUERY_TRANSFORMS = ("hflip", "noise", "crop")
@@ -25,9 +25,12 @@ QUERY_TRANSFORMS = ("none", *IMAGE_QUERY_TRANSFORMS, *TEXT_QUERY_TRANSFORMS)
 class QuerySettings:
     """The test images whose predictions are attributed to training images (``influence.queries``)."""
 
-    select: Literal["misclassified", "all"] = field(
+    select: Literal["misclassified", "all", "highest_loss"] = field(
         default="misclassified",
-        metadata={"help": "test images of the active classes the checkpoint gets wrong, or all of them"},
+        metadata={
+            "help": "test images of the active classes the checkpoint gets wrong, or all of them; a "
+            "regression: all, or highest_loss (the max_count test samples with the largest loss)"
+        },
     )
     max_count: int = field(default=50, metadata={"help": "at most this many queries (a seeded subset)"})
     labels: Literal["correct", "predicted"] = field(

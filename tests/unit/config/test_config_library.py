@@ -469,3 +469,17 @@ def test_what_a_regression_run_must_change_is_named_at_once(tmp_path):
     noisy = tiny_run(data={"source": "digits", "corruption": {"kind": "target_noise"}})
     with pytest.raises(ConfigError, match="target_noise adds noise to regression targets"):
         _validate(noisy)
+
+
+def test_a_regressions_influence_queries_and_transforms(tmp_path):
+    run = regression_run(tmp_path, influence={"enabled": True, "methods": ["identity"]})
+    with pytest.raises(ConfigError, match="select: all or highest_loss and queries.labels: correct"):
+        _validate(run)  # the default select (misclassified) has no meaning for a regression
+    run["influence"]["queries"] = {"select": "highest_loss"}
+    assert _validate(run)["influence"]["queries"]["select"] == "highest_loss"
+    run["influence"]["transforms"] = ["none", "hflip"]
+    with pytest.raises(ConfigError, match=r"\['hflip'\] transform images or texts"):
+        _validate(run)
+    classifier = tiny_run(influence={"enabled": True, "queries": {"select": "highest_loss"}})
+    with pytest.raises(ConfigError, match="highest_loss is a regression's"):
+        _validate(classifier)

@@ -127,3 +127,38 @@ def test_influence_settings_from_the_config() -> None:
         {"train_batch_size": 7, "other": 1},
     )
     assert s.fisher == "true" and s.layers == ("fc",) and s.damping == 0.01 and s.train_batch_size == 7
+
+
+# ---------------------------------------------------------------- regression
+def regression_data(rng_seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(rng_seed)
+    x = rng.standard_normal((30, 4)).astype(np.float32)
+    y = rng.standard_normal((30, 2)).astype(np.float32)
+    return Dataset("reg", "test", x[:20], y[:20], x[20:], y[20:], 0, 1.0, (0.0,), (1.0,), kind="regression")
+
+
+def test_regression_queries_are_all_or_the_highest_losses() -> None:
+    from epochlens.study.queries import select_regression_queries
+
+    data = regression_data()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    with torch.no_grad():
+        loss = ((model(torch.from_numpy(data.test_images)) - torch.from_numpy(data.test_labels)) ** 2).mean(1)
+    worst = select_regression_queries(model, data, torch.device("cpu"), "highest_loss", max_count=3)
+    np.testing.assert_array_equal(worst.test_indices, np.sort(np.argsort(-loss.numpy())[:3]))
+    np.testing.assert_array_equal(worst.labels, data.test_labels[worst.test_indices])  # its own targets
+    assert worst.labels.dtype == np.float32 and worst.predicted.shape == (3, 2) and worst.sign == -1.0
+    every = select_regression_queries(model, data, torch.device("cpu"), "all", max_count=50)
+    np.testing.assert_array_equal(every.test_indices, np.arange(10))
+    subset = select_regression_queries(model, data, torch.device("cpu"), "all", max_count=4, seed=1)
+    assert len(subset.test_indices) == 4 and subset.candidates == 10
+    with pytest.raises(ConfigError, match="no misclassified"):
+        select_regression_queries(model, data, torch.device("cpu"), "misclassified")
+
+
+def test_top_ranked_lists_a_regressions_targets() -> None:
+    targets = np.array([[0.5, -1.25], [2.0, 0.0], [0.1, 0.2]], np.float32)
+    top = top_ranked({("ekfac", "self_influence"): np.array([0.1, 3.0, 2.0])}, np.array([1]), targets, 2)
+    assert list(top["target"]) == ["[2, 0]", "[0.1, 0.2]"] and "label" not in top
+    assert list(top["corrupted"]) == [True, False]
