@@ -28,8 +28,11 @@ def check_run(name: str, run: dict) -> None:
 
 
 def check_checkpoint_config(name: str, run: dict) -> None:
-    """A folder of checkpoints without {index} in its path holds one replicate."""
+    """A folder of checkpoints without {index} in its path holds one replicate; a training command
+    (:func:`check_command_config`)."""
     ckpt = run["checkpoints"]
+    if ckpt["source"] == "command":
+        check_command_config(name, run)
     if ckpt["source"] == "folder" and "{index" not in ckpt["path"] and len(run["indices"]) > 1:
         raise ConfigError(
             f"runs.{name}.checkpoints.path has no {{index}} placeholder, so it holds one replicate, "
@@ -37,16 +40,46 @@ def check_checkpoint_config(name: str, run: dict) -> None:
         )
 
 
+def check_command_config(name: str, run: dict) -> None:
+    """``checkpoints.source: command``: the epochs it writes listed, a template whose placeholders
+    exist, and what such a run cannot have yet (torch-free; the files and the git repository are
+    checked when the workflow plans the run's training jobs)."""
+    from epochlens.formats.command import CommandError, CommandSpec
+
+    key = f"runs.{name}"
+    if not run.get("epochs"):
+        raise ConfigError(
+            f"{key}.epochs: checkpoints.source: command needs the epochs whose checkpoints the "
+            f"command writes (e.g. epochs: [0, 50, 100]): the pipeline plans them before it runs."
+        )
+    try:
+        CommandSpec.from_config(name, run).check()
+    except CommandError as exc:
+        raise ConfigError(str(exc)) from None
+    if is_text_run(run):
+        raise ConfigError(
+            f"{key}.checkpoints.source: command is for array data (images, vectors) so far; a text "
+            "run's checkpoints are read from a folder (source: folder) or trained by the pipeline."
+        )
+    if run["schedule"].get("initial_classes") is not None:
+        raise ConfigError(
+            f"{key}.schedule: a training command's run has schedule: none (a class-incremental "
+            "schedule follows the pipeline's class order, which the command is not given)."
+        )
+
+
 def check_model_config(name: str, run: dict) -> None:
-    """Your own model: read from your checkpoints (the pipeline trains built-in networks only),
-    and a factory whose module is found under model.project_path (nothing is imported here)."""
+    """Your own model: read from your checkpoints or those your training command writes (the
+    pipeline trains built-in networks only), and a factory whose module is found under
+    model.project_path (nothing is imported here)."""
     model = run["model"]
     if "factory" not in model:
         return
-    if run["checkpoints"]["source"] != "folder":
+    if run["checkpoints"]["source"] not in ("folder", "command"):
         raise ConfigError(
             f"runs.{name}.model.factory: the pipeline trains the built-in networks only; analyse "
-            f"your model's checkpoints with runs.{name}.checkpoints: {{source: folder, path: ...}}."
+            f"your model's checkpoints with runs.{name}.checkpoints: {{source: folder, path: ...}}, "
+            f"or have it run your training script (source: command; README \"Your own training script\")."
         )
     from epochlens.formats.factory import FactoryError, FactorySpec, factory_sources
 

@@ -23,7 +23,8 @@ def listed_epochs(run_cfg: dict) -> list[int]:
     if ckpt.get("source", "train") != "folder":
         raise ConfigError(
             "schedule: none needs checkpoints.source: folder (the pipeline trains class-incremental "
-            "schedules only); point checkpoints.path at your checkpoints."
+            "schedules only); point checkpoints.path at your checkpoints, or have the pipeline run "
+            "your training script (checkpoints.source: command)."
         )
     template = ckpt["path"].replace("{index}", str(run_cfg.get("indices", [0])[0]))
     field = re.search(r"\{epoch(:[^}]*)?\}", template)
@@ -42,6 +43,18 @@ def listed_epochs(run_cfg: dict) -> list[int]:
             "fix checkpoints.path (relative to the working directory) or write the checkpoints."
         )
     return sorted(found)
+
+
+def command_epochs(run_cfg: dict) -> list[int]:
+    """The checkpoints of a run whose training command the pipeline runs: its ``epochs`` (the
+    outputs of the command's job are planned before it runs, so they are listed, not found)."""
+    chosen = run_cfg.get("epochs")
+    if not chosen:
+        raise ConfigError(
+            "checkpoints.source: command needs the run's epochs: [...] (the epochs whose checkpoints "
+            "the command writes, e.g. [0, 50, 100]): the pipeline plans them before the command runs."
+        )
+    return sorted(int(e) for e in chosen)
 
 
 KNOWN_NUM_CLASSES = {"digits": 10, "cifar100": 100, "polarity": 2}
@@ -94,6 +107,8 @@ def checkpoint_epochs(run_cfg: dict) -> list[int]:
     With ``schedule: none`` they are the epochs of the files found in the folder (``checkpoints.path``
     with the run's first index), since no schedule says where they are."""
     ckpt = run_cfg.get("checkpoints", {})
+    if ckpt.get("source") == "command":  # the epochs the user's command writes (README)
+        return command_epochs(run_cfg)
     if is_no_schedule(run_cfg["schedule"]):
         return listed_epochs(run_cfg)
     save_every = ckpt.get("save_every") if ckpt.get("source", "train") == "train" else None

@@ -104,6 +104,7 @@ OWN = {
     "lds_tables": set(),  # reads the scores' files, not the influence package
     "evaluate_checkpoint": set(),
     "accuracy_tables": set(),
+    "regression_tables": set(),
     "train": set(),
     "prepare_data": set(),
     "class_order": set(),

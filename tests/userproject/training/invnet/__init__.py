@@ -1,0 +1,1 @@
+"""invnet: the user's MLP (plain PyTorch)."""

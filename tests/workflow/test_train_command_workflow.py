@@ -1,0 +1,287 @@
+"""The user's own training script as a pipeline step (checkpoints.source: command): a plain-PyTorch
+script in its own git repository (tests/userproject/training_project.py) trains three replicates;
+their checkpoints land in the run's layout and are evaluated. One finished run is shared by the
+read-only checks; then, against it: editing the script retrains (and what depends on it) only once
+committed, an uncommitted edit is refused with the fix and allow_dirty passes, a training killed
+with Snakemake (SIGKILL of the process group) resumes to the same bytes, and a command that fails
+or writes no checkpoint fails with a message that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from userproject.training_project import FACTORY, TrainingProject, build_training_project
+from wfutil import REPO, copy_workflow, job_stats, planned_jobs, snakemake, write_config
+
+from epochlens.layout import Layout
+
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]
+
+RUN = "mlp"
+INDICES = [0, 1, 2]
+EPOCHS = [0, 2, 4]  # configs/base.json: save_at
+COMMAND = (
+    f"{sys.executable} code/train.py --config code/configs/base.json --seed {{seed}} --data {{data}} "
+    "--out {output} --resume {resume}"
+)
+OFF = {"enabled": False}
+
+
+def run_config(command: str = COMMAND, **checkpoints) -> dict:
+    return {
+        "data": {"source": "npz", "path": "data/matrices.npz"},
+        "model": {"factory": FACTORY, "kwargs": {"num_outputs": 2, "hidden": 16}, "project_path": "code"},
+        "schedule": "none",
+        "indices": INDICES,
+        "epochs": EPOCHS,
+        "train": {"seed": 10},
+        "checkpoints": {
+            "source": "command",
+            "command": command,
+            "path": "ckpt_{epoch}.pt",
+            "key": "model",
+            "repository": "code",
+            **checkpoints,
+        },
+        "curvature": OFF,
+        "features": OFF,
+        "probes": OFF,
+        "ablation": OFF,
+    }
+
+
+def config(**runs) -> dict:
+    return {"device": "cpu", "runs": runs or {RUN: run_config()}}
+
+
+class Finished:
+    def __init__(self, project: TrainingProject, wf: Path, cfg: Path) -> None:
+        self.project, self.wf, self.cfg = project, wf, cfg
+        self.work = project.root
+        self.paths = Layout(self.work / "results")
+
+    def planned(self, cfg: Path | None = None) -> dict:
+        return planned_jobs(self.wf, self.work, configfile=cfg or self.cfg)
+
+    def dry_run(self, cfg: Path) -> subprocess.CompletedProcess:
+        return snakemake(self.wf, self.work, "--dry-run", configfile=cfg, check=False)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Finished:
+    root = tmp_path_factory.mktemp("own_training")
+    project = build_training_project(root / "work")
+    wf = copy_workflow(root / "wf")
+    cfg = write_config(root / "own.yaml", config())
+    snakemake(wf, project.root, configfile=cfg)
+    return Finished(project, wf, cfg)
+
+
+def checkpoint_bytes(work: Path, index: int) -> dict[int, bytes]:
+    paths = Layout(work / "results")
+    return {e: Path(paths.checkpoint(RUN, index, e)).read_bytes() for e in EPOCHS}
+
+
+def test_checkpoints_land_in_the_layout_with_their_provenance_and_are_evaluated(finished):
+    paths, project = finished.paths, finished.project
+    accuracy = pd.read_csv(paths.table("accuracy_per_class", RUN))
+    for index in INDICES:
+        for epoch in EPOCHS:
+            assert Path(paths.checkpoint(RUN, index, epoch)).is_file()
+        meta = json.loads(Path(paths.train_metadata(RUN, index)).read_text())
+        assert meta["git"]["commit"] == project.commit and meta["git"]["dirty"] is False
+        assert meta["exit_status"] == 0 and meta["duration_seconds"] > 0 and len(meta["config_hash"]) == 64
+        assert f"--seed {10 + index} " in meta["command"] and "{" not in meta["command"]
+        assert {"train.py", "invnet/model.py", "configs/base.json"} <= set(meta["provenance"]["inputs"])
+        assert not (finished.work / paths.index_dir(RUN, index) / ".resume").exists()
+        # The script measured its last checkpoint on {data}'s test split; the pipeline's evaluation
+        # of that checkpoint on dataset.h5 agrees: the export is the data the pipeline analyses.
+        own = json.loads((Path(paths.train_output(RUN, index)) / "metrics.json").read_text())
+        last = accuracy[(accuracy["index"] == index) & (accuracy["epoch"] == EPOCHS[-1])]
+        test = last[last["split"] == "test"]
+        assert test["n_correct"].sum() / test["n"].sum() == pytest.approx(
+            own["test_accuracy"], abs=1e-6
+        )  # its float32 mean
+    # replicates differ (their seeds), and the command's output streamed into the job's log
+    assert checkpoint_bytes(finished.work, 0)[4] != checkpoint_bytes(finished.work, 1)[4]
+    log = Path(paths.log("train", RUN, index=0)).read_text()
+    assert "epoch 4/4 loss" in log and f"at commit {project.commit}" in log
+    with np.load(paths.training_data(RUN)) as data:
+        assert data["x_train"].dtype == np.float32 and data["y_train"].dtype == np.int64
+
+
+def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished):
+    project = finished.project
+    script = project.repo / "train.py"
+    text, stat = script.read_text(), script.stat()
+    try:
+        assert finished.planned() == {}
+        # A commit that leaves the command's files alone retrains nothing (the commit is no param),
+        # and neither does a change to the analysis sections of the config.
+        (project.repo / "NOTES.md").write_text("analysis notes\n")
+        project.git("add", "NOTES.md")
+        project.git("commit", "-q", "-m", "notes")
+        cfg = config(**{RUN: {**run_config(), "curvature": {"enabled": False, "n_directions": 3}}})
+        assert finished.planned(write_config(finished.work / "analysis.yaml", cfg)) == {}
+
+        # Editing the script: refused while uncommitted (the finished checkpoints stay in use) ...
+        script.write_text(text + "# tuned\n")
+        out = finished.dry_run(finished.cfg).stdout
+        assert "modified: train.py" in out and "allow_dirty: true" in out, out[-3000:]
+        assert "train_mlp" not in out
+        # ... retrains once committed: the training and what reads its checkpoints, not the data.
+        project.git("commit", "-q", "-am", "tune")
+        out = finished.dry_run(finished.cfg).stdout
+        jobs = job_stats(out)
+        assert jobs == {
+            "train_mlp": 3,
+            "evaluate_checkpoint": 9,
+            "accuracy_tables": 1,
+            "plot_accuracy": 1,
+            "all": 1,
+        }
+        reasons = {line.strip() for line in out.splitlines() if "reason: Updated input files" in line}
+        assert reasons == {f"reason: Updated input files: {project.repo / 'train.py'}"}, out[-3000:]
+    finally:
+        project.git("reset", "-q", "--hard", project.commit)
+        script.write_text(text)
+        os.utime(script, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert finished.planned() == {}
+
+
+def test_a_dirty_tree_is_refused_before_anything_runs_and_allow_dirty_passes(finished, tmp_path):
+    project = finished.project
+    work = tmp_path / "fresh"  # no results yet: every training has to run
+    work.mkdir()
+    (work / "code").symlink_to(project.repo)
+    (work / "data").symlink_to(project.root / "data")
+    config_file = project.repo / "configs" / "q101.json"  # seed 004: a config never committed
+    model = project.repo / "invnet" / "model.py"
+    text, stat = model.read_text(), model.stat()
+    try:
+        config_file.write_text((project.repo / "configs" / "base.json").read_text())
+        model.write_text(text + "# uncommitted\n")
+        cfg = config(**{RUN: run_config(COMMAND.replace("base.json", "q101.json"))})
+        proc = snakemake(
+            finished.wf, work, "--dry-run", configfile=write_config(tmp_path / "d.yaml", cfg), check=False
+        )
+        assert proc.returncode != 0
+        for line in (
+            "runs.mlp.checkpoints: the training command runs from a commit",
+            "modified: invnet/model.py",
+            "not committed: configs/q101.json (the command uses it)",
+            f"git -C {project.repo} add <files>",
+            "set runs.mlp.checkpoints.allow_dirty: true",
+        ):
+            assert line in proc.stdout, proc.stdout[-3000:]
+        cfg["runs"][RUN]["checkpoints"]["allow_dirty"] = True
+        jobs = planned_jobs(finished.wf, work, configfile=write_config(tmp_path / "a.yaml", cfg))
+        assert jobs["train_mlp"] == 3
+    finally:
+        config_file.unlink(missing_ok=True)
+        model.write_text(text)
+        os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"snakemake ended ({proc.returncode}) before {path} appeared")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear in {timeout} s")
+        time.sleep(0.02)
+
+
+def test_a_training_killed_with_snakemake_resumes_to_identical_checkpoints(finished, tmp_path):
+    work = tmp_path / "killed"
+    (work / "results" / RUN).mkdir(parents=True)
+    (work / "code").symlink_to(finished.project.repo)
+    (work / "data").symlink_to(finished.project.root / "data")
+    # the prepared data as the finished run has it (times kept): only the training runs here
+    shutil.copytree(finished.work / "results" / RUN / "data", work / "results" / RUN / "data")
+    target = Layout("results").train_metadata(RUN, 0)
+    paths = Layout(work / "results")
+    command = [
+        *(sys.executable, "-m", "snakemake", "--snakefile", str(finished.wf / "Snakefile")),
+        *("--directory", str(work), "--cores", "1", target, "--configfile", str(finished.cfg)),
+    ]
+    proc = subprocess.Popen(
+        command,
+        start_new_session=True,
+        env={**os.environ, "TRAIN_SLEEP": "0.5"},  # the test script's pace: half a second per epoch
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    output = Path(paths.command_output(RUN, 0))
+    wait_for(output / "ckpt_2.pt", proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # Snakemake, the job and the command: a lost session
+    proc.wait()
+    assert not (output / "ckpt_4.pt").exists(), "training finished before the kill: the test proves nothing"
+    assert (Path(paths.resume_dir(RUN, 0)) / "state.pt").is_file()
+
+    snakemake(finished.wf, work, "--unlock", configfile=finished.cfg)
+    snakemake(finished.wf, work, target, "--rerun-incomplete", configfile=finished.cfg)
+    log = Path(paths.log("train", RUN, index=0)).read_text()
+    assert "resumed from epoch" in log and "resuming" in log, log
+    assert checkpoint_bytes(work, 0) == checkpoint_bytes(finished.work, 0)
+    assert json.loads(Path(paths.train_metadata(RUN, 0)).read_text())["resumed"] is True
+
+
+def test_a_failing_command_and_one_without_checkpoints_fail_with_the_reason(finished, tmp_path):
+    python = sys.executable
+    cfg = config(
+        fails=run_config(f"{python} code/fail.py {{output}}"),
+        writes_nothing=run_config(f"{python} code/nothing.py {{output}}"),
+    )
+    targets = [Layout("results").train_metadata(run, 0) for run in cfg["runs"]]
+    work = tmp_path / "bad"
+    work.mkdir()
+    (work / "code").symlink_to(finished.project.repo)
+    (work / "data").symlink_to(finished.project.root / "data")
+    proc = snakemake(
+        finished.wf, work, *targets, configfile=write_config(tmp_path / "bad.yaml", cfg), check=False
+    )
+    assert proc.returncode != 0
+    for line in (
+        "runs.fails.checkpoints.command (index 0) exited with status 3",
+        "| step 4: loss nan",
+        "| ValueError: the loss is NaN",
+        "results/fails/logs/train/index-0.log",
+        "runs.writes_nothing.checkpoints.command (index 0) exited 0 but did not write 3 of the 3 checkpoints",
+        "ckpt_0.pt (epoch 0), ckpt_2.pt (epoch 2), ckpt_4.pt (epoch 4)",
+        "holds: model_final.pt",
+        "{output}/ckpt_{epoch}.pt (runs.writes_nothing.checkpoints.path",
+    ):
+        assert line in proc.stdout, proc.stdout[-4000:]
+    assert not Path(Layout(work / "results").checkpoint("writes_nothing", 0, 0)).exists()
+
+
+def test_the_readme_example_plans_on_a_user_project(finished, tmp_path):
+    """config/examples/own_training.yaml (seed 004: three strategies x several seeds, compared),
+    with its interpreter and data pointed at the test project, is valid and plans every replicate's
+    training and evaluation."""
+    cfg = yaml.safe_load((REPO / "config" / "examples" / "own_training.yaml").read_text())
+    (tmp_path / "code").symlink_to(finished.project.repo)
+    (tmp_path / "data").mkdir()
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((40, 3, 3)).astype(np.float32), rng.standard_normal((40, 9)).astype(np.float32)
+    np.savez(tmp_path / "data" / "inverse.npz", x_train=x[:30], y_train=y[:30], x_test=x[30:], y_test=y[30:])
+    jobs = planned_jobs(finished.wf, tmp_path, configfile=write_config(tmp_path / "example.yaml", cfg))
+    runs = list(cfg["runs"])
+    for name in runs:
+        assert jobs[f"train_{name}"] == len(cfg["runs"][name]["indices"]), jobs
+    assert jobs["training_data"] == len(runs) and jobs["evaluate_checkpoint"] > 0
