@@ -58,7 +58,7 @@ def matrices(n: int, rng: np.random.Generator, task: str) -> tuple[np.ndarray, n
 
 
 def build_training_project(
-    root: str | Path, task: str = "classification", n_train: int = 96, n_test: int = 48, seed: int = 0
+    root: str | Path, task: str = "regression", n_train: int = 96, n_test: int = 48, seed: int = 0
 ) -> TrainingProject:
     root = Path(root)
     repo = root / "code"

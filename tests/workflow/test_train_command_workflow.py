@@ -1,6 +1,7 @@
 """The user's own training script as a pipeline step (checkpoints.source: command): a plain-PyTorch
-script in its own git repository (tests/userproject/training_project.py) trains three replicates;
-their checkpoints land in the run's layout and are evaluated. One finished run is shared by the
+script in its own git repository (tests/userproject/training_project.py) trains three replicates of
+a regression (an MLP inverting 2x2 matrices, MSE); their checkpoints land in the run's layout and are
+evaluated. One finished run is shared by the
 read-only checks; then, against it: editing the script retrains (and what depends on it) only once
 committed, an uncommitted edit is refused with the fix and allow_dirty passes, a training killed
 with Snakemake (SIGKILL of the process group) resumes to the same bytes, and a command that fails
@@ -42,7 +43,8 @@ OFF = {"enabled": False}
 def run_config(command: str = COMMAND, **checkpoints) -> dict:
     return {
         "data": {"source": "npz", "path": "data/matrices.npz"},
-        "model": {"factory": FACTORY, "kwargs": {"num_outputs": 2, "hidden": 16}, "project_path": "code"},
+        "task": "regression",
+        "model": {"factory": FACTORY, "kwargs": {"num_outputs": 4, "hidden": 16}, "project_path": "code"},
         "schedule": "none",
         "indices": INDICES,
         "epochs": EPOCHS,
@@ -96,7 +98,7 @@ def checkpoint_bytes(work: Path, index: int) -> dict[int, bytes]:
 
 def test_checkpoints_land_in_the_layout_with_their_provenance_and_are_evaluated(finished):
     paths, project = finished.paths, finished.project
-    accuracy = pd.read_csv(paths.table("accuracy_per_class", RUN))
+    metrics = pd.read_csv(paths.table("regression_metrics", RUN))
     for index in INDICES:
         for epoch in EPOCHS:
             assert Path(paths.checkpoint(RUN, index, epoch)).is_file()
@@ -106,20 +108,18 @@ def test_checkpoints_land_in_the_layout_with_their_provenance_and_are_evaluated(
         assert f"--seed {10 + index} " in meta["command"] and "{" not in meta["command"]
         assert {"train.py", "invnet/model.py", "configs/base.json"} <= set(meta["provenance"]["inputs"])
         assert not (finished.work / paths.index_dir(RUN, index) / ".resume").exists()
-        # The script measured its last checkpoint on {data}'s test split; the pipeline's evaluation
-        # of that checkpoint on dataset.h5 agrees: the export is the data the pipeline analyses.
+        # The script measured its last checkpoint's MSE on {data}'s test split; the pipeline's
+        # evaluation of that checkpoint on dataset.h5 agrees: the export is the data it analyses.
         own = json.loads((Path(paths.train_output(RUN, index)) / "metrics.json").read_text())
-        last = accuracy[(accuracy["index"] == index) & (accuracy["epoch"] == EPOCHS[-1])]
-        test = last[last["split"] == "test"]
-        assert test["n_correct"].sum() / test["n"].sum() == pytest.approx(
-            own["test_accuracy"], abs=1e-6
-        )  # its float32 mean
+        last = metrics.query(f"index == {index} and epoch == {EPOCHS[-1]} and split == 'test'")
+        assert last["mse"].item() == pytest.approx(own["test_mse"], rel=1e-6)  # its float32 mean
     # replicates differ (their seeds), and the command's output streamed into the job's log
     assert checkpoint_bytes(finished.work, 0)[4] != checkpoint_bytes(finished.work, 1)[4]
     log = Path(paths.log("train", RUN, index=0)).read_text()
     assert "epoch 4/4 loss" in log and f"at commit {project.commit}" in log
     with np.load(paths.training_data(RUN)) as data:
-        assert data["x_train"].dtype == np.float32 and data["y_train"].dtype == np.int64
+        assert data["y_train"].dtype == np.float32 and data["y_train"].shape == (96, 4)  # as stored
+        assert data["x_train"].dtype == np.float32 and not data["holdout"].any()
 
 
 def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished):
@@ -148,8 +148,8 @@ def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished)
         assert jobs == {
             "train_mlp": 3,
             "evaluate_checkpoint": 9,
-            "accuracy_tables": 1,
-            "plot_accuracy": 1,
+            "regression_tables": 1,
+            "plot_regression": 1,
             "all": 1,
         }
         reasons = {line.strip() for line in out.splitlines() if "reason: Updated input files" in line}
