@@ -6,8 +6,9 @@ code/                     the user's git repository (copied from training/, one 
   invnet/model.py         the model (factory "invnet.model:build"), imported by train.py
   configs/*.json          the script's configs (base; q001/q002/q003 as in the README example)
   fail.py, nothing.py     scripts that fail: exit status 3; exit 0 without the checkpoints
-data/matrices.npz         x_* (N, 2, 2) float32 matrices; y_* the sign of the determinant
-                          (int64 class ids) or the flattened inverse (float32, regression)
+data/matrices.npz         x_* (N, 2, 2) float32 matrices; y_* (N, 4) float32 their inverses,
+                          flattened (a regression, as seed 004's); with task classification the
+                          sign of the determinant (int64 class ids)
 """
 
 from __future__ import annotations
