@@ -79,7 +79,7 @@ def check_model_config(name: str, run: dict) -> None:
         raise ConfigError(
             f"runs.{name}.model.factory: the pipeline trains the built-in networks only; analyse "
             f"your model's checkpoints with runs.{name}.checkpoints: {{source: folder, path: ...}}, "
-            f"or have it run your training script (source: command; README \"Your own training script\")."
+            f'or have it run your training script (source: command; README "Your own training script").'
         )
     from epochlens.formats.factory import FactoryError, FactorySpec, factory_sources
 

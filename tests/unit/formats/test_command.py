@@ -51,7 +51,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     git(code, "add", ".")
     git(code, "commit", "-q", "-m", "init")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(cmd.PINNED_ENV, raising=False)
+    monkeypatch.setenv(cmd.PINNED_ENV, "{}")  # restored after the test
     return tmp_path
 
 
