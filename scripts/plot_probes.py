@@ -1,4 +1,5 @@
-"""Rule plot_probes: probe accuracy heatmaps (layer x epoch) per target and representation.
+"""Rule plot_probes: probe score heatmaps (layer x epoch) per target and representation: accuracy,
+or R² for a regression's ridge probe (each panel names its metric).
 
 By hand, from the run's working directory: python scripts/plot_probes.py run=digits
 """

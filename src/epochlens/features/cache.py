@@ -5,6 +5,7 @@ Features are extracted by :mod:`epochlens.features.extract` (forward hooks, repr
 File layout (``features/epoch_{E}.h5``), written atomically (a killed job leaves no file)::
 
     /{split}/labels                    (N,)    int64   class labels of the split, in data order
+                                       (a regression's: its float targets (N,) or (N, D) as stored)
     /{split}/{layer}/{representation}  (N, d)  float16 or float32, chunked (rows), compressed
         attrs: activation_shape (C, H, W) or (D,), columns (JSON; stats only), spectral_method
     attrs: format, format_version, cache_key, checkpoint_sha256, data_key, data_content_hash,
@@ -142,10 +143,12 @@ class FeatureSet:
             )
 
     def labels(self, split: str) -> np.ndarray:
-        """(N,) int64 class labels of ``split``."""
+        """(N,) int64 class labels of ``split``, or a regression's float targets (N,) / (N, D) in
+        their stored dtype."""
         self._check(split)
         with h5py.File(self.path, "r") as f:
-            return f[f"{split}/labels"][()].astype(np.int64)
+            labels = f[f"{split}/labels"][()]
+        return labels if np.issubdtype(labels.dtype, np.floating) else labels.astype(np.int64)
 
     def array(
         self, split: str, layer: str, representation: str, dtype: np.dtype | type | None = np.float32
@@ -357,7 +360,10 @@ def write_splits(
         if n == 0:
             raise FeatureError(f"{path}: split {split!r} of data set {data.name!r} is empty.")
         group = f.create_group(split)
-        group.create_dataset("labels", data=data.labels(split).astype(np.int64))
+        labels = np.asarray(data.labels(split))  # a regression's float targets kept as they are
+        group.create_dataset(
+            "labels", data=labels if np.issubdtype(labels.dtype, np.floating) else labels.astype(np.int64)
+        )
         writer: _ChunkWriter | None = None
         for lo, hi, feats, shapes in batches(split, n):
             if writer is None:

@@ -1,4 +1,5 @@
-"""Probe accuracy heatmaps (layer x epoch) per target and representation."""
+"""Probe score heatmaps (layer x epoch) per target and representation: accuracy of the softmax
+probes, R² of a regression's ridge probe (each panel names its metric, one colour bar per metric)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import pandas as pd
 
 from epochlens.plotting.common import heatmap_panel
 
+#: How each metric is drawn: colour map, and its name in titles and on its colour bar.
+METRIC_STYLE = {"accuracy": ("viridis", "accuracy"), "r2": ("plasma", "R²")}
+
 
 def _target_label(target: str) -> str:
     if target == "class":
@@ -17,22 +21,41 @@ def _target_label(target: str) -> str:
         return "old vs new classes"
     if target.startswith("curvature_q"):
         return f"curvature quantile bin ({target.removeprefix('curvature_q')} bins)"
+    if target == "target":
+        return "regression target (ridge probe)"
+    if target.startswith("target_q"):
+        return f"target quantile bin ({target.removeprefix('target_q')} bins; vector: of its L2 norm)"
     return target
 
 
-def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout") -> plt.Figure:
-    """Heatmaps of linear-probe accuracy, layer x epoch: one column of panels per target, one row
-    per representation, with the accuracy of always guessing the commonest class as a top row.
+def _metric_of(summary: pd.DataFrame, target: str) -> str:
+    """The metric of a target's rows (a table without a metric column holds accuracies)."""
+    if "metric" not in summary.columns:
+        return "accuracy"
+    found = summary.loc[summary["target"] == target, "metric"].dropna().unique()
+    if len(found) > 1:
+        raise ValueError(f"probe target {target!r} has rows of several metrics {list(found)}")
+    return str(found[0]) if len(found) else "accuracy"
 
-    ``summary`` is :func:`epochlens.probes.summary.probe_summary`; cells are ``accuracy_mean`` on the
-    ``split`` evaluation images (the test split if there is no holdout). Grey cells: the target
-    was skipped at that epoch (no old classes yet, no curvature computed) or not evaluated there.
+
+def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout") -> plt.Figure:
+    """Heatmaps of linear-probe scores, layer x epoch: one column of panels per target, one row
+    per representation, with the score of the constant guess (``chance``) as a top row.
+
+    ``summary`` is :func:`epochlens.probes.summary.probe_summary`; cells are ``accuracy_mean``, or
+    ``r2_mean`` for a target whose ``metric`` is r2 (a regression's ridge probe; its panels come
+    first, R² below 0 takes the lowest colour, the number is written), on the ``split`` evaluation
+    samples (the test split if there is no holdout). Each panel's title names its metric; one
+    colour bar per metric. Grey cells: the target was skipped at that epoch (no old classes yet,
+    no curvature computed) or not evaluated there.
     """
     ok = summary[summary["status"] == "ok"]
     if split not in set(ok["eval_split"]):
         split = "test"
     ok = ok[ok["eval_split"] == split]
     targets = list(pd.unique(summary["target"]))
+    metrics = {t: _metric_of(summary, t) for t in targets}
+    targets.sort(key=lambda t: metrics[t] != "r2")  # R² panels first, each metric's side by side
     reps = list(pd.unique(summary["representation"]))
     layers = list(pd.unique(summary["layer"]))
     epochs = sorted(int(e) for e in summary["epoch"].unique())
@@ -43,33 +66,41 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
     fig, axes = plt.subplots(
         len(reps),
         len(targets),
-        figsize=(width * len(targets) + 1.0, height * len(reps) + 0.8),
+        figsize=(width * len(targets) + 1.0 * len(set(metrics.values())), height * len(reps) + 0.8),
         squeeze=False,
         layout="constrained",
     )
     norm = matplotlib.colors.Normalize(0.0, 1.0)
-    image = None
-    for i, rep in enumerate(reps):
-        for j, target in enumerate(targets):
+    images: dict[str, list] = {}
+    for j, target in enumerate(targets):
+        metric = metrics[target]
+        cmap, metric_name = METRIC_STYLE.get(metric, ("viridis", metric))
+        for i, rep in enumerate(reps):
             sub = ok[(ok["representation"] == rep) & (ok["target"] == target)]
-            acc = sub.pivot_table(index="layer", columns="epoch", values="accuracy_mean", aggfunc="mean")
-            acc = acc.reindex(index=layers, columns=epochs)
+            score = sub.pivot_table(index="layer", columns="epoch", values=f"{metric}_mean", aggfunc="mean")
+            score = score.reindex(index=layers, columns=epochs)
             chance = sub.groupby("epoch")["chance"].mean().reindex(epochs)
-            matrix = np.vstack([chance.to_numpy(float)[None, :], acc.to_numpy(float)])
+            matrix = np.vstack([chance.to_numpy(float)[None, :], score.to_numpy(float)])
             ax = axes[i, j]
-            image = heatmap_panel(ax, matrix, rows, epochs, "viridis", norm, "{:.2f}", annotate, j == 0)
+            image = heatmap_panel(ax, matrix, rows, epochs, cmap, norm, "{:.2f}", annotate, j == 0)
+            images.setdefault(metric, [image, []])[1].append(ax)
             ax.axhline(0.5, color="w", lw=2)
             if i == 0:
-                ax.set_title(_target_label(target), fontsize=9)
+                ax.set_title(f"{_target_label(target)}\n{split} {metric_name}", fontsize=9)
             if j == 0:
                 ax.set_ylabel(rep, fontsize=9)
             if i == len(reps) - 1:
                 ax.set_xlabel("checkpoint epoch", fontsize=8)
-    fig.colorbar(image, ax=axes, shrink=0.8, label=f"{split} accuracy")
+    for metric, (image, metric_axes) in images.items():
+        label = METRIC_STYLE.get(metric, (None, metric))[1]
+        fig.colorbar(image, ax=metric_axes, shrink=0.8, label=f"{split} {label}")
     n_idx = int(ok["n_indices"].max()) if len(ok) else 0
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
+    ridge = "r2" in metrics.values()
+    what = "scores (R² of the ridge probe, else accuracy)" if ridge else "accuracy"
+    samples = "samples" if ridge else "images"
     fig.suptitle(
-        f"{title}: linear-probe accuracy per layer ({split} images; mean of {n_idx} index(es) x "
+        f"{title}: linear-probe {what} per layer ({split} {samples}; mean of {n_idx} index(es) x "
         f"{n_seeds} probe seed(s); grey: target skipped)",
         fontsize=10,
     )

@@ -1,8 +1,10 @@
 """Linear probes on cached features: can a layer's representation predict a target?
 
-* :mod:`.settings`  ``ProbeSettings`` (torch-free);
-* :mod:`.targets`   class, old/new cohort and curvature-quantile targets;
+* :mod:`.settings`  ``ProbeSettings`` and the targets of each kind of run (torch-free);
+* :mod:`.targets`   class, old/new cohort and curvature-quantile targets; a regression's targets
+  and target-quantile bins;
 * :mod:`.linear`    softmax-regression probes with early stopping (:func:`probe_features`);
+* :mod:`.ridge`     the closed-form ridge probe of a regression's targets, scored by R² (torch-free);
 * :mod:`.summary`   seeds and replicate indices reduced to the run's table (torch-free).
 
 The names below are imported on first use (PEP 562): importing the package loads no torch.
@@ -12,11 +14,17 @@ from epochlens._lazy import attach
 
 _EXPORTS = {
     "ProbeSettings": "settings",
+    "probe_targets": "settings",
     "class_target": "targets",
     "cohort_target": "targets",
     "quantile_target": "targets",
     "standard_targets": "targets",
     "select_targets": "targets",
+    "select_regression_targets": "targets",
+    "target_scalar": "targets",
+    "RidgeFit": "ridge",
+    "fit_ridge_path": "ridge",
+    "ridge_seeds": "ridge",
     "ProbeFit": "linear",
     "train_linear_probe": "linear",
     "probe_seeds": "linear",

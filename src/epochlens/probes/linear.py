@@ -22,15 +22,21 @@ Targets (arrays with -1 where undefined; such samples are left out of fitting an
 
 * ``class``: the position of the label among the active classes (:func:`class_target`);
 * ``cohort``: 0 for classes of earlier tasks (old), 1 for the current task's (new) classes;
-* ``curvature_q{n}``: the quantile bin (0 .. n-1) of each training sample's curvature
-  (:func:`quantile_target`), i.e. can the layer tell high-curvature (memorised) samples apart.
+* ``curvature_q{n}``, ``target_q{n}``: the quantile bin (0 .. n-1) of each training sample's
+  curvature, or of a regression's target (:mod:`epochlens.probes.targets`);
+* a float target (a regression's ``target``, (N,) or (N, D), NaN rows where undefined) is probed
+  by the closed-form ridge probe of :mod:`epochlens.probes.ridge` instead, scored by R².
 
 Tidy output (:func:`probe_features`), one row per (layer, representation, target, seed, eval
 split), with any context columns (e.g. epoch) first: layer, representation, target, seed,
 eval_split, n_features, n_classes, n_fit, n_stop, n_eval, accuracy, loss, chance, fit_accuracy,
-best_epoch, epochs_run. ``loss`` is the mean cross-entropy (nats); ``chance`` the accuracy of
-always predicting the most frequent class of the fit set. :func:`epochlens.probes.summary.aggregate_seeds`
-reduces the seeds to mean, standard deviation and a 95% t-interval half-width.
+best_epoch, epochs_run, metric; and where a ridge probe ran, n_outputs, r2, fit_r2 and alpha
+(:data:`ROW_COLUMNS`). ``metric`` names the row's score: ``accuracy`` (softmax probe: ``loss`` the
+mean cross-entropy in nats, ``chance`` the accuracy of always predicting the most frequent class of
+the fit set) or ``r2`` (ridge probe: score in ``r2``, never in ``accuracy``; ``loss`` the mean
+squared error, ``chance`` the R² of predicting the fit targets' mean, about 0).
+:func:`epochlens.probes.summary.aggregate_seeds` reduces the seeds to mean, standard deviation and
+a 95% t-interval half-width.
 """
 
 from __future__ import annotations
@@ -48,10 +54,39 @@ import torch.nn.functional as F
 
 from epochlens.device import resolve_device
 from epochlens.errors import ProbeError
+from epochlens.probes.ridge import ridge_seeds
 from epochlens.probes.settings import ProbeSettings
 from epochlens.progress import progress_bar
 
 log = logging.getLogger("epochlens")
+
+#: Columns of a probe table after the context columns (those of a ridge probe last; a table
+#: without ridge rows has none of them).
+ROW_COLUMNS = (
+    "layer",
+    "representation",
+    "target",
+    "seed",
+    "eval_split",
+    "n_features",
+    "n_classes",
+    "n_fit",
+    "n_stop",
+    "n_eval",
+    "accuracy",
+    "loss",
+    "chance",
+    "fit_accuracy",
+    "best_epoch",
+    "epochs_run",
+    "status",
+    "metric",
+    "n_outputs",
+    "r2",
+    "fit_r2",
+    "alpha",
+)
+RIDGE_ONLY_COLUMNS = ("n_outputs", "r2", "fit_r2", "alpha")
 
 # ---------------------------------------------------------------------------------------------
 # Training
@@ -231,7 +266,8 @@ def probe_seeds(
 
     Returns:
         One dict per (seed, evaluation set) with keys seed, eval_split, n_features, n_classes,
-        n_fit, n_stop, n_eval, accuracy, loss, chance, fit_accuracy, best_epoch, epochs_run.
+        n_fit, n_stop, n_eval, accuracy, loss, chance, fit_accuracy, best_epoch, epochs_run and
+        metric ("accuracy").
     """
     settings = settings or ProbeSettings()
     y = np.asarray(y, dtype=np.int64)
@@ -287,6 +323,7 @@ def probe_seeds(
                         "fit_accuracy": fit_acc,
                         "best_epoch": probe.best_epoch,
                         "epochs_run": probe.epochs_run,
+                        "metric": "accuracy",
                     }
                 )
     return rows
@@ -308,8 +345,10 @@ def probe_features(
     Args:
         features: a :class:`epochlens.features.extract.FeatureSet` (anything with ``layers``,
             ``representations``, ``splits`` and ``array(split, layer, representation)``).
-        targets: ``targets[name][split]`` (N_split,) int64, -1 where undefined
-            (see :func:`standard_targets`); splits missing for a target are not used.
+        targets: ``targets[name][split]`` (N_split,) int64, -1 where undefined (see
+            :func:`standard_targets`): a softmax probe; or float (N_split,) / (N_split, D), NaN rows
+            where undefined: a ridge probe (:mod:`epochlens.probes.ridge`). Splits missing for a
+            target are not used.
         holdout: (N_train,) bool, the training holdout (evaluation, never fitted).
         settings: probe settings.
         layers, representations: subsets to probe (default: all in the file).
@@ -338,7 +377,8 @@ def probe_features(
                 f"holdout mask has {n_train} entries but the train features {len(arrays[0])} rows; "
                 "they come from different data sets."
             )
-        x = torch.as_tensor(np.concatenate(arrays))
+        x_np = np.concatenate(arrays)
+        x = torch.as_tensor(x_np)
         offsets = np.cumsum([0] + [len(a) for a in arrays])
         in_split = {s: np.zeros(len(x), dtype=bool) for s in splits}
         for s, lo, hi in zip(splits, offsets[:-1], offsets[1:], strict=True):
@@ -351,19 +391,42 @@ def probe_features(
         if "test" in splits:
             eval_masks["test"] = in_split["test"]
         for name, by_split in targets.items():
-            y = np.full(len(x), -1, dtype=np.int64)
-            for s, lo, hi in zip(splits, offsets[:-1], offsets[1:], strict=True):
-                if s in by_split:
-                    values = np.asarray(by_split[s], dtype=np.int64)
-                    if len(values) != hi - lo:
-                        raise ProbeError(
-                            f"target {name!r} has {len(values)} values for split {s!r}, which has "
-                            f"{hi - lo} samples."
-                        )
-                    y[lo:hi] = values
-            for row in probe_seeds(x, y, fit_mask, eval_masks, settings, device):
+            y = _stacked_target(name, by_split, splits, offsets)
+            if np.issubdtype(y.dtype, np.floating):
+                found = ridge_seeds(x_np, y, fit_mask, eval_masks, settings)
+            else:
+                found = probe_seeds(x, y, fit_mask, eval_masks, settings, device)
+            for row in found:
                 rows.append({**(context or {}), "layer": layer, "representation": rep, "target": name, **row})
     return pd.DataFrame(rows)
+
+
+def _stacked_target(
+    name: str, by_split: Mapping[str, np.ndarray], splits: list[str], offsets: np.ndarray
+) -> np.ndarray:
+    """One target over the stacked splits: int64 (N,) with -1 where a split has no values, or
+    float64 (N,) / (N, D) with NaN there (a float target: a regression's, for the ridge probe)."""
+    given = [np.asarray(v) for v in by_split.values()]
+    floats = bool(given) and np.issubdtype(given[0].dtype, np.floating)
+    if floats:
+        shape = given[0].shape[1:]
+        y = np.full((offsets[-1], *shape), np.nan, dtype=np.float64)
+    else:
+        y = np.full(offsets[-1], -1, dtype=np.int64)
+    for s, lo, hi in zip(splits, offsets[:-1], offsets[1:], strict=True):
+        if s in by_split:
+            values = np.asarray(by_split[s])
+            if len(values) != hi - lo:
+                raise ProbeError(
+                    f"target {name!r} has {len(values)} values for split {s!r}, which has {hi - lo} samples."
+                )
+            if np.issubdtype(values.dtype, np.floating) != floats or values.shape[1:] != y.shape[1:]:
+                raise ProbeError(
+                    f"target {name!r}: split {s!r} has {values.dtype} values of shape {values.shape[1:]}, "
+                    f"another split {y.dtype} of shape {y.shape[1:]}; one target has one kind of value."
+                )
+            y[lo:hi] = values
+    return y
 
 
 def probe_checkpoint(
@@ -378,7 +441,8 @@ def probe_checkpoint(
 ) -> pd.DataFrame:
     """The probe table of one checkpoint: :func:`probe_features` rows with ``status`` ok, and one
     row per (layer, representation) of each skipped target with its reason as ``status`` (counts
-    empty, not 0)."""
+    empty, not 0). Columns: the context's, then :data:`ROW_COLUMNS` (the ridge probe's only where
+    a ridge probe ran or was skipped); ``metric`` on every row (:func:`target_metric`)."""
     parts = []
     if targets:
         table = probe_features(
@@ -386,13 +450,15 @@ def probe_checkpoint(
         )
         parts.append(table.assign(status="ok"))
         holdout_rows = table[table["eval_split"] == "holdout"]
-        for name, acc in holdout_rows.groupby("target", sort=False)["accuracy"]:
+        for (name, metric), rows in holdout_rows.groupby(["target", "metric"], sort=False):
+            score = rows["r2" if metric == "r2" else "accuracy"]
             log.info(
-                "epoch %s, target %s: holdout accuracy %.3f .. %.3f over layers",
+                "epoch %s, target %s: holdout %s %.3f .. %.3f over layers",
                 context.get("epoch"),
                 name,
-                acc.min(),
-                acc.max(),
+                "R²" if metric == "r2" else "accuracy",
+                score.min(),
+                score.max(),
             )
     pairs = [(layer, rep) for layer in features.layers for rep in features.representations]
     if skipped:
@@ -401,8 +467,18 @@ def probe_checkpoint(
             for name, why in skipped.items()
             for layer, rep in pairs
         ]
-        parts.append(pd.DataFrame(rows))
+        parts.append(pd.DataFrame(rows).assign(metric=lambda t: t["target"].map(target_metric)))
     out = pd.concat(parts, ignore_index=True)
+    ridge = (out["metric"] == "r2").any()
+    columns = [c for c in ROW_COLUMNS if ridge or c not in RIDGE_ONLY_COLUMNS]
+    out = out.reindex(columns=[*context, *columns])
     counts = ["seed", "n_features", "n_classes", "n_fit", "n_stop", "n_eval", "best_epoch", "epochs_run"]
-    out[counts] = out.reindex(columns=counts).astype("Int64")  # skipped rows: empty, not 0.0
+    counts += ["n_outputs"] if ridge else []
+    out[counts] = out[counts].astype("Int64")  # skipped rows (and a ridge probe's epochs): empty, not 0.0
     return out
+
+
+def target_metric(target: str) -> str:
+    """The score of a probe target's rows: ``r2`` for a regression's ``target`` (the ridge probe),
+    ``accuracy`` for every other (a softmax probe of classes or bins)."""
+    return "r2" if target == "target" else "accuracy"

@@ -3,14 +3,62 @@
 Fields whose metadata says ``execution`` do not change the probes' results on the CPU (threads,
 CUDA autocast): the workflow leaves them out of the rules' params. ``batch_size`` is part of the
 method (the optimisation's mini-batches) and does change results.
+
+Targets by kind of run (:func:`probe_targets`): a classifier's are ``class``, ``cohort`` and
+``curvature``; a regression's ``target`` (the ridge probe, scored by R²), ``target_quantile``
+(quantile bin of the target) and ``curvature``. ``probes.targets: null`` (the default) takes the
+run's kind's list.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from epochlens.errors import ConfigError
+
+#: Probe targets of a classifier (``probes.targets``), by config name.
+CLASSIFIER_TARGETS = ("class", "cohort", "curvature")
+#: Probe targets of a regression: the ridge probe of the targets, their quantile bin, curvature.
+REGRESSION_TARGETS = ("target", "target_quantile", "curvature")
+#: Default penalties of the ridge probe: alpha per fit sample on standardised features, i.e.
+#: scikit-learn's ``Ridge(alpha=alpha * n_fit)``; the best on the early-stopping samples is kept.
+RIDGE_ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
+
+
+def probe_targets(targets: Sequence[str] | None, regression: bool) -> list[str]:
+    """The targets a run probes: ``targets`` as configured, or (None) every target of its kind."""
+    if targets is None:
+        return list(REGRESSION_TARGETS if regression else CLASSIFIER_TARGETS)
+    return list(targets)
+
+
+def target_problem(targets: Sequence[str] | None, regression: bool) -> str | None:
+    """Why ``targets`` do not fit a run of this kind (a sentence with the fix), or None."""
+    if targets is None:
+        return None
+    own, other = (
+        (REGRESSION_TARGETS, CLASSIFIER_TARGETS) if regression else (CLASSIFIER_TARGETS, REGRESSION_TARGETS)
+    )
+    wrong = [t for t in targets if t not in own]
+    if not wrong:
+        return None
+    if regression:
+        why = (
+            f"{wrong} are a classifier's targets (class labels, old vs new classes); a regression has no "
+            "classes. Its targets: target (ridge regression of the targets, R²), target_quantile "
+            "(quantile bin of the target) and curvature"
+        )
+    else:
+        why = (
+            f"{wrong} are a regression's targets (float targets); a classifier's are class, cohort "
+            "and curvature"
+        )
+    keep = [t for t in targets if t in own] or list(own)
+    return (
+        f"{why}. Set probes.targets: {keep}, or leave it out (the default: every target of the run's kind)."
+    )
 
 
 @dataclass
@@ -41,6 +89,14 @@ class ProbeSettings:
         default=True,
         metadata={"help": "autocast on CUDA (bfloat16, else float16); ignored elsewhere", "execution": True},
     )
+    ridge_alphas: tuple[float, ...] = field(
+        default=RIDGE_ALPHAS,
+        metadata={
+            "help": "penalties of the ridge probe (a regression's target): alpha per fit sample on "
+            "standardised features (scikit-learn's Ridge(alpha=alpha * n_fit)); the one with the best "
+            "R² on the early-stopping samples is kept"
+        },
+    )
     cpu_threads: int | None = field(
         default=1,
         metadata={
@@ -52,6 +108,7 @@ class ProbeSettings:
 
     def __post_init__(self) -> None:
         self.seeds = tuple(int(s) for s in self.seeds)
+        self.ridge_alphas = tuple(float(a) for a in self.ridge_alphas)
         problems = []
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             problems.append(f"seeds={list(self.seeds)} must be distinct and not empty")
@@ -63,10 +120,13 @@ class ProbeSettings:
             problems.append(f"cpu_threads={self.cpu_threads} must be >= 1 or None")
         if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0:
             problems.append(f"lr={self.lr} must be > 0 and weight_decay={self.weight_decay} >= 0")
+        if not self.ridge_alphas or not all(math.isfinite(a) and a > 0 for a in self.ridge_alphas):
+            problems.append(f"ridge_alphas={list(self.ridge_alphas)} must be finite, > 0 and not empty")
         if problems:
             raise ConfigError("probe settings: " + "; ".join(problems) + ". Fix the config.")
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["seeds"] = list(self.seeds)
+        d["ridge_alphas"] = list(self.ridge_alphas)
         return d

@@ -1,9 +1,20 @@
-"""What a probe predicts: one int64 target per sample, -1 where undefined.
+"""What a probe predicts: one int64 target per sample, -1 where undefined (a softmax probe), or
+float targets (N,) / (N, D), NaN rows where undefined (a ridge probe, :mod:`epochlens.probes.ridge`).
+
+A classifier's (:func:`select_targets`):
 
 * ``class``: the position of the label among the active classes (:func:`class_target`);
 * ``cohort``: 0 for classes of earlier tasks (old), 1 for the current task's (new) classes;
 * ``curvature_q{n}``: the quantile bin (0 .. n-1) of each training sample's curvature
   (:func:`quantile_target`), i.e. can the layer tell high-curvature (memorised) samples apart.
+
+A regression's (:func:`select_regression_targets`):
+
+* ``target``: the regression targets themselves, all D values (float64): the ridge probe;
+* ``target_q{n}``: the quantile bin (0 .. n-1) of each sample's :func:`target_scalar` (the target
+  for a scalar target, its L2 norm over the D values for a vector target), bin edges from the fit
+  samples only, applied to the holdout and test samples;
+* ``curvature_q{n}``: as a classifier's (every training sample has a curvature).
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import numpy as np
 
 from epochlens.errors import ConfigError, ProbeError
 from epochlens.models.networks import positions_in
+from epochlens.probes.settings import CLASSIFIER_TARGETS, REGRESSION_TARGETS
 
 
 def class_target(labels: np.ndarray, active_classes: np.ndarray) -> np.ndarray:
@@ -37,22 +49,58 @@ def cohort_target(labels: np.ndarray, active_classes: np.ndarray, new_classes: n
     return out
 
 
-def quantile_target(values: np.ndarray, n_bins: int = 4, mask: np.ndarray | None = None) -> np.ndarray:
+def quantile_target(
+    values: np.ndarray, n_bins: int = 4, mask: np.ndarray | None = None, edges: np.ndarray | None = None
+) -> np.ndarray:
     """(N,) quantile bin 0 .. n_bins-1 of each finite value; -1 for NaN (or outside ``mask``).
 
     Bin edges are the quantiles of the finite values inside ``mask`` (default: all), so the bins
-    hold equal shares of those samples (ties aside).
+    hold equal shares of those samples (ties aside); or ``edges`` (n_bins - 1,) given, e.g.
+    :func:`quantile_edges` of the fit samples, applied to every finite value inside ``mask``.
     """
     values = np.asarray(values, dtype=np.float64)
     ok = np.isfinite(values) if mask is None else np.isfinite(values) & np.asarray(mask, dtype=bool)
     out = np.full(len(values), -1, dtype=np.int64)
-    if n_bins < 2:
-        raise ConfigError(f"n_bins={n_bins} must be >= 2")
-    if not ok.any():
-        return out
-    edges = np.quantile(values[ok], np.linspace(0, 1, n_bins + 1)[1:-1])
+    _check_bins(n_bins)
+    if edges is None:
+        if not ok.any():
+            return out
+        edges = quantile_edges(values, n_bins, ok)
+    elif len(edges) != n_bins - 1:
+        raise ProbeError(f"{len(edges)} bin edges given for {n_bins} bins; give n_bins - 1.")
     out[ok] = np.searchsorted(edges, values[ok], side="right")
     return out
+
+
+def quantile_edges(values: np.ndarray, n_bins: int, mask: np.ndarray | None = None) -> np.ndarray:
+    """(n_bins - 1,) inner quantiles of the finite ``values`` inside ``mask`` (default: all).
+
+    Raises:
+        ConfigError: ``n_bins`` < 2.
+        ProbeError: no finite value inside ``mask``.
+    """
+    _check_bins(n_bins)
+    values = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(values) if mask is None else np.isfinite(values) & np.asarray(mask, dtype=bool)
+    if not ok.any():
+        raise ProbeError("no finite values to take quantile bin edges from.")
+    return np.quantile(values[ok], np.linspace(0, 1, n_bins + 1)[1:-1])
+
+
+def _check_bins(n_bins: int) -> None:
+    if n_bins < 2:
+        raise ConfigError(f"n_bins={n_bins} must be >= 2")
+
+
+def target_scalar(targets: np.ndarray) -> np.ndarray:
+    """(N,) float64 scalar of each regression target that ``target_q{n}`` bins: the target itself
+    for targets (N,) or (N, 1), the L2 norm of its D values for targets (N, D)."""
+    y = np.asarray(targets, dtype=np.float64)
+    if y.ndim == 1:
+        return y
+    if y.ndim != 2:
+        raise ProbeError(f"regression targets of shape {y.shape}; expected (N,) or (N, D).")
+    return y[:, 0].copy() if y.shape[1] == 1 else np.linalg.norm(y, axis=1)
 
 
 def standard_targets(
@@ -109,6 +157,11 @@ def select_targets(
         ``(targets, skipped)``: :func:`standard_targets` restricted to ``wanted`` and to targets
         with two values or more among the fit images; ``{target: reason}`` for the rest.
     """
+    stray = [t for t in wanted if t not in CLASSIFIER_TARGETS]
+    if stray:
+        raise ProbeError(
+            f"probe targets {stray} are not a classifier's; its targets: {list(CLASSIFIER_TARGETS)}."
+        )
     targets = standard_targets(
         labels, active_classes, new_classes if "cohort" in wanted else None, curvature, curvature_bins
     )
@@ -125,3 +178,80 @@ def select_targets(
             skipped[name] = "skipped: fewer than two target values among the fit images"
             del targets[name]
     return targets, skipped
+
+
+def select_regression_targets(
+    targets: Mapping[str, np.ndarray],
+    wanted: list[str],
+    curvature: np.ndarray | None,
+    curvature_bins: int,
+    target_bins: int,
+    fit: np.ndarray,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, str]]:
+    """A regression's probe targets of the config's ``probes.targets``, and why others are skipped.
+
+    Args:
+        targets: regression targets per split, ``{"train": (N,) or (N, D), "test": ...}`` (floats).
+        wanted: the config's targets (target, target_quantile, curvature).
+        curvature: (N_train,) per-sample curvature at this epoch, or None where not computed.
+        curvature_bins, target_bins: quantile bins of the curvature and target_quantile targets.
+        fit: (N_train,) bool, the training samples probes are fitted on (target bins come from them).
+
+    Returns:
+        ``(targets, skipped)``: ``target`` float64 (N_split,) or (N_split, D) per split;
+        ``target_q{bins}`` and ``curvature_q{bins}`` int64 per split (curvature: train only), as
+        :func:`select_targets`; ``{target: reason}`` for targets that cannot be probed here.
+
+    Raises:
+        ProbeError: targets that are not floats, or curvature of another length than the train split.
+    """
+    stray = [t for t in wanted if t not in REGRESSION_TARGETS]
+    if stray:
+        raise ProbeError(
+            f"probe targets {stray} are not a regression's (it has no classes); its targets: "
+            f"{list(REGRESSION_TARGETS)}."
+        )
+    fit = np.asarray(fit, dtype=bool)
+    for split, y in targets.items():
+        if not np.issubdtype(np.asarray(y).dtype, np.floating):
+            raise ProbeError(
+                f"the {split} targets are {np.asarray(y).dtype}: a regression's probes need its float "
+                "targets (from dataset.h5), not class ids."
+            )
+    if "train" not in targets or len(fit) != len(targets["train"]):
+        raise ProbeError(f"fit mask of {len(fit)} entries for {len(targets.get('train', []))} train targets.")
+    out: dict[str, dict[str, np.ndarray]] = {}
+    skipped: dict[str, str] = {}
+    if "target" in wanted:
+        out["target"] = {s: np.asarray(y, dtype=np.float64) for s, y in targets.items()}
+    if "target_quantile" in wanted:
+        scalars = {s: target_scalar(y) for s, y in targets.items()}
+        name = f"target_q{target_bins}"
+        if np.isfinite(scalars["train"][fit]).any():
+            edges = quantile_edges(scalars["train"], target_bins, fit)
+            out[name] = {s: quantile_target(v, target_bins, edges=edges) for s, v in scalars.items()}
+        else:
+            skipped[name] = "skipped: no fit samples"
+    if "curvature" in wanted:
+        name = f"curvature_q{curvature_bins}"
+        if curvature is None:
+            skipped[name] = "skipped: curvature not computed at this epoch"
+        elif len(curvature) != len(targets["train"]):
+            raise ProbeError(
+                f"curvature has {len(curvature)} values; it must have one per training sample "
+                f"({len(targets['train'])})."
+            )
+        else:
+            out[name] = {"train": quantile_target(curvature, curvature_bins)}
+    for name in list(out):
+        y = out[name]["train"][fit]
+        if name == "target":
+            few = len(y) < 2 or not np.any(np.ptp(y.reshape(len(y), -1), axis=0) > 0)
+            why = "skipped: fewer than two fit samples, or targets constant on them"
+        else:
+            few = len(np.unique(y[y >= 0])) < 2
+            why = "skipped: fewer than two target values among the fit samples"
+        if few:
+            skipped[name] = why
+            del out[name]
+    return out, skipped
