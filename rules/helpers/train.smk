@@ -80,6 +80,27 @@ def _repository_state(root, files):
 _warned_dirty = set()
 
 
+def _finished_command_job(run, index):
+    """Whether every output of run's command job for ``index`` exists."""
+    outputs = [layout.checkpoint(run, index, e) for e in get_command_epochs(run)]
+    return all(
+        os.path.exists(path) for path in outputs + [layout.train_metadata(run, index)]
+    )
+
+
+def _refuse_command_job(run, index, message):
+    """Fail the planning of run's command job for ``index`` with ``message``. When its outputs all
+    exist, Snakemake takes them as they are without a word (an input function's error only
+    removes the job that would make them): say so, once per run."""
+    if _finished_command_job(run, index) and run not in _warned_dirty:
+        _warned_dirty.add(run)
+        logger.warning(
+            f"{message}\nUntil then the finished checkpoints of runs.{run} are analysed as they "
+            "are: its training does not run again (the pipeline trains committed code only)."
+        )
+    raise WorkflowError(message)
+
+
 def get_command_files(run):
     """Input function of train_<run>: the files the command depends on (it names, its scripts
     import, checkpoints.files), so that editing them trains again; and the pin check: a job that
@@ -104,7 +125,7 @@ def get_command_files(run):
             )
             state = _repository_state(repository, tuple(files))
         except user_command.CommandError as exc:
-            raise WorkflowError(str(exc)) from None
+            _refuse_command_job(run, index, str(exc))
         problems = user_command.pin_problems(state, spec.allow_dirty)
         planned = user_command.pin_commit(state)
         moved = (
@@ -117,19 +138,12 @@ def get_command_files(run):
                 layout.checkpoint(run, index, e) for e in get_command_epochs(run)
             ]
             outputs.append(layout.train_metadata(run, index))
-            finished = all(os.path.exists(path) for path in outputs)
-            if not finished or user_command.will_run(outputs, files, state):
-                message = moved or user_command.pin_error(spec, state, problems)
-                if finished and run not in _warned_dirty:
-                    # Snakemake then takes the finished checkpoints as they are, silently:
-                    # say why this training does not run again.
-                    _warned_dirty.add(run)
-                    logger.warning(
-                        f"{message}\nThe pipeline trains commits only: until then the "
-                        f"finished checkpoints of runs.{run} are analysed as they are and "
-                        "its training does not run again."
-                    )
-                raise WorkflowError(message)
+            if not _finished_command_job(run, index) or user_command.will_run(
+                outputs, files, state
+            ):
+                _refuse_command_job(
+                    run, index, moved or user_command.pin_error(spec, state, problems)
+                )
             if problems and run not in _warned_dirty:
                 _warned_dirty.add(run)
                 logger.warning(
