@@ -1,5 +1,8 @@
 """Rule probes_epoch: linear probes on one checkpoint's cached features, one row per seed.
 
+A classifier's targets come from its class schedule; a regression's (no classes) from its float
+targets in dataset.h5 (the ridge probe and their quantile bins), never from the features file.
+
 By hand, from the run's working directory:
     python scripts/probes_epoch.py run=digits index=0 epoch=0030
 """
@@ -14,7 +17,7 @@ from epochlens.errors import DataError
 from epochlens.features.cache import FeatureSet
 from epochlens.probes.linear import probe_checkpoint
 from epochlens.probes.settings import ProbeSettings
-from epochlens.probes.targets import select_targets
+from epochlens.probes.targets import select_regression_targets, select_targets
 from epochlens.runner import log
 from epochlens.schedule import schedule_from_config
 
@@ -28,16 +31,27 @@ def main(snakemake) -> None:
         raise DataError(
             f"{inp.features} holds features of another data set than {inp.dataset}; delete it and rerun."
         )
-    schedule = schedule_from_config(p.schedule, inp.class_order)
-    targets, skipped = select_targets(
-        {split: features.labels(split) for split in ("train", "test")},
-        schedule.active_classes(epoch),
-        schedule.new_classes(epoch),
-        p.probes["targets"],
-        np.load(inp.curvature[0]) if inp.curvature else None,
-        p.probes["curvature_bins"],
-        fit=~data.holdout,
-    )
+    curvature = np.load(inp.curvature[0]) if inp.curvature else None
+    if getattr(data, "is_regression", False):
+        targets, skipped = select_regression_targets(
+            {split: data.labels(split) for split in ("train", "test")},
+            p.probes["targets"],
+            curvature,
+            p.probes["curvature_bins"],
+            p.probes["target_bins"],
+            fit=~data.holdout,
+        )
+    else:
+        schedule = schedule_from_config(p.schedule, inp.class_order)
+        targets, skipped = select_targets(
+            {split: features.labels(split) for split in ("train", "test")},
+            schedule.active_classes(epoch),
+            schedule.new_classes(epoch),
+            p.probes["targets"],
+            curvature,
+            p.probes["curvature_bins"],
+            fit=~data.holdout,
+        )
     for name, why in skipped.items():
         log.info("target %s %s", name, why)
     context = {"run": wc.run, "index": int(wc.index), "epoch": epoch}

@@ -14,7 +14,7 @@ def get_probe_curvature(wildcards):
     """per_image_curvature.npy of (run, index, epoch) where the curvature target is asked for and
     curvature is computed at that epoch; none otherwise (the probes skip the target and say so).
     """
-    if "curvature" not in get_run(wildcards)["probes"]["targets"]:
+    if "curvature" not in get_probe_params(wildcards)["targets"]:
         return []
     if int(wildcards.epoch) not in get_curvature_epochs(wildcards.run):
         return []

@@ -264,6 +264,7 @@ def check_feature_config(name: str, run: dict) -> None:
             f"runs.{name}.probes.enabled: probes need the features; set runs.{name}.features."
             f"enabled: true, or runs.{name}.probes.enabled: false."
         )
+    check_probe_config(name, run)
     ablation = run["ablation"]
     if ablation["channel_groups"] == 0 and not ablation["whole_blocks"]:
         raise ConfigError(
@@ -282,6 +283,28 @@ def check_feature_config(name: str, run: dict) -> None:
                 f"runs.{name}.{section}.{key}: {model} has no module(s) {unknown}. Default (block "
                 f"outputs, also what null gives): {DEFAULT_LAYERS[model]}; all: {layers[:60]}."
             )
+
+
+def check_probe_config(name: str, run: dict) -> None:
+    """probes.targets against the run's kind (class and cohort for a classifier, target and
+    target_quantile for a regression), and a ridge probe's penalties with samples to choose them."""
+    from epochlens.probes.settings import RIDGE_ALPHAS, probe_targets, target_problem
+
+    spec, regression = run["probes"], is_regression_run(run)
+    if not spec["enabled"]:
+        return
+    problem = target_problem(spec["targets"], regression)
+    if problem:
+        kind = "a regression (task: regression)" if regression else "a classifier"
+        raise ConfigError(f"runs.{name}.probes.targets: the run is {kind}; {problem}")
+    alphas = spec.get("ridge_alphas") or RIDGE_ALPHAS
+    ridge = "target" in probe_targets(spec["targets"], regression)
+    if ridge and spec["stop_fraction"] == 0 and len(alphas) > 1:
+        raise ConfigError(
+            f"runs.{name}.probes: stop_fraction: 0 leaves the ridge probe (target) no samples to choose "
+            f"its penalty among ridge_alphas {list(alphas)}; set probes.stop_fraction > 0 (e.g. 0.15) "
+            "or a single penalty (probes.ridge_alphas: [0.01])."
+        )
 
 
 def check_influence_config(name: str, run: dict) -> None:

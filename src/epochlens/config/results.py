@@ -22,7 +22,7 @@ from epochlens.curvature.settings import CurvatureSettings
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
 from epochlens.outcome import regression_reduction
-from epochlens.probes.settings import ProbeSettings
+from epochlens.probes.settings import ProbeSettings, probe_targets
 from epochlens.study.lds import LdsSettings
 from epochlens.study.settings import QuerySettings, QueryTransformSettings
 
@@ -118,13 +118,22 @@ def feature_params(run: Mapping) -> dict:
 
 
 def probe_params(run: Mapping) -> dict:
-    """What probe results depend on: the probe settings, targets and curvature bins."""
+    """What probe results depend on: the probe settings, targets (``probes.targets``, or the run's
+    kind's defaults, :func:`epochlens.probes.settings.probe_targets`) and quantile bins.
+
+    A classifier's params are those it had before regressions were probed (no ridge penalties, no
+    target bins), so existing runs keep them; a regression's add ``target_bins``.
+    """
     spec = run["probes"]
-    return {
-        "settings": result_settings(spec, ProbeSettings),
-        "targets": spec["targets"],
+    regression = is_regression_run(dict(run))
+    params = {
+        "settings": result_settings(spec, ProbeSettings, exclude=() if regression else ("ridge_alphas",)),
+        "targets": probe_targets(spec["targets"], regression),
         "curvature_bins": spec["curvature_bins"],
     }
+    if regression:
+        params["target_bins"] = spec["target_bins"]
+    return params
 
 
 def ablation_params(run: Mapping) -> dict:
