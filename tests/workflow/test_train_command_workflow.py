@@ -140,6 +140,7 @@ def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished)
         script.write_text(text + "# tuned\n")
         out = finished.dry_run(finished.cfg).stdout
         assert "modified: train.py" in out and "allow_dirty: true" in out, out[-3000:]
+        assert "Until then the finished checkpoints of runs.mlp are analysed as they are" in out
         assert "train_mlp" not in out
         # ... retrains once committed: the training and what reads its checkpoints, not the data.
         project.git("commit", "-q", "-am", "tune")
