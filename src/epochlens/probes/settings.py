@@ -55,7 +55,8 @@ def target_problem(targets: Sequence[str] | None, regression: bool) -> str | Non
             f"{wrong} are a regression's targets (float targets); a classifier's are class, cohort "
             "and curvature"
         )
-    keep = [t for t in targets if t in own] or list(own)
+    analog = dict(zip(other, own, strict=True))  # class ~ target, cohort ~ target_quantile, curvature
+    keep = list(dict.fromkeys(analog.get(t, t) for t in targets))
     return (
         f"{why}. Set probes.targets: {keep}, or leave it out (the default: every target of the run's kind)."
     )

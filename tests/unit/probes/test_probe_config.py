@@ -78,11 +78,15 @@ def test_default_targets_follow_the_kind_of_run(tmp_path) -> None:
         (
             "regression",
             ["class", "curvature"],
-            r"\['class'\] are a classifier's targets.*probes.targets: \['curvature'\]",
+            r"\['class'\] are a classifier's targets.*probes.targets: \['target', 'curvature'\]",
         ),
-        ("regression", ["cohort"], r"the run is a regression.*target \(ridge regression"),
+        (
+            "regression",
+            ["cohort"],
+            r"the run is a regression.*target \(ridge regression.*\['target_quantile'\]",
+        ),
         ("classifier", ["class", "target_quantile"], r"\['target_quantile'\] are a regression's targets"),
-        ("classifier", ["target"], r"probes.targets: \['class', 'cohort', 'curvature'\], or leave it out"),
+        ("classifier", ["target"], r"probes.targets: \['class'\], or leave it out"),
     ],
 )
 def test_targets_of_the_other_kind_are_refused(tmp_path, kind, targets, message) -> None:
