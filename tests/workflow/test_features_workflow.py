@@ -41,7 +41,7 @@ RUN_TABLES = {"probe_tables": 1, "plot_probes": 1, "ablation_tables": 1, "plot_a
 PROBE_COLUMNS = [
     "run", "index", "epoch", "layer", "representation", "target", "seed", "eval_split",
     "n_features", "n_classes", "n_fit", "n_stop", "n_eval", "accuracy", "loss", "chance",
-    "fit_accuracy", "best_epoch", "epochs_run", "status",
+    "fit_accuracy", "best_epoch", "epochs_run", "status", "metric",
 ]  # fmt: skip
 ABLATION_COLUMNS = [
     "run", "index", "epoch", "split", "block", "group", "channel_start", "channel_stop",
