@@ -8,7 +8,9 @@ def get_data_source_files(wildcards):
     data = get_run(wildcards)["data"]
     if data["source"] == "cifar100":
         return [str(p) for p in cifar100_files(data["path"])]
-    if data["source"] in ("npz", "parquet", "jsonl", "csv") and os.path.isfile(data["path"]):
+    if data["source"] in ("npz", "parquet", "jsonl", "csv") and os.path.isfile(
+        data["path"]
+    ):
         return [data["path"]]
     if data["source"] in ("imagefolder", "save_to_disk", "parquet", "jsonl", "csv"):
         # Every file of the folder: replacing, adding or removing an image rebuilds dataset.h5.

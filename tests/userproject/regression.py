@@ -45,7 +45,11 @@ def inverse_data(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarr
 
 
 def build_regression_project(
-    root: str | Path, n_train: int = 160, n_test: int = 60, epochs: tuple[int, ...] = (0, 5, 20), seed: int = 0
+    root: str | Path,
+    n_train: int = 160,
+    n_test: int = 60,
+    epochs: tuple[int, ...] = (0, 5, 20),
+    seed: int = 0,
 ) -> RegressionProject:
     """Write the data, copy the model package and train it with the user's loop (Adam, MSE)."""
     import sys
