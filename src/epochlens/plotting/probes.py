@@ -100,7 +100,7 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
     what = "scores (R² of the ridge probe, else accuracy)" if ridge else "accuracy"
     samples = "samples" if ridge else "images"
     fig.suptitle(
-        f"{title}: linear-probe {what} per layer ({split} {samples}; mean of {n_idx} index(es) x "
+        f"{title}: linear-probe {what} per layer\n({split} {samples}; mean of {n_idx} index(es) x "
         f"{n_seeds} probe seed(s); grey: target skipped)",
         fontsize=10,
     )
