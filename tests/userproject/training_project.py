@@ -75,3 +75,22 @@ def build_training_project(
     npz.parent.mkdir(parents=True)
     np.savez(npz, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
     return TrainingProject(root, repo, npz, git(repo, "rev-parse", "HEAD"))
+
+
+def regression_run(folder: Path, **sections) -> dict:
+    """A regression run config of the user's MLP (invnet, read from this template) on an .npz in
+    ``folder``, with empty checkpoint files for epochs 0 and 5 (for config checks, not for jobs)."""
+    import copy
+
+    (folder / "ckpt").mkdir(exist_ok=True)
+    for epoch in (0, 5):
+        (folder / "ckpt" / f"m_{epoch}.pt").touch()
+    run = {
+        "data": {"source": "npz", "path": str(folder / "matrices.npz")},
+        "model": {"factory": FACTORY, "project_path": str(TEMPLATE)},
+        "task": "regression",
+        "schedule": "none",
+        "checkpoints": {"source": "folder", "path": str(folder / "ckpt" / "m_{epoch}.pt"), "key": "model"},
+    }
+    run.update(copy.deepcopy(sections))
+    return run

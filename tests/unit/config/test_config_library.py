@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from userproject.training_project import regression_run
 
 from epochlens import config as run_config
 from epochlens.ablation.settings import AblationSettings
@@ -176,22 +177,6 @@ def test_a_classifiers_curvature_params_have_no_regression_fields():
     a regression's only, the reduction taken from its task."""
     settings = run_config.curvature_params(validated())["settings"]
     assert list(settings) == ["h", "n_directions", "temperature", "norm", "mode", "seed"]
-
-
-def regression_run(folder: Path, **sections) -> dict:
-    """A regression run of your MLP (tests/userproject's matinv) on an .npz, checkpoints 0 and 5."""
-    (folder / "ckpt").mkdir()
-    for epoch in (0, 5):
-        (folder / "ckpt" / f"m_{epoch}.pt").touch()
-    run = {
-        "data": {"source": "npz", "path": str(folder / "inverse.npz")},
-        "model": {"factory": "matinv.model:build", "project_path": str(REPO / "tests/userproject/template")},
-        "task": "regression",
-        "schedule": "none",
-        "checkpoints": {"source": "folder", "path": str(folder / "ckpt" / "m_{epoch}.pt"), "key": "model"},
-    }
-    run.update(copy.deepcopy(sections))
-    return run
 
 
 def test_a_regressions_curvature_params_take_the_reduction_from_the_task(tmp_path):
@@ -448,10 +433,12 @@ def test_the_data_kind_is_checked_against_the_task_before_any_job(tmp_path):
 
     run = regression_run(tmp_path)
     x = np.zeros((4, 9), np.float32)
-    np.savez(tmp_path / "inverse.npz", x_train=x, y_train=np.arange(4), x_test=x, y_test=np.arange(4))
-    with pytest.raises(ConfigError, match=r"task regression, but .*inverse.npz holds integer labels.*floats"):
+    np.savez(tmp_path / "matrices.npz", x_train=x, y_train=np.arange(4), x_test=x, y_test=np.arange(4))
+    with pytest.raises(
+        ConfigError, match=r"task regression, but .*npz holds integer labels.*floats"
+    ):
         _validate(run)
-    np.savez(tmp_path / "inverse.npz", x_train=x, y_train=x, x_test=x, y_test=x)
+    np.savez(tmp_path / "matrices.npz", x_train=x, y_train=x, x_test=x, y_test=x)
     assert _validate(run)["task"] == "regression"
     classifier = {**run, "task": "classification", "schedule": "none"}
     with pytest.raises(ConfigError, match=r"holds float targets .*task is classification: set runs.r.task"):

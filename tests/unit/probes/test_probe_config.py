@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from userproject.training_project import regression_run
 
 from epochlens import config as run_config
 from epochlens.errors import ConfigError
@@ -14,22 +15,6 @@ from epochlens.probes.settings import ProbeSettings
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMA = REPO / "config" / "schema.yaml"
-
-
-def regression_run(folder: Path, **sections) -> dict:
-    """A regression run of the user's MLP (tests/userproject's matinv), checkpoints 0 and 5."""
-    (folder / "ckpt").mkdir(exist_ok=True)
-    for epoch in (0, 5):
-        (folder / "ckpt" / f"m_{epoch}.pt").touch()
-    run = {
-        "data": {"source": "npz", "path": str(folder / "inverse.npz")},
-        "model": {"factory": "matinv.model:build", "project_path": str(REPO / "tests/userproject/template")},
-        "task": "regression",
-        "schedule": "none",
-        "checkpoints": {"source": "folder", "path": str(folder / "ckpt" / "m_{epoch}.pt"), "key": "model"},
-    }
-    run.update(copy.deepcopy(sections))
-    return run
 
 
 def classifier_run(**sections) -> dict:
