@@ -14,10 +14,11 @@ Samples whose signal is NaN (skipped for NaN/Inf gradients, or of inactive class
 of both metrics.
 
 The detection table is tidy, one row per (method, signal), with columns
-``method, signal, epoch, index, auroc, precision_at_k``: ``method`` the influence method
+``method, signal, epoch, index, auroc, precision_at_k, status``: ``method`` the influence method
 (ekfac, kfac, diagonal, identity, tracin) or the baseline ("loss", "random"), ``signal`` what was
 ranked ("self_influence", "query_influence", "loss", "random"), ``epoch`` the checkpoint,
-``index`` the replicate (the run's index-{i}).
+``index`` the replicate (the run's index-{i}), ``status`` ``ok``, or why the metrics are empty
+(no corrupted samples known, every scored sample corrupted, nothing scored): never a silent NaN.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from sklearn.metrics import roc_auc_score
 
 from epochlens.stats import spearman
 
-DETECTION_COLUMNS = ("method", "signal", "epoch", "index", "auroc", "precision_at_k")
+DETECTION_COLUMNS = ("method", "signal", "epoch", "index", "auroc", "precision_at_k", "status")
+#: Why a detection row has no metrics.
+NO_GROUND_TRUTH = (
+    "no corrupted samples known: set data.corruption (the pipeline corrupts) or data.ground_truth "
+    "(yours)"
+)
 AGREEMENT_COLUMNS = ("transform_a", "transform_b", "spearman", "n")
 
 
@@ -53,7 +59,7 @@ def detection_metrics(scores: np.ndarray, corrupted: np.ndarray) -> dict[str, fl
 
     Returns:
         dict with ``auroc``, ``precision_at_k`` (NaN when the scored samples are all corrupted or
-        all clean), ``k`` and ``n_scored``.
+        all clean), ``k``, ``n_scored`` and ``status`` (``ok``, or why the metrics are NaN).
     """
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 1:
@@ -63,13 +69,22 @@ def detection_metrics(scores: np.ndarray, corrupted: np.ndarray) -> dict[str, fl
     s, m = scores[keep], mask[keep]
     k = int(m.sum())
     if k == 0 or k == len(s):
-        return {"auroc": np.nan, "precision_at_k": np.nan, "k": k, "n_scored": len(s)}
+        if not mask.any():
+            status = NO_GROUND_TRUTH
+        elif len(s) == 0:
+            status = "no sample scored (every score NaN)"
+        elif k == 0:
+            status = "no corrupted sample among the scored ones"
+        else:
+            status = "every scored sample is corrupted"
+        return {"auroc": np.nan, "precision_at_k": np.nan, "k": k, "n_scored": len(s), "status": status}
     order = np.argsort(-s, kind="stable")
     return {
         "auroc": float(roc_auc_score(m, s)),
         "precision_at_k": float(m[order[:k]].mean()),
         "k": k,
         "n_scored": len(s),
+        "status": "ok",
     }
 
 
@@ -88,6 +103,7 @@ def detection_table(
                 "index": int(index),
                 "auroc": metrics["auroc"],
                 "precision_at_k": metrics["precision_at_k"],
+                "status": metrics["status"],
             }
         )
     return pd.DataFrame(rows, columns=list(DETECTION_COLUMNS))

@@ -117,7 +117,12 @@ def test_detection_metrics_on_known_rankings() -> None:
     with_nan[4] = np.nan
     m = detection_metrics(with_nan, corrupted)
     assert m["k"] == 1 and m["n_scored"] == 5 and m["auroc"] == 1.0
-    assert np.isnan(detection_metrics(perfect, np.zeros(6, bool))["auroc"])
+    assert m["status"] == "ok"
+    unknown = detection_metrics(perfect, np.zeros(6, bool))
+    assert np.isnan(unknown["auroc"]) and "no corrupted samples known" in unknown["status"]
+    assert "data.ground_truth" in unknown["status"]  # the fix, not a silent NaN
+    everything = detection_metrics(perfect, np.ones(6, bool))
+    assert everything["status"] == "every scored sample is corrupted"
     with pytest.raises(ValueError, match="corrupted indices must lie in"):
         detection_metrics(perfect, np.array([6]))
 
