@@ -11,6 +11,7 @@
 #                   -> ablation_epoch (index x epoch) -> ablation_tables -> plot_ablation
 #                   -> influence_factors, influence_scores (index x epoch x method)
 #                      -> poison_detection -> plot_influence
+# Across runs (config comparisons): each run's tables -> comparison_tables -> plot_comparisons
 # Paths: epochlens.layout; config logic: epochlens.config; one .smk file per stage.
 
 
@@ -53,6 +54,7 @@ include: "rules/features.smk"
 include: "rules/probes.smk"
 include: "rules/ablation.smk"
 include: "rules/influence.smk"
+include: "rules/compare.smk"
 include: "rules/figures.smk"
 
 

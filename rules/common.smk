@@ -175,5 +175,6 @@ def all_targets():
         + probe_targets()
         + ablation_targets()
         + influence_targets()
+        + comparison_targets()
     )
     return list(dict.fromkeys(targets))

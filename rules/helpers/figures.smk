@@ -31,6 +31,7 @@ def all_figures():
         + probe_figures()
         + ablation_figures()
         + influence_figures()
+        + comparison_figures()
     )
 
 

@@ -5,7 +5,8 @@
 * :mod:`.inputs`   where a run's checkpoints are, and every missing one in one message;
 * :mod:`.checks`   cross-field checks that a schema cannot express (before any job runs);
 * :mod:`.results`  which settings change a stage's results (the rules' params), derived from the
-  stages' settings dataclasses.
+  stages' settings dataclasses;
+* :mod:`.comparisons`  the comparisons of runs: checks, and what the comparison job reads.
 
 The workflow (``rules/common.smk``) calls :func:`validate` once and reads the rest per rule.
 """
@@ -21,11 +22,18 @@ from epochlens.config.checks import (
     is_regression_run,
     task_name,
 )
+from epochlens.config.comparisons import (
+    COMPARISONS_DIR,
+    check_comparisons,
+    comparison_plan,
+    comparison_sources,
+)
 from epochlens.config.epochs import (
     analysis_epochs,
     checkpoint_epochs,
     curvature_epochs,
     influence_epochs,
+    influence_indices,
     lds_start_epoch,
     num_classes,
     probe_epochs,
@@ -65,24 +73,30 @@ from epochlens.schedule import NO_SCHEDULE
 
 def validate(config: dict, schema_path: str | Path) -> dict:
     """Check ``config`` against the schema (filling its defaults in place), then every run's
-    cross-field checks. Raises :class:`~epochlens.errors.ConfigError` naming the keys to fix."""
+    cross-field checks and the comparisons'. Raises :class:`~epochlens.errors.ConfigError` naming
+    the keys to fix."""
     fill_defaults(config, schema_path)
     for run in config.get("runs", {}).values():
         if run.get("schedule") == "none":
             run["schedule"] = dict(NO_SCHEDULE)
     check_config(config)
+    check_comparisons(config)
     return config
 
 
 __all__ = [
     "ANALYSIS_SECTIONS",
+    "COMPARISONS_DIR",
     "MISSING_RULE",
     "MissingCheckpoint",
     "ablation_params",
     "analysis_epochs",
+    "check_comparisons",
     "check_config",
     "check_run",
     "class_schedule",
+    "comparison_plan",
+    "comparison_sources",
     "checkpoint_epochs",
     "checkpoint_path",
     "corruption",
@@ -92,6 +106,7 @@ __all__ = [
     "feature_params",
     "fill_defaults",
     "influence_epochs",
+    "influence_indices",
     "is_causal_lm_run",
     "is_regression_run",
     "lds_start_epoch",

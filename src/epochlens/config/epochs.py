@@ -1,4 +1,5 @@
-"""Which checkpoints a run has and which of them each stage analyses (torch-free).
+"""Which checkpoints a run has and which of them (and of its indices) each stage analyses
+(torch-free).
 
 Every function takes a run's section of a validated configuration (``config["runs"][name]``,
 defaults filled in) and names the config key to fix in its errors.
@@ -176,6 +177,22 @@ def lds_start_epoch(run_cfg: dict, epoch: int) -> int | None:
 def influence_epochs(run_name: str, run_cfg: dict) -> list[int]:
     """Epochs whose influence is computed: ``influence.epochs``, or the last analysed epoch."""
     return section_epochs(run_name, run_cfg, "influence")
+
+
+def influence_indices(run_name: str, run_cfg: dict) -> list[int]:
+    """Replicate indices whose influence is computed: ``influence.indices`` (some of the run's
+    indices, in the run's order), or every index of the run."""
+    indices = list(run_cfg.get("indices", [0]))
+    chosen = (run_cfg.get("influence") or {}).get("indices")
+    if chosen is None:
+        return indices
+    unknown = sorted(set(chosen) - set(indices))
+    if unknown:
+        raise ConfigError(
+            f"runs.{run_name}.influence.indices: {unknown} are not indices of this run ({indices}); "
+            f"pick from those, or null for every index."
+        )
+    return [i for i in indices if i in chosen]
 
 
 def probe_epochs(run_name: str, run_cfg: dict) -> list[int]:
