@@ -19,7 +19,10 @@ def main(snakemake) -> None:
     inp, out, p = snakemake.input, snakemake.output, snakemake.params
     corrupted = np.load(inp.corrupted)
     if len(corrupted) == 0:
-        log.warning("no corrupted training images (data.corruption absent or kind: none): AUROC is NaN")
+        log.warning(
+            "no corrupted training images known (neither data.corruption nor data.ground_truth): the "
+            "detection table's AUROC is empty, its status says why"
+        )
     labels = read_labels(inp.dataset, "train").labels  # not the images: a table job stays light
     study = p.study
     tables = detection_tables(

@@ -5,11 +5,13 @@ training positions (corrupted_indices.npy).
 By hand, from the run's working directory: python scripts/prepare_data.py run=digits
 """
 
+import numpy as np
 from _helpers import run_script
 
 from epochlens.atomic import save_npy
 from epochlens.data import holdout_mask, load_source, write_dataset
 from epochlens.data.dataset import check_kind
+from epochlens.data.ground_truth import read_positions_file
 from epochlens.data.text import write_text_dataset
 from epochlens.formats.images import IMAGE_SOURCES, ImageSettings, load_images
 from epochlens.formats.tables import TableSettings, load_table
@@ -18,31 +20,39 @@ from epochlens.runner import log
 from epochlens.study.corruption import corrupt
 
 
-def load(source: str, path: str | None, cfg: dict):
-    """The data set before corruption; your images and texts are read here only (so an edit of
-    their reader reruns no other stage)."""
+def load(source: str, path: str | None, cfg: dict, truth: str | None = None):
+    """The data set before corruption, with your ground-truth column ``truth`` (None: none); your
+    images and texts are read here only (so an edit of their reader reruns no other stage)."""
+    column = {"ground_truth_column": truth} if truth else {}
     if "text" in cfg or source == "polarity":
         text = dict(cfg.get("text") or {})
         tokenizer = text.pop("tokenizer", None)
-        settings = TextSettings(**text)
+        settings = TextSettings(**text, **column)
         if source == "polarity":
             return load_polarity(settings, **cfg.get("polarity", {}))
         return load_text(source, path, settings, tokenizer)
     if "table" in cfg:
-        return load_table(source, path, TableSettings(**cfg["table"]), cfg.get("normalize", "auto"))
+        return load_table(source, path, TableSettings(**cfg["table"], **column), cfg.get("normalize", "auto"))
     if source in IMAGE_SOURCES:
-        return load_images(source, path, ImageSettings(**cfg.get("images", {})))
-    return load_source(source, path, **cfg)
+        return load_images(source, path, ImageSettings(**cfg.get("images", {}), **column))
+    return load_source(source, path, **cfg, **column)
 
 
 def main(snakemake) -> None:
     cfg = dict(snakemake.params.data)
     corruption = cfg.pop("corruption", None) or {"kind": "none"}
-    dataset = load(cfg.pop("source"), cfg.pop("path", None), cfg)
+    truth = cfg.pop("ground_truth", None) or {}
+    dataset = load(cfg.pop("source"), cfg.pop("path", None), cfg, truth.get("column"))
     check_kind(dataset, snakemake.params.task)
+    if truth.get("indices"):  # your poisoned samples' positions in the training split
+        positions = read_positions_file(truth["indices"], len(dataset.train_labels))
+        dataset.ground_truth = np.isin(np.arange(len(dataset.train_labels)), positions)
     # The holdout first: it is never corrupted (not trained on).
     dataset.holdout = holdout_mask(dataset.train_labels, cfg.get("holdout_per_class", 0))
     dataset, corrupted = corrupt(dataset, corruption)
+    if dataset.ground_truth is not None:  # yours, instead of a corruption of the pipeline's
+        corrupted = np.flatnonzero(dataset.ground_truth).astype(np.int64)
+        log.info("ground truth: %d poisoned training samples (%s)", len(corrupted), truth)
     is_text = hasattr(dataset, "train_input_ids")
     (write_text_dataset if is_text else write_dataset)(dataset, snakemake.output.dataset)
     save_npy(snakemake.output.corrupted, corrupted)

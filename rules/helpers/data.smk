@@ -4,8 +4,15 @@ from epochlens.data import cifar100_files
 
 
 def get_data_source_files(wildcards):
-    """The user's data files (so replacing them rebuilds dataset.h5); none for bundled digits."""
+    """The user's data files (so replacing them rebuilds dataset.h5) and ground-truth positions
+    file; none for bundled digits."""
     data = get_run(wildcards)["data"]
+    truth = (data.get("ground_truth") or {}).get("indices")
+    return data_files(data) + ([truth] if truth else [])
+
+
+def data_files(data):
+    """The files of the data section's source."""
     if data["source"] == "cifar100":
         return [str(p) for p in cifar100_files(data["path"])]
     if data["source"] in ("npz", "parquet", "jsonl", "csv") and os.path.isfile(

@@ -44,6 +44,13 @@ def write_project(root: Path) -> dict:
 
     hf_logging.set_verbosity_error()
     tables = polarity_tables(n_train=160, n_test=48, seed=3)
+    # The user's own poisoning before training: 16 training labels flipped, marked in a column.
+    flipped = np.sort(np.random.default_rng(5).choice(160, size=16, replace=False))
+    train = tables["train"]
+    train["poisoned"] = np.isin(np.arange(160), flipped)
+    train.loc[train["poisoned"], "label"] = train.loc[train["poisoned"], "label"].map(
+        {"negative": "positive", "positive": "negative"}
+    )
     data = root / "data" / "sst"
     data.mkdir(parents=True)
     for split, df in tables.items():
@@ -85,7 +92,7 @@ def write_project(root: Path) -> dict:
     ).train()
     test = Sentences(tables["test"])
     return {"data": data, "tokenizer": tokenizer_dir, "runs": root / "runs" / "sst", "test": test,
-            "test_table": tables["test"]}  # fmt: skip
+            "test_table": tables["test"], "flipped": flipped}  # fmt: skip
 
 
 def user_config(project: dict) -> dict:
@@ -146,6 +153,16 @@ def test_influence_scores_every_training_sentence_and_lists_texts(text_run):
         scores = np.load(paths.influence_file("scores.npz", "sst", 0, STEPS[-1], method))["self_influence"]
         assert np.isfinite(scores).all() and len(scores) == 160
     assert Path(paths.figure("top_influential_images", "png", "sst")).stat().st_size > 10_000
+
+
+def test_the_users_own_poisons_are_the_ground_truth_of_the_detection_table(text_run):
+    """data.ground_truth.column: the user flipped 16 labels before training and marked them; the
+    detection table measures every signal against them (AUROC filled, status ok)."""
+    project, paths = text_run
+    np.testing.assert_array_equal(np.load(paths.corrupted_indices("sst")), project["flipped"])
+    detection = pd.read_csv(paths.table("poison_detection", "sst"))
+    assert set(detection["status"]) == {"ok"} and detection["auroc"].notna().all()
+    # (20 Trainer steps barely fit the data: the AUROCs themselves say little here)
 
 
 def test_features_are_the_users_models_hidden_states(text_run):

@@ -21,6 +21,7 @@ def check_run(name: str, run: dict) -> None:
     check_model_config(name, run)
     check_text_config(name, run)
     check_regression_config(name, run)
+    check_ground_truth_config(name, run)
     epochs.analysis_epochs(name, run)
     epochs.curvature_epochs(name, run)
     check_feature_config(name, run)
@@ -152,6 +153,49 @@ def check_regression_config(name: str, run: dict) -> None:
         raise ConfigError(f"runs.{name} is a regression (task: regression); set " + "; ".join(problems) + ".")
     if data["source"] == "npz":
         check_npz_kind(name, data, "regression")
+
+
+#: Sources without columns: their ground truth is a file of positions.
+COLUMNLESS_SOURCES = ("digits", "cifar100", "imagefolder", "polarity")
+
+
+def check_ground_truth_config(name: str, run: dict) -> None:
+    """``data.ground_truth``: not with a corruption of the pipeline's; a column only where the data
+    has columns; a positions file readable and (an .npz's) in range, an .npz's column boolean, all
+    before any job (a table's column is checked when prepare_data reads it)."""
+    data = run["data"]
+    truth = data.get("ground_truth")
+    if not truth:
+        return
+    key = f"runs.{name}.data.ground_truth"
+    if (data.get("corruption") or {"kind": "none"})["kind"] != "none":
+        raise ConfigError(
+            f"{key} and data.corruption both say which samples are corrupted; keep one: ground_truth "
+            "for data you corrupted yourself, corruption for the pipeline to corrupt clean data."
+        )
+    if "column" in truth and data["source"] in COLUMNLESS_SOURCES:
+        raise ConfigError(
+            f"{key}.column: {data['source']} data has no columns; give the positions in a file "
+            f"({key}.indices: poisoned.npy)."
+        )
+    import numpy as np
+
+    from epochlens.data.ground_truth import as_flags, read_positions_file
+    from epochlens.errors import DataError
+
+    npz = data["source"] == "npz" and os.path.isfile(data.get("path") or "")
+    try:
+        n_train = None
+        if npz:
+            with np.load(data["path"], allow_pickle=False) as archive:
+                n_train = len(archive["x_train"]) if "x_train" in archive.files else None
+                column = truth.get("column")
+                if column is not None and column in archive.files:
+                    as_flags(archive[column], column, data["path"])
+        if "indices" in truth:
+            read_positions_file(truth["indices"], n_train)
+    except DataError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def check_npz_kind(name: str, data: dict, task: str) -> None:
@@ -311,6 +355,7 @@ def check_influence_config(name: str, run: dict) -> None:
     """The influence and data.corruption sections: epochs, TracIn epochs, trigger queries without
     a trigger, a trigger's target class outside the data set."""
     influence_epochs = epochs.influence_epochs(name, run)
+    epochs.influence_indices(name, run)
     spec = run["influence"]
     name_of_task = task_name(run)
     if spec["enabled"] and name_of_task in ("regression", "language_model"):
@@ -354,21 +399,33 @@ def check_influence_config(name: str, run: dict) -> None:
 
 def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> None:
     """influence.lds retrains the run: the pipeline must know its recipe (a built-in network, or a
-    text classifier built from its config), and the queries must be test samples it can measure as
-    they are."""
+    text classifier built from its config), or run its training command on each subset (a command
+    with {subset} and {data}); the queries must be test samples it can measure as they are."""
     spec = run["influence"]
     lds = spec["lds"]
     if not (spec["enabled"] and lds["enabled"]):
         return
     key = f"runs.{name}.influence.lds"
     problems = []
-    if run["checkpoints"]["source"] != "train" or not ({"name", "hf"} & set(run["model"])):
+    source = run["checkpoints"]["source"]
+    if source == "command":
+        problems += _lds_command_problems(name, run, task_name, lds)
+    elif source != "train" or not ({"name", "hf"} & set(run["model"])):
         problems.append(
             "it retrains the run with the pipeline's recipe, so the run must be trained by the "
-            "pipeline (checkpoints.source: train, a built-in model.name or a model.hf.config)"
+            "pipeline (checkpoints.source: train, a built-in model.name or a model.hf.config), or by "
+            "your training command given each subset (checkpoints.source: command with {subset} and "
+            '{data}; README "Your own training script")'
         )
-    if task_name != "classification":
-        problems.append(f"it measures classification losses; task {task_name} is not supported yet")
+    if source == "train" and task_name == "regression":
+        problems.append(
+            "the pipeline trains classifiers only; a regression's LDS retrains with your training "
+            "command (checkpoints.source: command with {subset} and {data})"
+        )
+    elif task_name not in ("classification", "regression"):
+        problems.append(
+            f"it measures classification or regression losses; task {task_name} is not supported yet"
+        )
     if "none" not in spec["transforms"]:
         problems.append("it correlates the untransformed queries' scores; add none to influence.transforms")
     trigger = spec["queries"]["trigger"]
@@ -385,3 +442,27 @@ def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> 
             )
     if problems:
         raise ConfigError(f"{key}: " + "; ".join(problems) + f". Or set {key}.enabled: false.")
+
+
+def _lds_command_problems(name: str, run: dict, task_name: str, lds: dict) -> list[str]:
+    """What keeps a run's training command from retraining it for LDS: the subset contract."""
+    from epochlens.formats.command import CommandSpec
+
+    command = CommandSpec.from_config(name, run)
+    missing = [p for p in ("subset", "data") if p not in command.placeholders]
+    problems = []
+    if missing:
+        braces = " and ".join("{" + p + "}" for p in missing)
+        problems.append(
+            f"it retrains the run by running runs.{name}.checkpoints.command once per random subset of "
+            f"the training samples, so the command must accept a training-subset file, but it has no "
+            f"{braces}. Add {{subset}} (an .npy of int64 positions in {{data}}'s x_train to train on: "
+            "every non-holdout position for the run's own training, each subset for LDS) and {data} "
+            '(the data set the positions index) to the command; README "Your own training script"'
+        )
+    if lds.get("start") == "previous":
+        problems.append(
+            "start: previous warm-starts the pipeline's own recipe; a training command retrains from "
+            "scratch (start: scratch)"
+        )
+    return problems

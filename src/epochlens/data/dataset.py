@@ -17,6 +17,7 @@ tabular data set; axis 1 is the "channel" that ``mean`` and ``std`` normalise.
     /train/labels  (N,) int64 class ids, or float targets (N,) / (N, D)
     /train/holdout (N,)          bool   first ``holdout_per_class`` samples of each class (regression:
                                         the first ``holdout_per_class`` samples)
+    /train/ground_truth (N,)     bool   optional: your poisoned samples (data.ground_truth)
     /test/images, /test/labels
     attrs: name, source, kind, num_classes, class_names (JSON), scale, mean (C,), std (C,),
            content_hash (a file without ``kind`` holds classification data)
@@ -69,6 +70,9 @@ class Dataset:
     test_groups: np.ndarray | None = None  # (N_test,) int64
     group_names: list[str] = field(default_factory=list)
     kind: str = "classification"  # or "regression": labels are float targets (N,) or (N, D)
+    # Your ground truth (data.ground_truth): (N_train,) bool, True for each poisoned or corrupted
+    # training sample; None without one. Not part of the content hash (no model sees it).
+    ground_truth: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DATA_KINDS:
@@ -83,6 +87,10 @@ class Dataset:
             self.holdout = np.zeros(len(self.train_labels), dtype=bool)
         if not self.class_names:
             self.class_names = [str(c) for c in range(self.num_classes)]
+        if self.ground_truth is not None and np.shape(self.ground_truth) != (len(self.train_labels),):
+            raise ValueError(
+                f"ground_truth has shape {np.shape(self.ground_truth)}, train labels {len(self.train_labels)}"
+            )
         if (self.train_groups is None) != (self.test_groups is None):
             raise ValueError("train_groups and test_groups must both be given or both be None")
         if self.train_groups is not None:
@@ -250,6 +258,8 @@ def write_dataset(dataset: Dataset, path: str | Path) -> None:
             g.create_dataset("images", data=images, chunks=chunk, compression="gzip")
             g.create_dataset("labels", data=labels)
         f["train"].create_dataset("holdout", data=dataset.holdout)
+        if dataset.ground_truth is not None:  # your own poisoned samples (not hashed)
+            f["train"].create_dataset("ground_truth", data=np.asarray(dataset.ground_truth, bool))
         if dataset.train_groups is not None:  # optional: cohorts from a data column
             f["train"].create_dataset("groups", data=dataset.train_groups)
             f["test"].create_dataset("groups", data=dataset.test_groups)
@@ -289,6 +299,7 @@ def read_dataset(path: str | Path) -> Dataset:
                 test_groups=f["test/groups"][()] if "groups" in f["test"] else None,
                 group_names=json.loads(f.attrs.get("group_names", "[]")),
                 kind=str(f.attrs.get("kind", "classification")),
+                ground_truth=f["train/ground_truth"][()] if "ground_truth" in f["train"] else None,
             )
             stored_hash = str(f.attrs["content_hash"])
     except (OSError, KeyError) as exc:

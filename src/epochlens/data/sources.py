@@ -156,10 +156,15 @@ def normalisation(
 
 
 def load_npz(
-    path: str | Path, layout: str = "nchw", scale: float | None = None, normalize: str = "auto"
+    path: str | Path,
+    layout: str = "nchw",
+    scale: float | None = None,
+    normalize: str = "auto",
+    ground_truth_column: str | None = None,
 ) -> Dataset:
     """A generic ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``: class ids (integer
-    ``y``) or regression targets (float ``y``, kept as stored; see the module doc)."""
+    ``y``) or regression targets (float ``y``, kept as stored; see the module doc); with
+    ``ground_truth_column``, the name of a (N_train,) boolean array in it: your poisoned samples."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found. Set data.path to an existing .npz file.")
@@ -197,6 +202,22 @@ def load_npz(
     if scale is None:
         scale = 1.0 / 255.0 if x_train.dtype == np.uint8 else 1.0
     mean, std = normalisation(x_train, scale, normalize, regression)
+    ground_truth = None
+    if ground_truth_column is not None:
+        from epochlens.data.ground_truth import as_flags
+
+        if ground_truth_column not in archive.files:
+            raise DataError(
+                f"{path}: no array {ground_truth_column!r} (data.ground_truth.column; found "
+                f"{archive.files}); save your poisoned samples' flags with np.savez(..., "
+                f"{ground_truth_column}=mask), a bool array of one entry per training sample."
+            )
+        ground_truth = as_flags(archive[ground_truth_column], ground_truth_column, str(path))
+        if ground_truth.shape != (len(x_train),):
+            raise DataError(
+                f"{path}: {ground_truth_column} has shape {ground_truth.shape}, one flag per training "
+                f"sample needs ({len(x_train)},)."
+            )
     return Dataset(
         name=path.stem,
         source=str(path),
@@ -209,6 +230,7 @@ def load_npz(
         mean=mean,
         std=std,
         kind="regression" if regression else "classification",
+        ground_truth=ground_truth,
     )
 
 
@@ -237,7 +259,11 @@ def load_source(source: str, path: str | None = None, **options) -> Dataset:
         return load_cifar100(path)
     if source == "npz":
         return load_npz(
-            path, options.get("layout", "nchw"), options.get("scale"), options.get("normalize", "auto")
+            path,
+            options.get("layout", "nchw"),
+            options.get("scale"),
+            options.get("normalize", "auto"),
+            options.get("ground_truth_column"),
         )
     raise DataError(
         f"unknown data.source {source!r}; use digits, cifar100 or npz here (imagefolder, save_to_disk "

@@ -10,8 +10,9 @@ named and fingerprinted, so its change is a change of data.
 
 ``text.h5`` layout (:func:`write_text_dataset`): ``train/`` and ``test/`` with ``input_ids``,
 ``attention_mask``, ``labels`` (and ``groups``, and the raw ``text`` for tables and figures),
-``train/holdout``, attributes ``kind``, ``num_classes``, ``class_names``, ``group_names``,
-``tokenizer``, ``pad_token_id``, ``vocab_size``, ``content_hash``.
+``train/holdout`` (and ``train/ground_truth``, your poisoned samples), attributes ``kind``,
+``num_classes``, ``class_names``, ``group_names``, ``tokenizer``, ``pad_token_id``, ``vocab_size``,
+``content_hash``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class TextDataset:
     vocab_size: int = 0  # the tokenizer's (a model trained from a config gets this many embeddings)
     train_text: list[str] | None = None  # the raw texts, for tables and figures (not hashed)
     test_text: list[str] | None = None
+    # Your ground truth (data.ground_truth): (N_train,) bool, True for each poisoned training
+    # sample; None without one (not hashed).
+    ground_truth: np.ndarray | None = None
 
     #: Text labels are class ids or token labels, never regression targets.
     is_regression = False
@@ -177,6 +181,8 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
             if dataset.texts(split) is not None:
                 g.create_dataset("text", data=dataset.texts(split), dtype=h5py.string_dtype())
         f["train"].create_dataset("holdout", data=dataset.holdout)
+        if dataset.ground_truth is not None:  # your own poisoned samples (not hashed)
+            f["train"].create_dataset("ground_truth", data=np.asarray(dataset.ground_truth, bool))
         f.attrs.update(
             format="epochlens-text-1",
             name=dataset.name,
@@ -221,6 +227,7 @@ def read_text_dataset(path: str | Path) -> TextDataset:
                 vocab_size=int(f.attrs.get("vocab_size", 0)),
                 train_text=_strings(f["train"], "text"),
                 test_text=_strings(f["test"], "text"),
+                ground_truth=f["train/ground_truth"][()] if "ground_truth" in f["train"] else None,
                 **arrays,
             )
             stored = str(f.attrs["content_hash"])

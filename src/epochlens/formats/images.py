@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from epochlens.data import Dataset, channel_stats
+from epochlens.data.ground_truth import as_flags
 from epochlens.errors import ConfigError, DataError
 
 SPLITS = ("train", "test")
@@ -52,6 +53,10 @@ class ImageSettings:
     label_column: str = field(default="label", metadata={"help": "column of the class ids or names"})
     group_column: str | None = field(
         default=None, metadata={"help": "column of each sample's cohort (e.g. its source); None: no groups"}
+    )
+    ground_truth_column: str | None = field(
+        default=None,
+        metadata={"help": "boolean column: True for each poisoned training sample (column formats)"},
     )
     split_column: str | None = field(
         default=None,
@@ -149,6 +154,7 @@ class _Split:
     groups: Sequence[Any] | None
     where: list[str]  # where each sample comes from, for errors (file, or file#row)
     base: Path | None = None  # folder that relative image paths are relative to
+    flags: Sequence[Any] | None = None  # the ground-truth column's values (data.ground_truth)
 
 
 def _decode(item: Any, settings: ImageSettings, where: str, base: Path | None) -> np.ndarray:
@@ -263,6 +269,9 @@ def _assemble(
         train_groups=None if groups is None else groups["train"],
         test_groups=None if groups is None else groups["test"],
         group_names=(group_names or []) if groups is not None else [],
+        ground_truth=None
+        if splits["train"].flags is None
+        else as_flags(splits["train"].flags, str(settings.ground_truth_column), f"{source} [train]"),
     )
 
 
@@ -412,7 +421,9 @@ def _split_tables(tables: Mapping[str, _Table], settings: ImageSettings) -> dict
         labels = t.column(settings.label_column, "label_column")
         groups = t.column(settings.group_column, "group_column") if settings.group_column else None
         where = [f"{t.origin} (row {i})" for i in range(len(images))]
-        splits[split] = _Split(images, labels, groups, where, t.base)
+        column = settings.ground_truth_column
+        flags = t.column(column, "ground_truth_column") if column and split == "train" else None
+        splits[split] = _Split(images, labels, groups, where, t.base, flags)
     return splits
 
 

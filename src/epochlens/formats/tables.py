@@ -57,6 +57,9 @@ class TableSettings:
     split_column: str | None = field(default=None, metadata={"help": "column naming each row's split"})
     train_split: str = field(default="train", metadata={"help": "name of the training split"})
     test_split: str = field(default="test", metadata={"help": "name of the test split"})
+    ground_truth_column: str | None = field(
+        default=None, metadata={"help": "boolean column: True for each poisoned training sample"}
+    )
     section = "data.table"
 
     def __post_init__(self) -> None:
@@ -76,7 +79,7 @@ class TableSettings:
 
     def columns(self) -> list[str]:
         cols = [*self.input_columns, *(self.target_columns or []), self.label_column, self.group_column]
-        return [c for c in cols if c]
+        return [c for c in [*cols, self.ground_truth_column] if c]
 
 
 def load_table(source: str, path: str | Path, settings: TableSettings, normalize: str = "auto") -> Dataset:
@@ -126,7 +129,17 @@ def load_table(source: str, path: str | Path, settings: TableSettings, normalize
         test_groups=groups["test"],
         group_names=group_names,
         kind="regression" if regression else "classification",
+        ground_truth=flags_of(tables["train"], settings.ground_truth_column, origin),
     )
+
+
+def flags_of(train: pd.DataFrame, column: str | None, origin: str) -> np.ndarray | None:
+    """The training split's ground-truth flags from ``column`` (None without one)."""
+    if column is None:
+        return None
+    from epochlens.data.ground_truth import as_flags
+
+    return as_flags(train[column].to_numpy(), column, f"{origin} [train]")
 
 
 def _stack(df: pd.DataFrame, columns: list[str], origin: str, what: str) -> np.ndarray:
@@ -173,8 +186,11 @@ def read_tables(
         }
     else:
         raise DataError(f"{path}: no such file or folder. Set data.path to your {source} data.")
+    truth = getattr(settings, "ground_truth_column", None)  # the training split's only
     for split, df in tables.items():
-        missing = [c for c in settings.columns() if c not in df.columns]
+        missing = [
+            c for c in settings.columns() if c not in df.columns and not (split == "test" and c == truth)
+        ]
         if missing:
             raise DataError(
                 f"{path} [{settings.split_names[split]}]: no column(s) {missing} (columns: "

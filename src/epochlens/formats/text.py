@@ -32,7 +32,7 @@ import pandas as pd
 from epochlens.data.text import IGNORE_INDEX, TextDataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.images import _encode as encode_values
-from epochlens.formats.tables import TABLE_SOURCES, read_tables
+from epochlens.formats.tables import TABLE_SOURCES, flags_of, read_tables
 
 TEXT_SOURCES = TABLE_SOURCES
 TOKENIZER_FILES = (
@@ -54,6 +54,9 @@ class TextSettings:
         default=None, metadata={"help": "causal LM: column of the targets, whose tokens the loss counts"}
     )
     group_column: str | None = field(default=None, metadata={"help": "column of each sample's cohort"})
+    ground_truth_column: str | None = field(
+        default=None, metadata={"help": "boolean column: True for each poisoned training sample"}
+    )
     split_column: str | None = field(default=None, metadata={"help": "column naming each row's split"})
     train_split: str = field(default="train", metadata={"help": "name of the training split"})
     test_split: str = field(default="test", metadata={"help": "name of the test split"})
@@ -91,7 +94,7 @@ class TextSettings:
     def columns(self) -> list[str]:
         cols = [self.prompt_column, self.target_column] if self.kind == "causal_lm" else [self.text_column]
         cols += [] if self.kind == "causal_lm" else [self.label_column]
-        return [c for c in [*cols, self.group_column] if c]
+        return [c for c in [*cols, self.group_column, self.ground_truth_column] if c]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,4 +288,5 @@ def text_dataset(
         vocab_size=len(tokenizer),
         train_text=texts["train"],
         test_text=texts["test"],
+        ground_truth=flags_of(tables["train"], settings.ground_truth_column, origin),
     )
