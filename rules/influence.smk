@@ -9,7 +9,9 @@
 # influence_factors (summed); influence_score_shard -> influence_scores (concatenated). A killed
 # shard reruns alone. With S = 1 influence_factors and influence_scores do the passes themselves.
 # Per run: poison_detection (tables) -> plot_influence (figures); with influence.lds the linear
-# datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds.
+# datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds. A run whose
+# training is its own command is retrained by that command (its {subset}): its files and {data}
+# are the lds_retrain jobs' inputs, pinned as its training jobs are (rules/helpers/train.smk).
 # prepare_data applies data.corruption and records the corrupted positions (rules/data.smk). Params
 # hold what changes results (epochlens.config.influence_*_params); batch sizes and device are read
 # from the config by the scripts, so changing them reruns nothing.
@@ -308,6 +310,8 @@ rule lds_retrain:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         start=get_lds_start_checkpoint,
+        data=get_lds_command_data,
+        files=get_lds_command_files,
         code=get_code("lds_retrain.py"),
     output:
         part=layout.lds_part(),

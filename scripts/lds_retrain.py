@@ -1,6 +1,7 @@
 """Rule lds_retrain: part k of P of the retrainings on random subsets of the training samples
 (images or sentences) that the linear datamodeling score of one checkpoint is measured on
-(epochlens.study.lds).
+(epochlens.study.lds): with the pipeline's own recipe, or by the run's training command
+(checkpoints.source: command with {subset}; epochlens.study.retrain_command).
 
 By hand, from the run's working directory:
     python scripts/lds_retrain.py run=digits_noisy index=0 epoch=0075 part=0 nparts=1
@@ -16,14 +17,33 @@ from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_state_dict
 from epochlens.data.text import read_any_dataset
 from epochlens.device import job_device
+from epochlens.formats import command as cmd
+from epochlens.layout import RESULTS
 from epochlens.models.build import build_untrained
+from epochlens.outcome import regression_reduction
 from epochlens.provenance import file_sha256, provenance
 from epochlens.schedule import schedule_from_config
 from epochlens.study.retrain import retrain_part
+from epochlens.study.retrain_command import (
+    CommandRetraining,
+    checkpoint_measure,
+    remove_subset_folders,
+    retrain_part_by_command,
+)
 from epochlens.training import TrainSettings
 
 
+def write_part(path: str, arrays: dict, info: dict) -> None:
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays, info=np.array(json.dumps(info)))
+
+    write_atomic(path, write)
+
+
 def main(snakemake) -> None:
+    if snakemake.config["runs"][snakemake.wildcards.run]["checkpoints"]["source"] == "command":
+        return retrain_by_command(snakemake)
     run, lds, wc = snakemake.params.run, snakemake.params.lds, snakemake.wildcards
     index, epoch = int(wc.index), int(wc.epoch)
     data = read_any_dataset(snakemake.input.dataset)
@@ -41,13 +61,41 @@ def main(snakemake) -> None:
         data, schedule, settings, epoch, lds, int(wc.part), int(wc.nparts),
         save_every=run["checkpoints"].get("save_every"), device=device, scratch=output.parent, start=start,
     )  # fmt: skip
-    info = {"device": str(device), "provenance": provenance(run, inputs)}
+    write_part(output, arrays, {"device": str(device), "provenance": provenance(run, inputs)})
 
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays, info=np.array(json.dumps(info)))
 
-    write_atomic(output, write)
+def retrain_by_command(snakemake) -> None:
+    """The run's training command retrains each subset (its {subset} file), pinned as its training."""
+    params, lds, wc = snakemake.params.run, snakemake.params.lds, snakemake.wildcards
+    run = snakemake.config["runs"][wc.run]
+    index, epoch = int(wc.index), int(wc.epoch)
+    spec = cmd.CommandSpec.from_config(wc.run, run)
+    files = [Path(f) for f in snakemake.input.files]
+    state = cmd.job_repository_state(spec, files)  # the commit the run was planned at, as training
+    data = read_any_dataset(snakemake.input.dataset)
+    device = job_device(snakemake.config["device"], job_resources(snakemake))
+    inputs = {**cmd.file_digests(files, state.root), "{data}": file_sha256(snakemake.input.data[0])}
+    active = None
+    if params["schedule"] is not None:  # a classifier: its classes at the epoch
+        active = schedule_from_config(params["schedule"], snakemake.input.class_order).active_classes(epoch)
+    retraining = CommandRetraining(
+        spec=spec, index=index, epoch=epoch, seed=cmd.seed_of(run, index),
+        data_file=Path(snakemake.input.data[0]),
+        folder=lambda k: Path(RESULTS.lds_retrain_dir(wc.run, index, epoch, k)),
+        key={"params": params, "lds": lds, "inputs": inputs}, threads=snakemake.threads,
+        log_file=snakemake.log[0] if snakemake.log else None,
+    )  # fmt: skip
+    reduction = regression_reduction(params["task"])
+    measure = checkpoint_measure(data, params["model"], epoch, device, active, reduction)
+    part, nparts = int(wc.part), int(wc.nparts)
+    arrays = retrain_part_by_command(retraining, data.holdout, lds, part, nparts, measure, active)
+    info = {
+        "device": str(device),
+        "git": state.record(),
+        "provenance": provenance(params, {"dataset": data.content_hash, **inputs}),
+    }
+    write_part(snakemake.output.part, arrays, info)
+    remove_subset_folders(retraining, arrays["subset_ids"])
 
 
 if __name__ == "__main__":

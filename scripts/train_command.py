@@ -10,6 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 from _helpers import run_script
 
 from epochlens.atomic import write_json
@@ -29,14 +30,7 @@ def main(snakemake) -> None:
     files = [Path(f) for f in snakemake.input.files]
 
     # Pinned: the code must still be the commit the run was planned at, with nothing uncommitted.
-    state = cmd.repository_state(cmd.repository_root(spec), files)
-    problems = cmd.pin_problems(state, spec.allow_dirty)
-    if problems:
-        raise cmd.CommandError(cmd.pin_error(spec, state, problems, " (checked as the job started)"))
-    planned = cmd.pinned_commits().get(str(state.root))
-    moved = None if spec.allow_dirty or planned is None else cmd.moved_error(spec, state, planned)
-    if moved:
-        raise cmd.CommandError(moved)
+    state = cmd.job_repository_state(spec, files)
 
     # {output} and {resume} survive failed attempts (outside the job's outputs, which Snakemake
     # deletes), unless they were made for another command, other files or other data.
@@ -55,6 +49,12 @@ def main(snakemake) -> None:
         "data": Path(snakemake.input.data[0]).resolve() if snakemake.input.data else "",
         "threads": snakemake.threads,
     }
+    if spec.uses_subset:  # the run's own training: every position of {data}'s x_train but the holdout
+        with np.load(snakemake.input.data[0]) as data:
+            holdout = data["holdout"]
+        positions = cmd.training_positions(holdout)
+        values["subset"] = cmd.write_subset(RESULTS.command_subset(run_name, index), positions)
+        log.info("index %d: {subset} lists %d of %d training samples", index, len(positions), len(holdout))
     line = cmd.fill_command(spec.command, values)
     log.info(
         "index %d: %s at commit %s%s: %s",
@@ -97,6 +97,7 @@ def main(snakemake) -> None:
             "host": platform.node(),
             "checkpoints": {str(e): file_sha256(p) for e, p in published.items()},
             "train_output": others,
+            **({"subset_samples": len(positions)} if spec.uses_subset else {}),
             "provenance": provenance(params, inputs),
         },
     )

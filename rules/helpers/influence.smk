@@ -179,6 +179,23 @@ def get_lds_start_checkpoint(wildcards):
     ]
 
 
+def get_lds_command_data(wildcards):
+    """The {data} export that a run's training command retrains on ([] for a run the pipeline
+    trains)."""
+    if get_run(wildcards)["checkpoints"]["source"] != "command":
+        return []
+    return [layout.training_data(wildcards.run)]
+
+
+def get_lds_command_files(wildcards):
+    """The files a run's training command depends on, pinned to the commit as for its training
+    jobs (get_command_files): editing them retrains the subsets too ([] for a run the pipeline
+    trains)."""
+    if get_run(wildcards)["checkpoints"]["source"] != "command":
+        return []
+    return get_command_files(wildcards.run)(wildcards)
+
+
 def get_lds_table_params(wildcards):
     return run_config.lds_table_params(get_run(wildcards))
 

@@ -56,8 +56,9 @@ def get_command_epochs(run):
 
 
 def get_command_data(run):
-    """The ``{data}`` export, an input of the run's command jobs where the command reads it."""
-    return [layout.training_data(run)] if get_command_spec(run).uses_data else []
+    """The ``{data}`` export, an input of the run's command jobs where the command reads it (or
+    its ``{subset}``, every non-holdout position, is made from it)."""
+    return [layout.training_data(run)] if get_command_spec(run).needs_data else []
 
 
 def get_command_params(run):

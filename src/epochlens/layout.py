@@ -136,6 +136,11 @@ class Layout:
         """What the kept ``{output}`` and ``{resume}`` folders were made for (command, files, data)."""
         return f"{self.index_dir(run, index)}/.resume/command.json"
 
+    def command_subset(self, run: str = "{run}", index: Val = "{index}") -> str:
+        """The ``{subset}`` of a training command's job: every non-holdout position of ``{data}``'s
+        x_train (int64 ``.npy``), beside its kept folders."""
+        return f"{self.index_dir(run, index)}/.resume/subset.npy"
+
     def train_output(self, run: str = "{run}", index: Val = "{index}") -> str:
         """What a training command wrote into ``{output}`` besides its checkpoints (metrics, logs)."""
         return f"{self.index_dir(run, index)}/train_output"
@@ -242,6 +247,15 @@ class Layout:
     def lds_dir(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         """The linear datamodeling score's retrainings of one analysed checkpoint."""
         return f"{self.index_dir(run, index)}/influence/{epoch_name(epoch)}/lds"
+
+    def lds_retrain_dir(
+        self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}", subset: Val = "{subset}"
+    ) -> str:
+        """Where the training command retrains LDS subset k (a run with ``checkpoints.source:
+        command``): its ``{subset}`` file, ``{output}`` and ``{resume}`` folders and, once
+        measured, the measurement; kept across attempts of the job (not an output), removed when
+        the job completes."""
+        return f"{self.lds_dir(run, index, epoch)}/.retrain/subset-{subset}"
 
     def lds_part(
         self,

@@ -1,7 +1,8 @@
 """The user's own training script as a pipeline step (checkpoints.source: command): a plain-PyTorch
 script in its own git repository (tests/userproject/training_project.py) trains three replicates of
-a regression (an MLP inverting 2x2 matrices, MSE); their checkpoints land in the run's layout and are
-evaluated. One finished run is shared by the
+a regression (an MLP inverting 2x2 matrices, MSE) on the {subset} it is given; their checkpoints
+land in the run's layout and are evaluated, and index 0's influence is judged by LDS, the command
+retraining it on random subsets. One finished run is shared by the
 read-only checks; then, against it: editing the script retrains (and what depends on it) only once
 committed, an uncommitted edit is refused with the fix and allow_dirty passes, a training killed
 with Snakemake (SIGKILL of the process group) resumes to the same bytes, and a command that fails
@@ -35,12 +36,20 @@ INDICES = [0, 1, 2]
 EPOCHS = [0, 2, 4]  # configs/base.json: save_at
 COMMAND = (
     f"{sys.executable} code/train.py --config code/configs/base.json --seed {{seed}} --data {{data}} "
-    "--out {output} --resume {resume}"
+    "--out {output} --resume {resume} --subset {subset}"
 )
 OFF = {"enabled": False}
+# index 0's influence at the last epoch, judged by LDS: the command retrains 4 halves of the data
+INFLUENCE = {
+    "enabled": True,
+    "methods": ["identity", "ekfac"],
+    "indices": [0],
+    "queries": {"select": "all", "max_count": 12},
+    "lds": {"enabled": True, "subsets": 4, "fraction": 0.5},
+}
 
 
-def run_config(command: str = COMMAND, **checkpoints) -> dict:
+def run_config(command: str = COMMAND, influence: dict = OFF, **checkpoints) -> dict:
     return {
         "data": {"source": "npz", "path": "data/matrices.npz"},
         "task": "regression",
@@ -61,11 +70,12 @@ def run_config(command: str = COMMAND, **checkpoints) -> dict:
         "features": OFF,
         "probes": OFF,
         "ablation": OFF,
+        "influence": influence,
     }
 
 
 def config(**runs) -> dict:
-    return {"device": "cpu", "runs": runs or {RUN: run_config()}}
+    return {"device": "cpu", "runs": runs or {RUN: run_config(influence=INFLUENCE)}}
 
 
 class Finished:
@@ -117,9 +127,32 @@ def test_checkpoints_land_in_the_layout_with_their_provenance_and_are_evaluated(
     assert checkpoint_bytes(finished.work, 0)[4] != checkpoint_bytes(finished.work, 1)[4]
     log = Path(paths.log("train", RUN, index=0)).read_text()
     assert "epoch 4/4 loss" in log and f"at commit {project.commit}" in log
+    assert "training on 96 of 96 samples" in log  # its {subset}: every sample but the holdout (none)
     with np.load(paths.training_data(RUN)) as data:
         assert data["y_train"].dtype == np.float32 and data["y_train"].shape == (96, 4)  # as stored
         assert data["x_train"].dtype == np.float32 and not data["holdout"].any()
+
+
+def test_lds_retrains_by_the_command_on_each_subset(finished):
+    """influence.lds of a command run: the command retrains index 0 on each of 4 halves of the
+    training samples (its {subset}), the retrained checkpoints' test losses are measured, and each
+    method gets a finite LDS."""
+    paths = finished.paths
+    lds = pd.read_csv(paths.table("lds", RUN))
+    assert sorted(lds["method"]) == ["ekfac", "identity", "random"], lds
+    assert np.isfinite(lds["lds"]).all() and (lds["index"] == 0).all() and (lds["epoch"] == EPOCHS[-1]).all()
+    assert (lds["n_subsets"] == 4).all() and (lds["n_queries"] > 0).all()
+    with np.load(paths.lds_part(RUN, 0, EPOCHS[-1], 0, 1)) as part:
+        assert part["test_losses"].shape == (4, 48) and "log_probs" not in part  # a regression's
+        assert (part["masks"].sum(1) == 48).all()
+        info = json.loads(str(part["info"]))
+    assert info["git"]["commit"] == finished.project.commit and "{data}" in info["provenance"]["inputs"]
+    log = Path(paths.log("lds", RUN, index=0, epoch=EPOCHS[-1], name="retrain_0-of-1")).read_text()
+    for k in range(4):  # each subset's retraining ran the command, its output in the job's log
+        assert f"LDS retraining of subset {k}: training on 48 training samples" in log, log[-3000:]
+    assert log.count("training on 48 of 96 samples") == 4 and log.count("epoch 4/4 loss") == 4
+    assert not Path(paths.lds_dir(RUN, 0, EPOCHS[-1]), ".retrain").exists()  # its folders are gone
+    assert not Path(paths.influence_dir(RUN, 1, EPOCHS[-1], "ekfac")).exists()  # influence.indices: [0]
 
 
 def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished):
@@ -151,6 +184,13 @@ def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished)
             "evaluate_checkpoint": 9,
             "regression_tables": 1,
             "plot_regression": 1,
+            "influence_factors": 1,
+            "influence_scores": 2,
+            "poison_detection": 1,
+            "plot_influence": 1,
+            "lds_retrain": 1,  # the command's retrainings run the edited script too
+            "lds_tables": 1,
+            "plot_lds": 1,
             "all": 1,
         }
         reasons = {line.strip() for line in out.splitlines() if "reason: Updated input files" in line}
@@ -274,8 +314,15 @@ def test_a_failing_command_and_one_without_checkpoints_fail_with_the_reason(fini
 def test_the_readme_example_plans_on_a_user_project(finished, tmp_path):
     """config/examples/own_training.yaml (seed 004: three strategies x several seeds, compared),
     with its interpreter and data pointed at the test project, is valid and plans every replicate's
-    training and evaluation."""
-    cfg = yaml.safe_load((REPO / "config" / "examples" / "own_training.yaml").read_text())
+    training and evaluation, and with its commented influence section LDS by the command."""
+    text = (REPO / "config" / "examples" / "own_training.yaml").read_text()
+    cfg = yaml.safe_load(text)
+    lines = [line.strip() for line in text.splitlines()]
+    start = lines.index("# influence:")
+    end = next(k for k in range(start + 1, len(lines)) if not lines[k].startswith("#   "))
+    influence = yaml.safe_load("\n".join(line[2:] for line in lines[start:end]))["influence"]
+    for run in cfg["runs"].values():  # as when uncommented: the runs inherit it from q001_baseline
+        run["influence"] = influence
     (tmp_path / "code").symlink_to(finished.project.repo)
     (tmp_path / "data").mkdir()
     rng = np.random.default_rng(0)
@@ -286,3 +333,4 @@ def test_the_readme_example_plans_on_a_user_project(finished, tmp_path):
     for name in runs:
         assert jobs[f"train_{name}"] == len(cfg["runs"][name]["indices"]), jobs
     assert jobs["training_data"] == len(runs) and jobs["evaluate_checkpoint"] > 0
+    assert jobs["lds_retrain"] == len(runs) and jobs["influence_scores"] == 2 * len(runs)

@@ -214,8 +214,20 @@ def poison_detection_params(run: Mapping) -> dict:
 def lds_retrain_params(run: Mapping) -> dict:
     """What the LDS retrainings depend on: the run's training recipe, data, model and schedule
     (as the training job's params) and the subsets (count, fraction, seed); not how they are split
-    into jobs, nor the bootstrap of the tables."""
-    return {"run": run_params(run), "lds": result_settings(run["influence"]["lds"], LdsSettings)}
+    into jobs, nor the bootstrap of the tables.
+
+    A run trained by its own command (``checkpoints.source: command``): what its training jobs
+    depend on besides their files and data (:func:`epochlens.formats.command.command_params`),
+    the model and task its checkpoints are measured with and its class schedule (None for a
+    regression); the command's files and ``{data}`` are the jobs' inputs."""
+    lds = result_settings(run["influence"]["lds"], LdsSettings)
+    if run["checkpoints"]["source"] == "command":
+        from epochlens.formats.command import command_params
+
+        measured = {"model": model_param(run), "task": run.get("task", "classification")}
+        spec = {"command": command_params(run), **measured, "schedule": class_schedule(run)}
+        return {"run": spec, "lds": lds}
+    return {"run": run_params(run), "lds": lds}
 
 
 def lds_table_params(run: Mapping) -> dict:

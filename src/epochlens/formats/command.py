@@ -27,7 +27,11 @@ it that knows nothing of Snakemake:
   (:func:`pin_commit`) so that every job of that run checks it still has it;
 * running it with its output streamed line by line to the job's log (:func:`run_streamed`);
 * collecting the checkpoints it wrote into the run's layout (:func:`collect_checkpoints`), and the
-  resume folders kept across attempts (:func:`prepare_attempt`).
+  resume folders kept across attempts (:func:`prepare_attempt`);
+* the training-subset contract: a command with ``{subset}`` trains on the positions of ``{data}``'s
+  x_train that an ``.npy`` file lists (:func:`write_subset`): every non-holdout position for the
+  run's own training (:func:`training_positions`), a random subset for each LDS retraining
+  (:mod:`epochlens.study.retrain_command`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from epochlens.errors import EpochlensError
 from epochlens.formats.factory import FactoryError, _module_files, _project_imports
 
@@ -62,6 +68,8 @@ PLACEHOLDERS = {
     "resume": "a folder kept across attempts of the same job, for the command's resume state",
     "data": "an .npz export of the run's prepared data set (x_train, y_train, x_test, y_test, holdout)",
     "threads": "the job's threads (Snakemake's threads of the rule)",
+    "subset": "an .npy of int64 positions in {data}'s x_train to train on: every non-holdout position "
+    "for the run's own training, a random subset for an LDS retraining",
 }
 #: Placeholders whose value is known when the workflow is planned (files may be named with them).
 PLAN_PLACEHOLDERS = ("index", "seed")
@@ -122,8 +130,20 @@ class CommandSpec:
 
     @property
     def uses_data(self) -> bool:
-        """Whether the command reads the ``{data}`` export (then the job needs it)."""
+        """Whether the command reads the ``{data}`` export."""
         return "data" in self.placeholders
+
+    @property
+    def uses_subset(self) -> bool:
+        """Whether the command accepts a training-subset file (``{subset}``: int64 positions in
+        ``{data}``'s x_train), the contract that lets the pipeline retrain it for LDS."""
+        return "subset" in self.placeholders
+
+    @property
+    def needs_data(self) -> bool:
+        """Whether the job needs the ``{data}`` export: the command reads it, or its ``{subset}``
+        is made from the export's holdout."""
+        return self.uses_data or self.uses_subset
 
     def check(self) -> None:
         """The templates' placeholders (raises CommandError naming the key)."""
@@ -566,6 +586,21 @@ def moved_error(spec: CommandSpec, state: RepoState, planned: str) -> str | None
     )
 
 
+def job_repository_state(spec: CommandSpec, files: Sequence[str | Path]) -> RepoState:
+    """The pin check of a job that runs the command, as it starts: the code must still be the
+    commit this Snakemake run was planned at, with nothing uncommitted (unless ``allow_dirty``);
+    raises CommandError with the fix. Returns the repository's state (for the provenance)."""
+    state = repository_state(repository_root(spec), [Path(f) for f in files])
+    problems = pin_problems(state, spec.allow_dirty)
+    if problems:
+        raise CommandError(pin_error(spec, state, problems, " (checked as the job started)"))
+    planned = pinned_commits().get(str(state.root))
+    moved = None if spec.allow_dirty or planned is None else moved_error(spec, state, planned)
+    if moved:
+        raise CommandError(moved)
+    return state
+
+
 # ---------------------------------------------------------------------------------------------
 # Running the command
 
@@ -668,11 +703,18 @@ def run_streamed(
 
 
 def failure_message(
-    spec: CommandSpec, index: int, command: str, result: CommandResult, log: str | None, resume: str
+    spec: CommandSpec,
+    index: int,
+    command: str,
+    result: CommandResult,
+    log: str | None,
+    resume: str,
+    what: str | None = None,
 ) -> str:
-    """The error of a command that did not exit 0: status, command, the tail of its output."""
+    """The error of a command that did not exit 0: status, command, the tail of its output
+    (``what`` names the run of it, default ``index {index}``)."""
     lines = [
-        f"{spec.key}.command (index {index}) {result.status} after {result.seconds:.1f} s:",
+        f"{spec.key}.command ({what or f'index {index}'}) {result.status} after {result.seconds:.1f} s:",
         f"  {command}",
         f"Its last {len(result.tail)} line(s) of output" + (f" (all of it: {log}):" if log else ":"),
     ]
@@ -729,6 +771,22 @@ def prepare_attempt(state_file: str | Path, folders: Sequence[str | Path], key: 
     return kept
 
 
+def training_positions(holdout: Sequence[bool]) -> np.ndarray:
+    """``{subset}`` of the run's own training: every position of ``{data}``'s x_train that the
+    holdout does not hold out, int64, ascending (so a script that trains on ``x_train[subset]``
+    trains on the same samples, in the same order, as one that drops the holdout)."""
+    return np.flatnonzero(~np.asarray(holdout, dtype=bool)).astype(np.int64)
+
+
+def write_subset(path: str | Path, positions: Sequence[int]) -> Path:
+    """Write a ``{subset}`` file: int64 positions in ``{data}``'s x_train, one dimension,
+    atomically; returns its absolute path."""
+    from epochlens.atomic import save_npy
+
+    save_npy(path, np.asarray(positions, dtype=np.int64).reshape(-1))
+    return Path(path).resolve()
+
+
 def _publish(src: Path, dest: Path) -> None:
     """Make ``dest`` the file ``src`` atomically: a hard link (same file system), else a copy."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -754,25 +812,34 @@ def collect_checkpoints(
     destination (the run's layout), each atomically: a hard link, so the files stay in ``output``
     until the job has finished. Every checkpoint missing is an error naming it, the template and
     what the folder holds. Returns {epoch: destination}."""
+    expected = written_checkpoints(spec, index, output, destinations)
+    for epoch, src in expected.items():
+        _publish(src, Path(destinations[epoch]))
+    return {e: Path(destinations[e]) for e in expected}
+
+
+def written_checkpoints(
+    spec: CommandSpec, index: int, output: str | Path, epochs: Iterable[int], what: str | None = None
+) -> dict[int, Path]:
+    """{epoch: the file the command wrote for it under ``output``} for each of ``epochs``; every
+    one missing is an error naming it, the template and what the folder holds (``what`` names the
+    run of the command, default ``index {index}``)."""
     output = Path(output)
-    expected = {int(e): output / spec.checkpoint_name(index, e) for e in destinations}
+    expected = {int(e): output / spec.checkpoint_name(index, e) for e in epochs}
     missing = {e: p for e, p in expected.items() if not p.is_file()}
     if missing:
         present = sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file())
         listed = ", ".join(present[:20]) + (f", ... ({len(present)} files)" if len(present) > 20 else "")
-        epochs = sorted(destinations)
         raise CommandError(
-            f"{spec.key}.command (index {index}) exited 0 but did not write {len(missing)} of the "
-            f"{len(expected)} checkpoints that runs.{spec.run}.epochs lists: "
+            f"{spec.key}.command ({what or f'index {index}'}) exited 0 but did not write "
+            f"{len(missing)} of the {len(expected)} checkpoints that runs.{spec.run}.epochs lists: "
             + ", ".join(f"{p.relative_to(output)} (epoch {e})" for e, p in sorted(missing.items()))
             + f".\nIts output folder {output} holds: {listed or 'nothing'}.\n"
-            f"Fix: make the command save the checkpoint of each epoch in {epochs} as "
+            f"Fix: make the command save the checkpoint of each epoch in {sorted(expected)} as "
             f"{{output}}/{spec.path} ({spec.key}.path, relative to the folder passed as {{output}}), "
             f"or correct {spec.key}.path or runs.{spec.run}.epochs."
         )
-    for epoch, src in expected.items():
-        _publish(src, Path(destinations[epoch]))
-    return {e: Path(destinations[e]) for e in expected}
+    return expected
 
 
 def keep_other_files(output: str | Path, exclude: Iterable[str | Path], dest: str | Path) -> list[str]:

@@ -1,10 +1,12 @@
 """The linear datamodeling score (LDS): how well influence scores predict what retraining does
-(torch-free: the tables job uses it; the retraining is :mod:`epochlens.study.retrain`).
+(torch-free: the tables job uses it; the retraining is :mod:`epochlens.study.retrain`, or the
+user's training command: :mod:`epochlens.study.retrain_command`).
 
 LDS (Park et al., "TRAK", 2023; the yardstick of dattri's benchmarks, EleutherAI's bergson and the
 kronfluence paper): draw M random subsets S_1..S_M of the training images, each a ``fraction`` of
-them; retrain the model on each with the run's own recipe; measure every query's loss
-L_q(θ_{S_m}). Influence predicts those losses to first order. With this package's scores
+them; retrain the model on each with the run's own recipe (or its own training command, given
+the subset); measure every query's loss L_q(θ_{S_m}). Influence predicts those losses to first
+order. With this package's scores
 s_qn = g_qᵀ P g_n (P ≈ H⁻¹; positive: upweighting image n lowers query q's loss), training on S_m
 rather than on every image is the removal of the others, and the loss is predicted as
 
@@ -20,6 +22,12 @@ retrainings of the same size.
 
 Retraining is noisy (SGD, early stopping), so even exact scores stay below 1; what the table
 compares is the methods on the same retrainings.
+
+What is measured after each retraining (:class:`Retrainings`): a classifier's log-probabilities of
+every test sample over the active classes (a query's loss: −log p of its label), or a regression's
+per-sample loss of every test sample under its own target (``test_losses``, the task's squared
+error; a query's loss: that of its test sample). Both are losses, lower when the training helped
+the query, so the sign convention above holds for either.
 """
 
 from __future__ import annotations
@@ -147,6 +155,31 @@ def query_losses(
     return -np.asarray(log_probs, np.float64)[:, np.asarray(test_indices, np.int64), cols]
 
 
+def regression_query_losses(test_losses: np.ndarray, test_indices: np.ndarray) -> np.ndarray:
+    """(M, Q) losses of a regression's queries after each retraining: the per-sample losses
+    (M, N_test) of their test samples (each query is a test sample under its own target)."""
+    return np.asarray(test_losses, np.float64)[:, np.asarray(test_indices, np.int64)]
+
+
+@dataclass
+class Retrainings:
+    """One checkpoint's retrainings (its ``lds_retrain`` parts, in subset order): the subsets
+    ``masks`` (M, N) bool and what was measured after each: a classifier's test ``log_probs``
+    (M, N_test, A) over its ``active_classes`` (A,), or a regression's ``test_losses``
+    (M, N_test), each test sample's loss under its own target."""
+
+    masks: np.ndarray
+    log_probs: np.ndarray | None = None
+    active_classes: np.ndarray | None = None
+    test_losses: np.ndarray | None = None
+
+    def query_losses(self, test_indices: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """(M, Q) losses of the queries (test samples ``test_indices`` under ``labels``)."""
+        if self.test_losses is not None:
+            return regression_query_losses(self.test_losses, test_indices)
+        return query_losses(self.log_probs, self.active_classes, test_indices, labels)
+
+
 def lds_rows(
     scores: dict[str, dict[str, np.ndarray]],
     masks: np.ndarray,
@@ -158,13 +191,29 @@ def lds_rows(
     bootstrap: int,
     seed: int,
 ) -> tuple[list[dict], list[pd.DataFrame]]:
+    """Rows of ``lds.csv`` for one (index, epoch) of a classifier (:func:`retraining_rows` of its
+    retrained log-probabilities)."""
+    retrainings = Retrainings(masks, log_probs=log_probs, active_classes=active_classes)
+    return retraining_rows(scores, retrainings, index, epoch, fraction, bootstrap, seed)
+
+
+def retraining_rows(
+    scores: dict[str, dict[str, np.ndarray]],
+    retrainings: Retrainings,
+    index: int,
+    epoch: int,
+    fraction: float,
+    bootstrap: int,
+    seed: int,
+) -> tuple[list[dict], list[pd.DataFrame]]:
     """Rows of ``lds.csv`` for one (index, epoch): one per method of ``scores`` (each the contents
     of its ``scores.npz``: ``pairwise_none``, ``query_test_indices``, ``query_labels``) plus the
     ``random`` reference; and the per-query correlations (``lds_queries.csv``)."""
     rows, per_query = [], []
     reference = None
+    masks = retrainings.masks
     for method, arrays in scores.items():
-        losses = query_losses(log_probs, active_classes, arrays["query_test_indices"], arrays["query_labels"])
+        losses = retrainings.query_losses(arrays["query_test_indices"], arrays["query_labels"])
         pairwise = arrays["pairwise_none"]
         result = linear_datamodeling_score(pairwise, masks, losses, bootstrap, seed)
         rows.append(_row(method, epoch, index, result, len(masks), fraction))
@@ -199,20 +248,31 @@ def _queries(method: str, epoch: int, index: int, test_indices: np.ndarray, r: L
     )
 
 
-def read_parts(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Masks (M, N), log-probabilities (M, N_test, A) and active classes of one checkpoint's
-    retraining parts (``lds_retrain`` outputs), in subset order."""
-    ids, masks, log_probs, active = [], [], [], None
+def read_parts(paths: list[str]) -> Retrainings:
+    """One checkpoint's retraining parts (``lds_retrain`` outputs), in subset order: a
+    classifier's (``log_probs``, ``active_classes``) or a regression's (``test_losses``)."""
+    ids, masks, measured, active, kind = [], [], [], None, None
     for path in paths:
         with np.load(path) as part:
+            this = "test_losses" if "test_losses" in part else "log_probs"
+            if kind is not None and this != kind:
+                raise ValueError(
+                    f"{path} holds {this}, the other parts of its checkpoint {kind}: parts of another run "
+                    "kind; delete the checkpoint's lds/retrain_*.npz and run snakemake again."
+                )
+            kind = this
             ids.append(part["subset_ids"])
             masks.append(part["masks"])
-            log_probs.append(part["log_probs"])
-            if active is not None and not np.array_equal(active, part["active_classes"]):
-                raise ValueError(f"{path}: active classes differ from the other parts'")
-            active = part["active_classes"]
+            measured.append(part[kind])
+            if kind == "log_probs":
+                if active is not None and not np.array_equal(active, part["active_classes"]):
+                    raise ValueError(f"{path}: active classes differ from the other parts'")
+                active = part["active_classes"]
     order = np.argsort(np.concatenate(ids), kind="stable")
-    return np.concatenate(masks)[order], np.concatenate(log_probs)[order], active
+    masks_, values = np.concatenate(masks)[order], np.concatenate(measured)[order]
+    if kind == "test_losses":
+        return Retrainings(masks_, test_losses=values)
+    return Retrainings(masks_, log_probs=values, active_classes=active)
 
 
 def lds_tables(
@@ -241,8 +301,8 @@ def lds_tables(
         by_checkpoint.setdefault((int(job["index"]), int(job["epoch"])), {})[job["method"]] = arrays
     rows, queries = [], []
     for (index, epoch), scores in by_checkpoint.items():
-        masks, log_probs, active = read_parts(parts[(index, epoch)])
-        r, q = lds_rows(scores, masks, log_probs, active, index, epoch, fraction, bootstrap, seed)
+        retrainings = read_parts(parts[(index, epoch)])
+        r, q = retraining_rows(scores, retrainings, index, epoch, fraction, bootstrap, seed)
         rows += r
         queries += q
     return {

@@ -100,12 +100,15 @@ OWN = {
     "influence_factor_shard": {"influence"},
     "influence_score_shard": {"influence"},
     "poison_detection": {"influence"},
-    "lds_retrain": set(),  # retrains with the run's recipe; no influence code
+    "lds_retrain": set(),  # retrains with the run's recipe or its command; no influence code
     "lds_tables": set(),  # reads the scores' files, not the influence package
     "evaluate_checkpoint": set(),
     "accuracy_tables": set(),
     "regression_tables": set(),
     "train": set(),
+    "train_command": set(),
+    "training_data": set(),
+    "comparison_tables": set(),  # reads the runs' tables
     "prepare_data": set(),
     "class_order": set(),
     "missing_checkpoint": set(),

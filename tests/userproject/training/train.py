@@ -1,9 +1,10 @@
 """A user's own training script, plain PyTorch (it knows nothing of epochlens): an MLP on the
 arrays of an .npz (x_train, y_train, x_test, y_test), cross-entropy for integer labels, the mean
-squared error for float targets. It saves {"model", "epoch"} at the epochs its config lists, its
-resume state after every epoch (and continues from it when started again), and its own test metric
-in metrics.json. Run by the pipeline as checkpoints.source: command (tests/workflow/
-test_train_command_workflow.py).
+squared error for float targets. It trains on the positions of x_train that --subset lists (an
+.npy of int64; without it, every sample but the holdout). It saves {"model", "epoch"} at the
+epochs its config lists, its resume state after every epoch (and continues from it when started
+again), and its own test metric in metrics.json. Run by the pipeline as checkpoints.source:
+command (tests/workflow/test_train_command_workflow.py).
 """
 
 import argparse
@@ -31,14 +32,16 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--resume", required=True)
+    parser.add_argument("--subset", default=None, help="an .npy of the positions in x_train to train on")
     args = parser.parse_args()
     cfg = json.loads(Path(args.config).read_text())
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
 
     data = np.load(args.data)
-    keep = ~data["holdout"]
+    keep = np.flatnonzero(~data["holdout"]) if args.subset is None else np.load(args.subset)
     x, y = torch.from_numpy(data["x_train"][keep]), torch.from_numpy(data["y_train"][keep])
+    print(f"training on {len(keep)} of {len(data['x_train'])} samples", flush=True)
     regression = y.is_floating_point()
     model = build(**cfg["model"])
     opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
