@@ -91,4 +91,5 @@ rule plot_training:
 localrules:
     figures,
     plot_accuracy,
+    plot_regression,
     plot_training,
