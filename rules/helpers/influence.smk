@@ -12,6 +12,12 @@ def get_influence_epochs(run):
     return run_config.influence_epochs(run, config["runs"][run])
 
 
+@cache
+def get_influence_indices(run):
+    """Replicate indices whose influence is computed (influence.indices, or every index)."""
+    return run_config.influence_indices(run, config["runs"][run])
+
+
 def influence_runs():
     """Runs whose influence is computed at one epoch or more."""
     return [run for run in config["runs"] if get_influence_epochs(run)]
@@ -102,7 +108,7 @@ def influence_jobs(run):
     spec = config["runs"][run]["influence"]
     return [
         {"index": index, "epoch": epoch, "method": method}
-        for index in config["runs"][run]["indices"]
+        for index in get_influence_indices(run)
         for epoch in get_influence_epochs(run)
         for method in spec["methods"]
     ]
@@ -204,7 +210,7 @@ def lds_checkpoints(run):
     """(index, epoch) of every checkpoint whose LDS is measured, index-major."""
     return [
         (index, epoch)
-        for index in config["runs"][run]["indices"]
+        for index in get_influence_indices(run)
         for epoch in get_influence_epochs(run)
     ]
 

@@ -5,11 +5,13 @@ merged key by key into config/config.yaml, as --configfile merges several files)
 one replicate index instead of two (planning both is tested in test_workflow.py; the statistics
 over replicates in tests/unit/core/test_stats.py) and 8 analysed checkpoints instead of 26 (every
 25 epochs and the task boundaries: still a mid-task one in tasks 1 and 3), features and ablations
-at two task boundaries, probes with one seed and 20 passes; ``digits_noisy``'s queries
-untransformed (the transforms are checked on ``polarity``); ``polarity``'s features, probes and
-head ablations at its last checkpoint only, influence by EK-FAC and identity (no K-FAC). Training,
+at two task boundaries, probes with one seed and 20 passes; ``digits_noisy`` with one seed, its
+queries untransformed (the transforms are checked on ``polarity``), and so no comparison of the
+two (it needs two seeds a run; its jobs run in tests/workflow/test_compare_workflow.py on real data
+sets and hand-made tables); ``polarity``'s features, probes and head ablations at its last
+checkpoint only, influence by EK-FAC and identity (no K-FAC). Training,
 the rest of ``digits_noisy`` (the poison and LDS study) and of ``polarity`` (the text run) are the
-demo's own. `make demo` runs the full default (263 jobs; 98 here).
+demo's own. `make demo` runs the full default (273 jobs; 98 here).
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ SMALLER = {
             "probes": {"seeds": [0], "max_epochs": 20},
             "ablation": {"epochs": [45, 75]},
         },
-        "digits_noisy": {"influence": {"transforms": ["none"]}},
+        "digits_noisy": {"indices": [0], "influence": {"transforms": ["none"]}},
         "polarity": {
             "features": {"epochs": [10]},
             "ablation": {"epochs": [10]},
             "influence": {"methods": ["ekfac", "identity"]},
         },
-    }
+    },
+    "comparisons": [],
 }
 N_CHECKPOINTS = 8
 

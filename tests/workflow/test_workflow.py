@@ -71,15 +71,16 @@ def partial_config(ckpts) -> dict:
 def test_default_config_job_list(tmp_path):
     jobs = planned_jobs(REPO, tmp_path, configfile=REPO / "config/config.yaml")
     # digits, 2 seeds, 5 tasks x 15 epochs, checkpoints every 3 epochs -> 26 per seed; digits_noisy
-    # (10% flipped labels), 1 seed, checkpoints at the 6 task boundaries, influence at epoch 75;
-    # polarity (a transformer, 10% flipped labels), 1 seed, checkpoints 0, 5, 10, influence at 10
+    # (10% flipped labels), 2 seeds, checkpoints at the 6 task boundaries, influence of seed 0 at
+    # epoch 75; polarity (a transformer, 10% flipped labels), 1 seed, checkpoints 0, 5, 10,
+    # influence at 10; digits and digits_noisy compared
     assert jobs == {
         "prepare_data": 3,
-        "class_order": 4,
+        "class_order": 5,
         "train_digits": 2,
-        "train_digits_noisy": 1,
+        "train_digits_noisy": 2,
         "train_polarity": 1,
-        "evaluate_checkpoint": 52 + 6 + 3,
+        "evaluate_checkpoint": 52 + 12 + 3,
         "curvature_shard": 52 + 3,  # every checkpoint x 2 seeds x 1 shard; polarity's 3
         "curvature_epoch": 52 + 3,
         "curvature_tables": 2,
@@ -101,6 +102,8 @@ def test_default_config_job_list(tmp_path):
         "accuracy_tables": 3,
         "plot_accuracy": 3,
         "plot_training": 3,
+        "comparison_tables": 1,
+        "plot_comparisons": 1,
         "all": 1,
     }
 
