@@ -157,9 +157,8 @@ def test_table_and_figure_scripts_import_no_torch():
         for p in scripts.glob("*.py")
         if p.stem.startswith("plot_") or p.stem.endswith(("_tables", "_detection"))
     }
-    assert (
-        len(named) == 17
-    )  # lds_tables and plot_lds, regression_tables and plot_regression, comparison_tables and plot_comparisons included
+    # lds, regression and comparison tables and plots included
+    assert len(named) == 17
     local = {rule.script for rule in workflow_rules(repo / "Snakefile")[0] if rule.local}
     assert named <= local, sorted(p.name for p in named - local)  # tables and plots are local rules
     code = (
