@@ -17,19 +17,11 @@ from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_state_dict
 from epochlens.data.text import read_any_dataset
 from epochlens.device import job_device
-from epochlens.formats import command as cmd
-from epochlens.layout import RESULTS
 from epochlens.models.build import build_untrained
-from epochlens.outcome import regression_reduction
 from epochlens.provenance import file_sha256, provenance
 from epochlens.schedule import schedule_from_config
 from epochlens.study.retrain import retrain_part
-from epochlens.study.retrain_command import (
-    CommandRetraining,
-    checkpoint_measure,
-    remove_subset_folders,
-    retrain_part_by_command,
-)
+from epochlens.study.retrain_command import CommandPart, command_part, remove_subset_folders
 from epochlens.training import TrainSettings
 
 
@@ -66,34 +58,15 @@ def main(snakemake) -> None:
 
 def retrain_by_command(snakemake) -> None:
     """The run's training command retrains each subset (its {subset} file), pinned as its training."""
-    params, lds, wc = snakemake.params.run, snakemake.params.lds, snakemake.wildcards
-    run = snakemake.config["runs"][wc.run]
-    index, epoch = int(wc.index), int(wc.epoch)
-    spec = cmd.CommandSpec.from_config(wc.run, run)
-    files = [Path(f) for f in snakemake.input.files]
-    state = cmd.job_repository_state(spec, files)  # the commit the run was planned at, as training
-    data = read_any_dataset(snakemake.input.dataset)
-    device = job_device(snakemake.config["device"], job_resources(snakemake))
-    inputs = {**cmd.file_digests(files, state.root), "{data}": file_sha256(snakemake.input.data[0])}
-    active = None
-    if params["schedule"] is not None:  # a classifier: its classes at the epoch
-        active = schedule_from_config(params["schedule"], snakemake.input.class_order).active_classes(epoch)
-    retraining = CommandRetraining(
-        spec=spec, index=index, epoch=epoch, seed=cmd.seed_of(run, index),
-        data_file=Path(snakemake.input.data[0]),
-        folder=lambda k: Path(RESULTS.lds_retrain_dir(wc.run, index, epoch, k)),
-        key={"params": params, "lds": lds, "inputs": inputs}, threads=snakemake.threads,
-        log_file=snakemake.log[0] if snakemake.log else None,
+    inp, wc = snakemake.input, snakemake.wildcards
+    job = CommandPart(
+        wc.run, snakemake.config["runs"][wc.run], snakemake.params.run, snakemake.params.lds,
+        int(wc.index), int(wc.epoch), int(wc.part), int(wc.nparts), [Path(f) for f in inp.files],
+        read_any_dataset(inp.dataset), Path(inp.data[0]), inp.class_order,
+        job_device(snakemake.config["device"], job_resources(snakemake)), snakemake.threads,
+        snakemake.log[0] if snakemake.log else None,
     )  # fmt: skip
-    reduction = regression_reduction(params["task"])
-    measure = checkpoint_measure(data, params["model"], epoch, device, active, reduction)
-    part, nparts = int(wc.part), int(wc.nparts)
-    arrays = retrain_part_by_command(retraining, data.holdout, lds, part, nparts, measure, active)
-    info = {
-        "device": str(device),
-        "git": state.record(),
-        "provenance": provenance(params, {"dataset": data.content_hash, **inputs}),
-    }
+    arrays, info, retraining = command_part(job)
     write_part(snakemake.output.part, arrays, info)
     remove_subset_folders(retraining, arrays["subset_ids"])
 

@@ -10,8 +10,8 @@ from _helpers import run_script
 
 from epochlens.atomic import save_npy
 from epochlens.data import holdout_mask, load_source, write_dataset
-from epochlens.data.dataset import check_kind
-from epochlens.data.ground_truth import read_positions_file
+from epochlens.data.dataset import check_kind, describe
+from epochlens.data.ground_truth import mark_positions
 from epochlens.data.text import write_text_dataset
 from epochlens.formats.images import IMAGE_SOURCES, ImageSettings, load_images
 from epochlens.formats.tables import TableSettings, load_table
@@ -45,8 +45,7 @@ def main(snakemake) -> None:
     dataset = load(cfg.pop("source"), cfg.pop("path", None), cfg, truth.get("column"))
     check_kind(dataset, snakemake.params.task)
     if truth.get("indices"):  # your poisoned samples' positions in the training split
-        positions = read_positions_file(truth["indices"], len(dataset.train_labels))
-        dataset.ground_truth = np.isin(np.arange(len(dataset.train_labels)), positions)
+        mark_positions(dataset, truth["indices"])
     # The holdout first: it is never corrupted (not trained on).
     dataset.holdout = holdout_mask(dataset.train_labels, cfg.get("holdout_per_class", 0))
     dataset, corrupted = corrupt(dataset, corruption)
@@ -56,21 +55,7 @@ def main(snakemake) -> None:
     is_text = hasattr(dataset, "train_input_ids")
     (write_text_dataset if is_text else write_dataset)(dataset, snakemake.output.dataset)
     save_npy(snakemake.output.corrupted, corrupted)
-    shape = dataset.train_input_ids.shape[1:] if is_text else dataset.train_images.shape[1:]
-    regression = getattr(dataset, "kind", "") == "regression"
-    log.info(
-        "%s: %d train (%d holdout) / %d test %s %s, %s, hash %s",
-        dataset.name,
-        len(dataset.train_labels),
-        int(dataset.holdout.sum()),
-        len(dataset.test_labels),
-        "texts of tokens" if is_text else "inputs",
-        tuple(shape),
-        f"{dataset.train_labels.dtype} targets {dataset.train_labels.shape[1:]}"
-        if regression
-        else f"{dataset.num_classes} classes",
-        dataset.content_hash[:12],
-    )
+    log.info(describe(dataset))
     if corruption["kind"] != "none":
         log.info(
             "corruption %s: %d training samples (%s)", corruption["kind"], len(corrupted), dataset.source

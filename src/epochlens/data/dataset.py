@@ -29,7 +29,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -309,3 +309,18 @@ def read_dataset(path: str | Path) -> Dataset:
     if ds.content_hash != stored_hash:
         raise DataError(f"{path}: content hash mismatch; the file is corrupt. Delete and rerun.")
     return ds
+
+
+def describe(dataset: Any) -> str:
+    """One line on a data set (a :class:`Dataset` or a text data set) for the logs: its splits,
+    inputs, labels or targets and hash."""
+    text = hasattr(dataset, "train_input_ids")
+    shape = (dataset.train_input_ids if text else dataset.train_images).shape[1:]
+    labels = dataset.train_labels
+    regression = getattr(dataset, "kind", "") == "regression"
+    what = f"{labels.dtype} targets {labels.shape[1:]}" if regression else f"{dataset.num_classes} classes"
+    return (
+        f"{dataset.name}: {len(labels)} train ({int(dataset.holdout.sum())} holdout) / "
+        f"{len(dataset.test_labels)} test {'texts of tokens' if text else 'inputs'} {tuple(shape)}, "
+        f"{what}, hash {dataset.content_hash[:12]}"
+    )

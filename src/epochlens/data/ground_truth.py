@@ -72,3 +72,9 @@ def read_positions_file(path: str | Path, n_train: int | None = None) -> np.ndar
             + ": positions count the training samples in the order the data is read, from 0."
         )
     return positions
+
+
+def mark_positions(dataset: Any, path: str | Path) -> None:
+    """Set ``dataset.ground_truth`` (a Dataset or TextDataset) from a positions file."""
+    n = len(dataset.train_labels)
+    dataset.ground_truth = np.isin(np.arange(n), read_positions_file(path, n))

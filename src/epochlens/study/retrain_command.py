@@ -198,3 +198,59 @@ def remove_subset_folders(retraining: CommandRetraining, subsets: np.ndarray) ->
             parent.rmdir()
         except OSError:  # another part's subsets are still there
             pass
+
+
+@dataclass
+class CommandPart:
+    """One lds_retrain job of a run trained by its command: what the job's files and settings are."""
+
+    run_name: str
+    run: Mapping[str, Any]  # the run's config section
+    params: Mapping[str, Any]  # the job's run params (model, task, schedule, command)
+    lds: Mapping[str, Any]
+    index: int
+    epoch: int
+    part: int
+    nparts: int
+    files: list[Path]  # the command's files (pinned)
+    dataset: Dataset
+    data_file: Path  # the {data} export
+    class_order: str | Path | None
+    device: torch.device
+    threads: int = 1
+    log_file: str | Path | None = None
+
+
+def command_part(job: CommandPart) -> tuple[dict[str, np.ndarray], dict[str, Any], CommandRetraining]:
+    """Retrain the job's part of the subsets with the run's command (pinned to the commit its
+    training was planned at) and measure each on the test split: (the part's arrays, its info,
+    the retraining, whose subset folders the caller removes once the part is written)."""
+    from epochlens.layout import RESULTS
+    from epochlens.outcome import regression_reduction
+    from epochlens.provenance import file_sha256, provenance
+    from epochlens.schedule import schedule_from_config
+
+    spec = cmd.CommandSpec.from_config(job.run_name, job.run)
+    state = cmd.job_repository_state(spec, job.files)  # the commit the run was planned at
+    inputs = {**cmd.file_digests(job.files, state.root), "{data}": file_sha256(job.data_file)}
+    active = None
+    if job.params["schedule"] is not None:  # a classifier: its classes at the epoch
+        active = schedule_from_config(job.params["schedule"], job.class_order).active_classes(job.epoch)
+    retraining = CommandRetraining(
+        spec=spec, index=job.index, epoch=job.epoch, seed=cmd.seed_of(job.run, job.index),
+        data_file=job.data_file,
+        folder=lambda k: Path(RESULTS.lds_retrain_dir(job.run_name, job.index, job.epoch, k)),
+        key={"params": job.params, "lds": job.lds, "inputs": inputs}, threads=job.threads,
+        log_file=job.log_file,
+    )  # fmt: skip
+    reduction = regression_reduction(job.params["task"])
+    measure = checkpoint_measure(job.dataset, job.params["model"], job.epoch, job.device, active, reduction)
+    arrays = retrain_part_by_command(
+        retraining, job.dataset.holdout, job.lds, job.part, job.nparts, measure, active
+    )
+    info = {
+        "device": str(job.device),
+        "git": state.record(),
+        "provenance": provenance(job.params, {"dataset": job.dataset.content_hash, **inputs}),
+    }
+    return arrays, info, retraining
