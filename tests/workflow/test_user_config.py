@@ -21,8 +21,8 @@ pytestmark = pytest.mark.workflow
 
 # digits (2 seeds, 26 checkpoints each), digits_noisy (1 seed, 6 checkpoints, influence) and
 # polarity (a transformer on sentences: 1 seed, 3 checkpoints)
-DEMO_TRAINING = {"train_digits": 2, "train_digits_noisy": 1, "train_polarity": 1}
-DEMO_EVALUATIONS = 52 + 6 + 3
+DEMO_TRAINING = {"train_digits": 2, "train_digits_noisy": 2, "train_polarity": 1}
+DEMO_EVALUATIONS = 52 + 12 + 3  # digits_noisy: two seeds, for the comparison
 
 
 @pytest.fixture
