@@ -64,3 +64,22 @@ def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -
     if both.sum() < 3:
         return float("nan")
     return float(x[both].rank().corr(y[both].rank(), method="pearson"))
+
+
+def r2_score(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Coefficient of determination averaged over the outputs, as scikit-learn's ``r2_score``
+    (``multioutput="uniform_average"``, ``force_finite``: an output whose targets are constant
+    scores 1 when predicted exactly, else 0), without importing scikit-learn (about 1.5 s, paid by
+    every job that evaluates a regression). (N,) or (N, D) arrays; NaN for fewer than two samples."""
+    y = np.asarray(y_true, dtype=np.float64)
+    y = y.reshape(len(y), -1)
+    z = np.asarray(y_pred, dtype=np.float64).reshape(y.shape)
+    if len(y) < 2:
+        return float("nan")
+    residual = ((y - z) ** 2).sum(0)
+    total = ((y - y.mean(0)) ** 2).sum(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scores = np.where(
+            total > 0, 1.0 - residual / np.where(total > 0, total, 1.0), np.where(residual == 0, 1.0, 0.0)
+        )
+    return float(scores.mean())

@@ -95,15 +95,11 @@ def fit_ridge_path(
 
 
 def r2(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    """scikit-learn's ``r2_score`` averaged over outputs (``uniform_average``); NaN for < 2 samples."""
-    from sklearn.metrics import r2_score  # here: sklearn.metrics takes ~1 s to import
+    """scikit-learn's ``r2_score`` averaged over outputs (``uniform_average``); NaN for < 2 samples
+    (:func:`epochlens.stats.r2_score`, without importing scikit-learn)."""
+    from epochlens.stats import r2_score
 
-    y_true = np.asarray(y_true, dtype=np.float64)
-    y_pred = np.asarray(y_pred, dtype=np.float64)
-    if len(y_true) < 2:
-        return float("nan")
-    y_true = y_true.reshape(len(y_true), -1)
-    return float(r2_score(y_true, y_pred.reshape(y_true.shape), multioutput="uniform_average"))
+    return r2_score(y_true, y_pred)
 
 
 def random_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -28,15 +28,13 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import roc_auc_score
 
 from epochlens.stats import spearman
 
 DETECTION_COLUMNS = ("method", "signal", "epoch", "index", "auroc", "precision_at_k", "status")
 #: Why a detection row has no metrics.
 NO_GROUND_TRUTH = (
-    "no corrupted samples known: set data.corruption (the pipeline corrupts) or data.ground_truth "
-    "(yours)"
+    "no corrupted samples known: set data.corruption (the pipeline corrupts) or data.ground_truth (yours)"
 )
 AGREEMENT_COLUMNS = ("transform_a", "transform_b", "spearman", "n")
 
@@ -78,6 +76,8 @@ def detection_metrics(scores: np.ndarray, corrupted: np.ndarray) -> dict[str, fl
         else:
             status = "every scored sample is corrupted"
         return {"auroc": np.nan, "precision_at_k": np.nan, "k": k, "n_scored": len(s), "status": status}
+    from sklearn.metrics import roc_auc_score  # here: the influence jobs import this module
+
     order = np.argsort(-s, kind="stable")
     return {
         "auroc": float(roc_auc_score(m, s)),

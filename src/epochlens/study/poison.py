@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import roc_curve
 
 from epochlens.errors import ConfigError
 from epochlens.influence.settings import InfluenceSettings
@@ -112,6 +111,8 @@ def roc_table(signals: Mapping[tuple[str, str], np.ndarray], corrupted: np.ndarr
         keep = np.isfinite(scores)
         if mask[keep].all() or not mask[keep].any():
             continue
+        from sklearn.metrics import roc_curve  # here: the influence jobs import this module
+
         fpr, tpr, _ = roc_curve(mask[keep], scores[keep])
         frames.append(pd.DataFrame({"method": method, "signal": signal, "fpr": fpr, "tpr": tpr}))
     columns = ["method", "signal", "fpr", "tpr"]

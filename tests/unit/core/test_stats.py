@@ -136,3 +136,19 @@ def test_spearman_and_t_quantile_equal_scipy_stats():
     n = np.array([2, 3, 5, 30])
     expected = scipy_stats.t.ppf(0.975, n - 1) * 1.5 / np.sqrt(n)
     np.testing.assert_allclose(ci95_halfwidth(1.5, n), expected, rtol=1e-12)
+
+
+def test_r2_score_is_scikit_learns_without_importing_it():
+    from sklearn.metrics import r2_score as sklearn_r2
+
+    from epochlens.stats import r2_score
+
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal((20, 3))
+    z = y + 0.5 * rng.standard_normal((20, 3))
+    assert r2_score(y, z) == pytest.approx(sklearn_r2(y, z), rel=1e-12)
+    assert r2_score(y[:, 0], z[:, 0]) == pytest.approx(sklearn_r2(y[:, 0], z[:, 0]), rel=1e-12)
+    constant = np.column_stack([y[:, 0], np.ones(20)])  # an output with constant targets
+    for pred in (np.column_stack([z[:, 0], np.ones(20)]), np.column_stack([z[:, 0], np.zeros(20)])):
+        assert r2_score(constant, pred) == pytest.approx(sklearn_r2(constant, pred), rel=1e-12)
+    assert np.isnan(r2_score(y[:1], z[:1]))
