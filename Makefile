@@ -36,8 +36,10 @@ demo: venv
 	@ls -1 results/*/figures/*.png results/*/figures/*.pdf
 	@echo "Tables: results/*/tables/*.csv   Logs: results/*/logs/"
 
+# One pytest worker per core (pytest-xdist), a test module per worker at a time (its finished tiny
+# runs are shared by its tests), the slowest modules first (tests/conftest.py).
 test: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(CORES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check src scripts tests benchmarks

@@ -19,6 +19,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # wfutil, for tests in
 
 from epochlens.data import Dataset
 
+#: The modules that take longest (minutes of Snakemake runs), slowest first: run before the others,
+#: so that the workers of ``pytest -n N --dist loadfile --no-loadscope-reorder`` (``make test``)
+#: finish together instead of one of them starting the end-to-end run last. Measured with
+#: ``pytest --durations`` (setup + calls per module, two cores).
+SLOWEST_FIRST = (
+    "workflow/test_end_to_end.py",
+    "cluster/test_slurm.py",
+    "workflow/test_influence_shards_workflow.py",
+    "workflow/test_workflow.py",
+    "workflow/test_user_model_workflow.py",
+    "workflow/test_train_command_workflow.py",
+    "workflow/test_influence_workflow.py",
+    "workflow/test_lop_study.py",
+    "workflow/test_features_workflow.py",
+    "workflow/test_rerun_graph.py",
+    "workflow/test_text_workflow.py",
+    "workflow/test_reproducibility.py",
+    "workflow/test_curvature_workflow.py",
+    "workflow/test_causal_lm_workflow.py",
+    "workflow/test_regression_workflow.py",
+    "unit/influence/test_influence_exact.py",
+    "unit/influence/test_influence_robust.py",
+    "workflow/test_train_resume.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slowest modules first (:data:`SLOWEST_FIRST`), every module's tests in their order."""
+    tests = Path(__file__).resolve().parent
+    rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = Path(str(item.fspath)).resolve()
+        return (
+            rank.get(path.relative_to(tests).as_posix(), len(rank))
+            if path.is_relative_to(tests)
+            else len(rank)
+        )
+
+    items.sort(key=key)  # stable: the order within a module, and of the other modules, is kept
+
 
 @pytest.fixture
 def rng() -> np.random.Generator:
