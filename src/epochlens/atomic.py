@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -61,3 +62,23 @@ def save_npy(path: str | Path, array: Any) -> None:
             np.save(f, array)
 
     write_atomic(path, _write)
+
+
+def link_or_copy(src: str | Path, dest: str | Path) -> None:
+    """Make ``dest`` the same file as ``src`` atomically: a hard link, or a copy where the file
+    system does not support hard links (or ``src`` is on another one)."""
+    src, dest = Path(src), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        tmp_path.unlink()
+        try:
+            os.link(src, tmp_path)
+        except OSError:
+            shutil.copyfile(src, tmp_path)
+        os.replace(tmp_path, dest)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise

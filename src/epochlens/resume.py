@@ -23,10 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from epochlens.atomic import atomic_path, write_atomic
+from epochlens.atomic import atomic_path, link_or_copy, write_atomic
 
 log = logging.getLogger("epochlens")
 
@@ -111,26 +109,6 @@ def set_rng_state(state: Mapping[str, Any], generator: torch.Generator | None = 
     random.setstate((version, tuple(internal), gauss))
     if generator is not None:
         generator.set_state(state["generator"])
-
-
-def link_or_copy(src: str | Path, dest: str | Path) -> None:
-    """Make ``dest`` the same file as ``src`` atomically: a hard link, or a copy where the file
-    system does not support hard links (or ``src`` is on another one)."""
-    src, dest = Path(src), Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        tmp_path.unlink()
-        try:
-            os.link(src, tmp_path)
-        except OSError:
-            shutil.copyfile(src, tmp_path)
-        os.replace(tmp_path, dest)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
 
 
 class ResumeDir:

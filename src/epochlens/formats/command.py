@@ -47,7 +47,6 @@ import signal
 import string
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -57,6 +56,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from epochlens.atomic import link_or_copy, save_npy
 from epochlens.errors import EpochlensError
 from epochlens.formats.factory import FactoryError, _module_files, _project_imports
 
@@ -781,28 +781,9 @@ def training_positions(holdout: Sequence[bool]) -> np.ndarray:
 def write_subset(path: str | Path, positions: Sequence[int]) -> Path:
     """Write a ``{subset}`` file: int64 positions in ``{data}``'s x_train, one dimension,
     atomically; returns its absolute path."""
-    from epochlens.atomic import save_npy
 
     save_npy(path, np.asarray(positions, dtype=np.int64).reshape(-1))
     return Path(path).resolve()
-
-
-def _publish(src: Path, dest: Path) -> None:
-    """Make ``dest`` the file ``src`` atomically: a hard link (same file system), else a copy."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        tmp_path.unlink()
-        try:
-            os.link(src, tmp_path)
-        except OSError:
-            shutil.copy2(src, tmp_path)
-        os.replace(tmp_path, dest)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
 
 
 def collect_checkpoints(
@@ -814,7 +795,7 @@ def collect_checkpoints(
     what the folder holds. Returns {epoch: destination}."""
     expected = written_checkpoints(spec, index, output, destinations)
     for epoch, src in expected.items():
-        _publish(src, Path(destinations[epoch]))
+        link_or_copy(src, Path(destinations[epoch]))
     return {e: Path(destinations[e]) for e in expected}
 
 
@@ -853,6 +834,6 @@ def keep_other_files(output: str | Path, exclude: Iterable[str | Path], dest: st
     for path in sorted(output.rglob("*")):
         if path.is_file() and path.resolve() not in skip:
             rel = path.relative_to(output)
-            _publish(path, dest / rel)
+            link_or_copy(path, dest / rel)
             kept.append(rel.as_posix())
     return kept
