@@ -5,7 +5,19 @@ For each model (randomly initialised, eval mode) on random images of its data se
 * ``extract_images_per_s``: images per second of :func:`epochlens.features.extract.extract_features` over
   the default layers (block outputs) with every representation (pooled, stats, spectral with its
   default k = 8, auto method), in memory; ``extract_pooled_only_images_per_s`` the same with the
-  pooled representation alone (the cost of the forward pass and the hooks).
+  pooled representation alone (the cost of the forward pass and the hooks); ``all_over_pooled`` the
+  ratio of their times (what the extra representations cost, 1.0 = nothing).
+* ``per_representation``: the same extraction with pooled plus one other representation
+  (``pooled+stats``, ``pooled+spectral``), images per second and time over pooled alone: where the
+  extra cost of ``all`` comes from (the forward pass and the hooks are shared). The four sides run
+  interleaved (A B C D, D C B A, ...), and each keeps its fastest repeat, so that a shared machine's
+  load falls on all of them alike. ``all_over_pooled_cpu_time`` and ``cpu_time_over_pooled``: the
+  same ratios of the process's CPU time (every thread; the fastest repeat), which other jobs'
+  load disturbs less than the wall clock (a thread that waits for a core is not charged).
+* ``precision``: the forward pass's precision (``--precision``: float32, or autocast to bfloat16 /
+  float16 as ``features.precision`` does); with a 16-bit one, ``precision_max_rel_diff`` is the
+  largest difference of every stored value from a float32 forward's, relative to the largest
+  value of its layer and representation (pooled, stats and spectral of the first batch).
 * ``cold_seconds``: :func:`epochlens.features.extract.load_or_extract` without a file: extraction of the
   train and test splits, HDF5 write (chunked, gzip) and rename.
 * ``cached_seconds``: the same call on the existing file (a cache hit: key check and open), plus
@@ -13,16 +25,20 @@ For each model (randomly initialised, eval mode) on random images of its data se
   alone. The file was just written, so it is read from the OS page cache: this is the cost of the
   HDF5 decode, not of a cold disk.
 
-Timings are the fastest of ``--repeats`` runs. Usage (on a shared machine, --threads 1 keeps
+Timings are the fastest of ``--repeats`` runs. Usage (on a shared machine, --threads 1 or 2 keeps
 other jobs' load out of the timings):
-    .venv/bin/python benchmarks/features.py --json
+    .venv/bin/python benchmarks/features.py --model resnet18_lop --n-samples 128 --repeats 3 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import _common
@@ -67,23 +83,53 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     torch.manual_seed(args.seed)
     model = build_model(name, num_classes, channels).eval()
     data = random_dataset(channels, side, num_classes, n_train, args.seed)
-    settings = FeatureSettings(dtype=args.dtype, batch_size=args.batch_size)
+    settings = FeatureSettings(dtype=args.dtype, batch_size=args.batch_size, precision=args.precision)
     images = data.normalized("train")
     layers = resolve_layers(model, None)
 
-    extract_features(model, images[: args.batch_size], batch_size=args.batch_size, device=device)  # warm-up
-    t_all, feats = _common.best_of(
-        args.repeats,
-        lambda: extract_features(
-            model, images, settings=settings.representations, batch_size=args.batch_size, device=device
-        ),
-    )
-    pooled = RepresentationSettings(names=("pooled",))
-    t_pooled, _ = _common.best_of(
-        args.repeats,
-        lambda: extract_features(model, images, settings=pooled, batch_size=args.batch_size, device=device),
-    )
+    def extract(names: tuple[str, ...]) -> Callable[[], dict]:
+        reps = RepresentationSettings(**{**asdict(settings.representations), "names": names})
+        return lambda: extract_features(
+            model, images, settings=reps, batch_size=args.batch_size, device=device, precision=args.precision
+        )
 
+    sides = {
+        "all": extract(settings.representations.names),
+        "pooled": extract(("pooled",)),
+        "pooled+stats": extract(("pooled", "stats")),
+        "pooled+spectral": extract(("pooled", "spectral")),
+    }
+    cpu = {name: math.inf for name in sides}
+
+    def with_cpu_time(name: str, fn: Callable[[], dict]) -> Callable[[], dict]:
+        def run() -> dict:
+            t0 = time.process_time()
+            out = fn()
+            cpu[name] = min(cpu[name], time.process_time() - t0)
+            return out
+
+        return run
+
+    for fn in sides.values():  # warm-up
+        fn()
+    times, results, _ = _common.interleaved(
+        {name: with_cpu_time(name, fn) for name, fn in sides.items()}, args.repeats, device
+    )
+    feats = results["all"]
+    precision_diff = None
+    if args.precision != "float32":
+        first = images[: args.batch_size]
+        ref = extract_features(model, first, batch_size=args.batch_size, device=device)
+        low = extract_features(
+            model, first, batch_size=args.batch_size, device=device, precision=args.precision
+        )
+        precision_diff = {
+            layer: {
+                r: float(np.abs(low[layer][r] - a).max() / max(np.abs(a).max(), 1e-30))
+                for r, a in by_rep.items()
+            }
+            for layer, by_rep in ref.items()
+        }
     cold, cached, read = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
@@ -103,6 +149,14 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
             size = path.stat().st_size
             shapes = {layer: second.features.shape(layer) for layer in layers}
     n_total = n_train + len(data.test_labels)
+    if not args.json:
+        over = {side: t / times["pooled"] for side, t in times.items()}
+        print(
+            f"{name}: all/pooled {over['all']:.3f} (pooled+stats {over['pooled+stats']:.3f}, pooled+spectral "
+            f"{over['pooled+spectral']:.3f}; CPU time {cpu['all'] / cpu['pooled']:.3f}), "
+            f"{n_train / times['all']:.1f} vs {n_train / times['pooled']:.1f} images/s",
+            file=sys.stderr,
+        )
     return {
         "model": name,
         **_common.environment(device),
@@ -117,9 +171,22 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
         "dtype": args.dtype,
         "repeats": args.repeats,
         "extract_images": n_train,
-        "extract_seconds": t_all,
-        "extract_images_per_s": n_train / t_all,
-        "extract_pooled_only_images_per_s": n_train / t_pooled,
+        "precision": args.precision,
+        "extract_seconds": times["all"],
+        "extract_images_per_s": n_train / times["all"],
+        "extract_pooled_only_images_per_s": n_train / times["pooled"],
+        "all_over_pooled": times["all"] / times["pooled"],
+        "all_over_pooled_cpu_time": cpu["all"] / cpu["pooled"],
+        "per_representation": {
+            side: {
+                "images_per_s": n_train / t,
+                "over_pooled": t / times["pooled"],
+                "cpu_time_over_pooled": cpu[side] / cpu["pooled"],
+            }
+            for side, t in times.items()
+            if side != "pooled"
+        },
+        "precision_max_rel_diff": precision_diff,
         "file_images": n_total,
         "file_mib": size / 2**20,
         "cold_seconds": min(cold),
@@ -135,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-samples", type=int, default=None, help="train images (default per model)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    parser.add_argument(
+        "--precision", choices=["float32", "bfloat16", "float16"], default="float32", help="forward pass"
+    )
     return _common.run(parser, bench_model, argv)
 
 

@@ -33,6 +33,7 @@ def main(snakemake) -> None:
             layers=p.settings["layers"],
             representations=RepresentationSettings(**p.settings["representations"]),
             dtype=p.settings["dtype"],
+            precision=p.settings.get("precision", "float32"),
             batch_size=batch_size,
         )
     # The model is built only on a cache miss.

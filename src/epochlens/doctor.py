@@ -5,8 +5,8 @@ Checks, each with a status (ok / warn / fail) and a one-line detail:
 * versions of Python, torch and the packages the workflow imports (missing ones fail);
 * the device ``auto`` resolves to (CUDA, then MPS, then CPU), its name and memory;
 * which dtypes work there (a small matmul in float32, float64, float16, bfloat16), and whether
-  forward passes autocast to the 16-bit ones there (``ablation.precision``); float64 missing
-  (MPS) is a warning: float64 work falls back to the CPU;
+  forward passes autocast to the 16-bit ones there (``ablation.precision``,
+  ``features.precision``); float64 missing (MPS) is a warning: float64 work falls back to the CPU;
 * a short curvature run (small CNN, random 8x8 images) on the device, compared with the same
   computation in float64 on the CPU, with its throughput;
 * with a profile (``epochlens doctor --profile profiles/slurm``), which device each rule's jobs
@@ -107,16 +107,16 @@ def _dtype_checks(device: torch.device) -> list[Check]:
 
 
 def _autocast_check(device: torch.device, name: str) -> str:
-    """Whether forward passes autocast to ``name`` on ``device`` (ablation.precision)."""
+    """Whether forward passes autocast to ``name`` on ``device`` (ablation.precision, features.precision)."""
     layer = torch.nn.Linear(8, 8).to(device)
     try:
         with autocast(device, name):
             out = layer(torch.ones(2, 8, device=device))
     except (RuntimeError, EpochlensError) as exc:
-        return f"; no autocast ({str(exc).splitlines()[0]}): ablation.precision float32 only"
+        return f"; no autocast ({str(exc).splitlines()[0]}): ablation/features.precision float32 only"
     if out.dtype != getattr(torch, name):
-        return f"; autocast gave {out.dtype}: ablation.precision float32 only"
-    return f"; autocast works (ablation.precision: {name})"
+        return f"; autocast gave {out.dtype}: ablation/features.precision float32 only"
+    return f"; autocast works (ablation/features.precision: {name})"
 
 
 def _curvature_check(device: torch.device, n_samples: int = 32) -> Check:

@@ -114,7 +114,10 @@ def feature_params(run: Mapping) -> dict:
     reps = {"names": list(settings["representations"])}
     if "spectral" in reps["names"]:
         reps.update(result_settings(spec, RepresentationSettings, exclude=("names",)))
-    return {"layers": settings["layers"], "representations": reps, "dtype": settings["dtype"]}
+    params = {"layers": settings["layers"], "representations": reps, "dtype": settings["dtype"]}
+    if settings.get("precision", "float32") != "float32":  # as in the cache key: float32 runs keep theirs
+        params["precision"] = settings["precision"]
+    return params
 
 
 def probe_params(run: Mapping) -> dict:

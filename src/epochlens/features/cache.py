@@ -19,8 +19,9 @@ holdout or the classes they need). d is C for ``pooled``, 6 for ``stats``, k for
 Cache: the key is the SHA-256 of (checkpoint file hash, data key, spec). The data key hashes the
 images and labels (``Dataset.content_hash``) and the normalisation (scale, mean, std): both change
 the features. :func:`load_or_extract` reads the file when its key matches and rebuilds it otherwise
-(another checkpoint, another data set, another layer or representation spec, another dtype), saying
-why. Batch size, device and compression are not part of the key: they change rounding at most.
+(another checkpoint, another data set, another layer or representation spec, another dtype or
+forward precision), saying why. Batch size, device and compression are not part of the key: they
+change rounding at most.
 """
 
 from __future__ import annotations
@@ -289,6 +290,7 @@ def write_features(
             run_device,
             progress,
             desc=f"features {split}",
+            precision=settings.precision,
         )
 
     dkey = _data_key or data_key(data)

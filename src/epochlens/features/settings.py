@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from epochlens.errors import ConfigError
+from epochlens.resources import PRECISIONS
 
 #: Bump when the meaning of stored values changes (e.g. the default layers): old caches rebuild.
 FORMAT_VERSION = 1
@@ -90,6 +91,13 @@ class FeatureSettings:
     dtype: Literal["float32", "float16"] = field(
         default="float32", metadata={"help": "storage dtype of the features (computed in float32)"}
     )
+    precision: Literal["float32", "bfloat16", "float16"] = field(
+        default="float32",
+        metadata={
+            "help": "forward pass in float32, or autocast to bfloat16 / float16 where the device has "
+            "it; the representations are computed and stored in float32 either way"
+        },
+    )
     splits: tuple[str, ...] = field(default=SPLITS, metadata={"help": "data splits to extract"})
     batch_size: int = field(
         default=256,
@@ -116,6 +124,8 @@ class FeatureSettings:
             problems.append(f"layers {self.layers} names a module twice")
         if self.dtype not in ("float32", "float16"):
             problems.append(f"dtype={self.dtype!r} must be float32 or float16")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision={self.precision!r} must be one of {list(PRECISIONS)}")
         bad_splits = [s for s in self.splits if s not in SPLITS]
         if bad_splits or not self.splits or len(set(self.splits)) != len(self.splits):
             problems.append(f"splits={list(self.splits)} must be distinct values of {list(SPLITS)}")
@@ -129,11 +139,17 @@ class FeatureSettings:
             raise ConfigError("feature settings: " + "; ".join(problems) + ". Fix the config.")
 
     def spec(self) -> dict:
-        """What the stored values depend on besides checkpoint and data (part of the cache key)."""
-        return {
+        """What the stored values depend on besides checkpoint and data (part of the cache key).
+
+        ``precision`` only when it is not float32, so that the keys of float32 files written before
+        the setting existed stay what they were."""
+        spec = {
             "format_version": FORMAT_VERSION,
             "layers": "default_blocks" if self.layers is None else list(self.layers),
             "representations": self.representations.spec(),
             "dtype": self.dtype,
             "splits": list(self.splits),
         }
+        if self.precision != "float32":
+            spec["precision"] = self.precision
+        return spec

@@ -240,6 +240,8 @@ def test_params_change_with_the_settings_that_change_results():
     }
     run["features"]["representations"] = ["pooled"]  # spectral settings only with spectral
     assert run_config.feature_params(run)["representations"] == {"names": ["pooled"]}
+    run["features"]["precision"] = "bfloat16"  # a 16-bit forward only: float32 runs keep their params
+    assert run_config.feature_params(run)["precision"] == "bfloat16"
 
     ekfac = run_config.influence_score_params("tiny", run, "ekfac", 6)["settings"]
     assert {"method", "fisher", "layers", "exclude_layers", "seed", "damping", "damping_mode"} <= set(ekfac)
@@ -434,9 +436,7 @@ def test_the_data_kind_is_checked_against_the_task_before_any_job(tmp_path):
     run = regression_run(tmp_path)
     x = np.zeros((4, 9), np.float32)
     np.savez(tmp_path / "matrices.npz", x_train=x, y_train=np.arange(4), x_test=x, y_test=np.arange(4))
-    with pytest.raises(
-        ConfigError, match=r"task regression, but .*npz holds integer labels.*floats"
-    ):
+    with pytest.raises(ConfigError, match=r"task regression, but .*npz holds integer labels.*floats"):
         _validate(run)
     np.savez(tmp_path / "matrices.npz", x_train=x, y_train=x, x_test=x, y_test=x)
     assert _validate(run)["task"] == "regression"
