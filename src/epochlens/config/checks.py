@@ -8,6 +8,7 @@ models are checked when their job builds them.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from epochlens.config import epochs
 from epochlens.errors import ConfigError
@@ -22,6 +23,7 @@ def check_run(name: str, run: dict) -> None:
     check_text_config(name, run)
     check_regression_config(name, run)
     check_ground_truth_config(name, run)
+    check_hf_checkpoint_task(name, run)
     epochs.analysis_epochs(name, run)
     epochs.curvature_epochs(name, run)
     check_feature_config(name, run)
@@ -153,6 +155,26 @@ def check_regression_config(name: str, run: dict) -> None:
         raise ConfigError(f"runs.{name} is a regression (task: regression); set " + "; ".join(problems) + ".")
     if data["source"] == "npz":
         check_npz_kind(name, data, "regression")
+
+
+def check_hf_checkpoint_task(name: str, run: dict) -> None:
+    """A transformer read from your checkpoint folders: the first one's config.json must name a
+    model that model.hf.task can load (its head, or a text-to-text model), before any job."""
+    hf, ckpt = run["model"].get("hf"), run["checkpoints"]
+    if hf is None or ckpt["source"] != "folder":
+        return
+    from epochlens.models.hf_heads import task_problem
+
+    found = epochs.checkpoint_epochs(run)
+    if not found:
+        return
+    folder = Path(ckpt["path"].format(index=run["indices"][0], epoch=found[0]))
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return  # a weights file, or a folder that the job reports on
+    problem = task_problem(config_file, hf.get("task", "sequence_classification"))
+    if problem:
+        raise ConfigError(f"runs.{name}.model.hf.task: {problem}.")
 
 
 #: Sources without columns: their ground truth is a file of positions.

@@ -268,6 +268,14 @@ def load_hf_model(
                     output_loading_info=True,
                 )
         except (OSError, ValueError, RuntimeError) as exc:
+            from epochlens.models.hf_heads import task_problem
+
+            problem = task_problem(path / CONFIG_FILE, task) if (path / CONFIG_FILE).is_file() else None
+            if problem or "Unrecognized configuration class" in str(exc):
+                raise CheckpointError(
+                    (problem or f"{path}: model.hf.task {task} cannot load this model ({str(exc)[:200]})")
+                    + ". The files are fine: the model's type has no such head."
+                ) from exc
             raise CheckpointError(
                 f"{path}: transformers cannot load these weights ({type(exc).__name__}: {str(exc)[:300]}). "
                 "The files are truncated or were written for another model: copy them again."
