@@ -495,20 +495,21 @@ def _per_matrix(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> 
 
     On the CPU, LAPACK runs single-threaded for each matrix (its own threads only slow such small
     problems down: a 128 x 128 eigvalsh took 80 ms for 128 matrices with two threads, 63 ms with
-    one) and the batch is split over torch's threads, each solving its share of the matrices (the
-    same values as one call). Elsewhere ``fn`` of the whole batch.
+    one) and torch's threads share the batch, in four pieces each, taken in turn, so that a thread
+    that another job slows down does not hold the others up (the same values as one call).
+    Elsewhere ``fn`` of the whole batch.
     """
     if x.device.type != "cpu":
         return fn(x)
     threads = torch.get_num_threads()
-    parts = min(threads, len(x))
+    workers = min(threads, len(x))
     torch.set_num_threads(1)
     try:
-        if parts <= 1:
+        if workers <= 1:
             return fn(x)
-        if parts not in _POOL:
-            _POOL[parts] = ThreadPoolExecutor(parts, thread_name_prefix="epochlens-linalg")
-        return torch.cat(list(_POOL[parts].map(fn, x.chunk(parts))))
+        if workers not in _POOL:
+            _POOL[workers] = ThreadPoolExecutor(workers, thread_name_prefix="epochlens-linalg")
+        return torch.cat(list(_POOL[workers].map(fn, x.chunk(min(4 * workers, len(x))))))
     finally:
         torch.set_num_threads(threads)
 
