@@ -32,9 +32,11 @@ precondition and score dtypes; epochlens's defaults), damping 0.1 x each layer's
 preconditioned query gradients at once. Stages are interleaved (epochlens, kronfluence, then
 kronfluence, epochlens, ...; ``--repeats`` rounds, the fastest of each kept), each with its peak
 memory; the report gives every stage's seconds and ratio and the Spearman correlations of the two
-libraries' self-influence and pairwise scores. Results go to ``--out`` (JSON) after every stage, so
-an interrupted run keeps what it measured. Setting up kronfluence's environment (never let pip
-touch torch; no torchvision)::
+libraries' self-influence and pairwise scores; ``peak_ratio`` is epochlens's peak memory over
+kronfluence's in a stage (each measured from the stage's start: the CUDA allocator's peak, or the
+process's peak RSS on the CPU), ``total.peak_ratio_max`` the largest of them. Results go to
+``--out`` (JSON) after every stage, so an interrupted run keeps what it measured. Setting up
+kronfluence's environment (never let pip touch torch; no torchvision)::
 
     python3 -m venv /work/kf-venv && /work/kf-venv/bin/pip install torch==2.13.0
     /work/kf-venv/bin/pip install --no-deps kronfluence==1.0.1
@@ -342,6 +344,7 @@ def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.devic
                     "ratio": round(best["epochlens"] / best["kronfluence"], 3),
                     "epochlens_peak_mib": round(peak["epochlens"], 1),
                     "kronfluence_peak_mib": round(peak["kronfluence"], 1),
+                    "peak_ratio": round(peak["epochlens"] / peak["kronfluence"], 3),
                 }
                 _summarise(report, args, device)
                 if out is not None:
@@ -374,6 +377,7 @@ def _summarise(report: dict, args: argparse.Namespace, device: torch.device) -> 
         "epochlens_s": round(ours, 2),
         "kronfluence_s": round(theirs, 2),
         "ratio": round(ours / theirs, 3) if theirs else None,
+        "peak_ratio_max": max(v["peak_ratio"] for v in stages.values()),
     }
     if device.type != "cuda":
         report["projection"] = "none: projected GPU hours need a run on a GPU (this one ran on the CPU)"

@@ -6,7 +6,7 @@ solvers failing on large or ill-conditioned matrices. Here:
 
 1. the factor is checked for NaN/Inf *before* solving, with an error that names the layer and the
    factor (NaN samples are left out upstream, so this means an overflow);
-2. it is cast to float64 and symmetrised, (M + Mᵀ)/2;
+2. it is cast to float64 and symmetrised, (M + Mᵀ)/2 (a copy only where M is not symmetric already);
 3. solvers are tried in order until one returns finite eigenpairs: the compute device's
    ``torch.linalg.eigh`` (skipped on the CPU, on devices without float64, and above
    ``max_device_dim``), the CPU's ``torch.linalg.eigh`` (LAPACK syevd), SciPy's ``evr`` driver, and
@@ -80,7 +80,7 @@ def symmetric_eigh(
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
         raise EigenError(f"{what}: expected a square matrix, got shape {tuple(matrix.shape)}")
     device = torch.device(device) if device is not None else matrix.device
-    bad = int((~torch.isfinite(matrix)).sum())
+    bad = 0 if bool(torch.isfinite(matrix).all()) else int((~torch.isfinite(matrix)).sum())
     if bad:
         raise EigenError(
             f"{what} ({matrix.shape[0]}x{matrix.shape[0]}) holds {bad} NaN/Inf entries before the "
@@ -89,7 +89,8 @@ def symmetric_eigh(
             "checkpoint, or exclude the layer."
         )
     m = matrix.detach().to(torch.float64)
-    m = (m + m.T) / 2
+    if not torch.equal(m, m.T):  # a symmetric one (mirrored sums) is used as it is: no copies
+        m = (m + m.T).mul_(0.5)
     dim = m.shape[0]
     failures: list[str] = []
     attempts: list[tuple[str, object]] = []
@@ -102,10 +103,8 @@ def symmetric_eigh(
     attempts.append(("cpu", lambda: _torch_eigh(m_cpu)))
     attempts.append(("cpu-scipy-evr", lambda: _scipy_eigh(m_cpu)))
     scale = float(m_cpu.diagonal().abs().mean()) or 1.0
-    eye = torch.eye(dim, dtype=torch.float64)
     for eps in (1e-12, 1e-9, 1e-6):
-        shift = eps * scale
-        attempts.append((f"cpu-shift-{eps:g}", _shifted(m_cpu, eye, shift)))
+        attempts.append((f"cpu-shift-{eps:g}", _shifted(m_cpu, eps * scale)))
     for name, solve in attempts:
         try:
             values, vectors = solve()  # type: ignore[operator]
@@ -130,9 +129,11 @@ def symmetric_eigh(
     )
 
 
-def _shifted(m: torch.Tensor, eye: torch.Tensor, shift: float):
+def _shifted(m: torch.Tensor, shift: float):
     def solve() -> tuple[torch.Tensor, torch.Tensor]:
-        values, vectors = _torch_eigh(m + shift * eye)
+        shifted = m.clone()
+        shifted.diagonal().add_(shift)  # M + shift·I, formed only when this solver is tried
+        values, vectors = _torch_eigh(shifted)
         return values - shift, vectors
 
     return solve

@@ -47,13 +47,18 @@ from epochlens.influence.layers import (
     layer_inputs,
     layer_output_grads,
     layer_positions,
+    layer_width,
+    live_positions,
+    output_rows,
     per_sample_gradient,
+    sample_chunks,
 )
 from epochlens.models.layers import check_finite_weights
 from epochlens.tasks import Task, Uniforms, per_sample_loss, sample_uniforms
 
 __all__ = [
     "BatchBackprop",
+    "Workspace",
     "forward_backprop",
     "prepared_model",
     "resolve_compute_dtype",
@@ -132,16 +137,21 @@ def prepared_model(
 
 @dataclass
 class BatchBackprop:
-    """One batch's per-sample quantities.
+    """One batch's per-sample quantities, kept as the network gave them (compute dtype, module shapes)
+    until a layer's are asked for: :meth:`factored` writes one layer's inputs (unfolded patches for a
+    convolution, about kh·kw times the layer's input) and output gradients in the dtype asked, and
+    :meth:`chunks` does so a chunk of samples at a time, so a caller that works layer by layer never
+    holds the whole batch's (for ResNet-18 at 32 images, 1 GiB of float64 patches).
 
     Attributes:
-        inputs: layer name -> (B, T, in_dim) layer inputs, bias column last (the stored dtype: see
-            :func:`forward_backprop`), the positions of every call concatenated, padding zeroed.
+        layers: layer name -> :class:`LayerInfo`.
+        calls: layer name -> the input of each call of the layer (detached, compute dtype).
         output_grads: one dict per backprop vector (one for scores/empirical/true Fisher, one per
-            output-Hessian vector for the expected Fisher): layer name -> (B, T, out), stored dtype,
-            at the scale of the scaled vector (see ``scales``).
+            output-Hessian vector for the expected Fisher): layer name -> the gradient of each call's
+            output (module-shaped, compute dtype), at the scale of the scaled vector (see ``scales``).
         scales: per backprop vector, (B,) float64 powers of two: the true output gradient is
-            ``output_grads / scale``; None where the gradients are stored divided already.
+            ``output_grads / scale``.
+        mask: (B, T) bool position mask of the task (padding), or None.
         positions: layer name -> (B,) float64 positions entering the activation covariance.
         losses: (B,) float64 task loss at the sample's targets (NaN where it has none).
         valid: (B,) bool, False where any of the above is NaN/Inf for that sample.
@@ -149,9 +159,11 @@ class BatchBackprop:
             compute dtype (see the module doc).
     """
 
-    inputs: dict[str, torch.Tensor]
-    output_grads: list[dict[str, torch.Tensor]]
+    layers: dict[str, LayerInfo]
+    calls: dict[str, list[torch.Tensor]]
+    output_grads: list[dict[str, list[torch.Tensor]]]
     scales: list[torch.Tensor]
+    mask: torch.Tensor | None
     positions: dict[str, torch.Tensor]
     losses: torch.Tensor
     valid: torch.Tensor
@@ -162,33 +174,113 @@ class BatchBackprop:
         """(B,) bool: valid and not vanished."""
         return self.valid & ~self.vanished
 
-    def factored(
-        self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(a (B', T, in_dim), ds (B', T, out)) of layer ``name`` in ``dtype``, per backprop vector."""
-        rows = _some(rows)
-        a = self.inputs[name] if rows is None else self.inputs[name][rows]
-        return [(a.to(dtype), d) for d in self.output_gradients(name, dtype, rows)]
+    def inputs(self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer inputs a (B', T, in_dim) of layer ``name`` in ``dtype``, bias column last, the
+        positions of every call concatenated, padding zeroed (see :func:`layer_inputs`)."""
+        return self._inputs(name, dtype, _some(rows))
 
     def output_gradients(
         self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
     ) -> list[torch.Tensor]:
         """Output gradients ds (B', T, out) of layer ``name`` in ``dtype``, scaled back, per vector."""
-        rows, out = _some(rows), []
-        for ds, scale in zip(self.output_grads, self.scales, strict=True):
-            d = ds[name] if rows is None else ds[name][rows]
-            if scale is None:
-                out.append(d.to(dtype))
-                continue
-            s = scale if rows is None else scale[rows]
-            out.append(d.to(dtype) * (1.0 / s).to(dtype)[:, None, None])
-        return out
+        rows = _some(rows)
+        return [self._output_gradient(name, dtype, rows, k) for k in range(len(self.output_grads))]
+
+    def factored(
+        self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(a (B', T, in_dim), ds (B', T, out)) of layer ``name`` in ``dtype``, per backprop vector."""
+        a = self.inputs(name, dtype, rows)
+        return [(a, d) for d in self.output_gradients(name, dtype, rows)]
 
     def gradients(
         self, name: str, dtype: torch.dtype, rows: torch.Tensor | None = None
     ) -> list[torch.Tensor]:
         """Per-sample gradient matrices (B', out, in_dim) of layer ``name``, one per backprop vector."""
         return [per_sample_gradient(a, d) for a, d in self.factored(name, dtype, rows)]
+
+    def chunks(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        rows: torch.Tensor | None = None,
+        copies: int = 1,
+        workspace: Workspace | None = None,
+    ) -> Iterator[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """(a, [ds per vector]) of layer ``name`` as :meth:`factored` gives them, for consecutive
+        chunks of the rows, each chunk's a and ds, times ``copies`` (2 where the caller forms rotated
+        copies of them), at most :data:`epochlens.influence.layers.CHUNK_BYTES` (one sample at least).
+
+        With a ``workspace`` the chunks are written into its buffer, valid until the next chunk."""
+        info, item = self.layers[name], torch.finfo(dtype).bits // 8
+        width = sum(layer_width(info, x) for x in self.calls[name])
+        vectors = len(self.output_grads)
+        per_sample = copies * width * (info.in_dim + vectors * info.out_dim) * item
+        rows = _some(rows)
+        index = None if rows is None else rows.nonzero().squeeze(1)
+        n = self.valid.shape[0] if index is None else len(index)
+        parts = sample_chunks(n, per_sample)
+        if len(self.calls[name]) > 1:
+            workspace = None  # the calls' positions are concatenated: no room to write them in place
+        for part in parts:
+            sel = rows if len(parts) == 1 else index[part] if index is not None else part
+            b = part.stop - part.start
+            bufs = [None] * (1 + vectors)
+            if workspace is not None:
+                sizes = [b * width * info.in_dim] + [b * width * info.out_dim] * vectors
+                bufs = workspace.split(sizes, dtype, self.valid.device)
+            a = self._inputs(name, dtype, sel, bufs[0])
+            yield a, [self._output_gradient(name, dtype, sel, k, bufs[1 + k]) for k in range(vectors)]
+
+    def _inputs(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        rows: torch.Tensor | slice | None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        info, mask = self.layers[name], _take(self.mask, rows)
+        parts = [layer_inputs(info, _take(x, rows), mask, dtype, out) for x in self.calls[name]]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def _output_gradient(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        rows: torch.Tensor | slice | None,
+        k: int,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        info, mask, scale = self.layers[name], _take(self.mask, rows), _take(self.scales[k], rows)
+        parts = [
+            layer_output_grads(info, _take(g, rows), mask, dtype, scale, out)
+            for g in self.output_grads[k][name]
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+class Workspace:
+    """One buffer that a pass writes every chunk of its batches into (:meth:`BatchBackprop.chunks`),
+    grown when a chunk needs more. Allocating and freeing chunks of changing sizes batch after batch
+    leaves holes in the C allocator's heap, which stay resident: on a CPU that added 150-250 MiB to
+    the covariance pass's peak over ResNet-18's ~1.1 GiB."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def split(self, sizes: list[int], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+        """Consecutive 1-D views of the buffer with these numbers of elements."""
+        total = sum(sizes)
+        buf = self.buffer
+        if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < total:
+            self.buffer = buf = None  # the old one goes first
+            self.buffer = buf = torch.empty(total, dtype=dtype, device=device)
+        return list(buf[:total].split(sizes))
+
+
+def _take(t: torch.Tensor | None, rows: torch.Tensor | slice | None) -> torch.Tensor | None:
+    """``t``'s rows ``rows`` (a bool mask, indices, or a slice: a view; None: all, no copy)."""
+    return t if rows is None or t is None else t[rows]
 
 
 def _some(rows: torch.Tensor | None) -> torch.Tensor | None:
@@ -214,7 +306,6 @@ def forward_backprop(
     mode: str,
     seed: int,
     sample_indices: np.ndarray,
-    dtype: torch.dtype | None = None,
 ) -> BatchBackprop:
     """Forward ``inputs`` through ``net`` and back-propagate the vectors of ``mode``.
 
@@ -225,99 +316,129 @@ def forward_backprop(
         mode: "loss" (or "empirical"): the loss at the targets; "measurement": the task's query
             measurement; "true": targets drawn from the model; "expected": the output Hessian's vectors.
         seed, sample_indices: the draws of the true Fisher.
-        dtype: the dtype the layer inputs and output gradients are stored in, the output gradients
-            divided by their scales already (exact: powers of two), e.g. the float64 of the factors,
-            written in one copy each; None: the compute dtype, gradients at their scale (``scales``).
+
+    The layers' inputs and output gradients stay in the compute dtype, as the network gave them; the
+    autograd graph is freed on return.
     """
     if mode not in MODES:
         raise ValueError(f"unknown backprop mode {mode!r}; one of {MODES}")
     mask = task.position_mask(inputs)
     with torch.enable_grad():
-        for _ in range(2):
-            capture.clear()
-            z = task.prediction(task.forward(net, inputs))
-            b = z.shape[0]
-            modified = capture.check(b)
-            if not modified:
-                break
-            capture.decoupled |= modified  # ReLU(inplace=True) after a tracked layer: copy and redo
-        else:  # pragma: no cover - a decoupled layer hands a copy on, which nothing else touches
-            raise LayerSelectionError(f"layers {sorted(modified)} keep being modified in place")
-        if not z.requires_grad:
-            raise LayerSelectionError(
-                f"the prediction of task {task.name!r} does not depend on any tracked layer; select "
-                "layers that the model's output depends on."
-            )
+        z = _forward(net, capture, task, inputs)
         zd = z.detach().to(torch.float64)
-        losses = torch.full((b,), torch.nan, dtype=torch.float64, device=z.device)
-        if targets is not None:
-            with torch.no_grad():
-                losses = per_sample_loss(task, zd, targets, inputs).to(torch.float64)
-        if mode == "expected":
-            vectors = [v.to(torch.float64) for v in task.fisher_vectors(zd, targets, inputs)]
-        else:
-            tg = targets
-            if mode == "true":
-                tg = task.sample_targets(zd, targets, inputs, Uniforms(seed, sample_indices, z.device))
-            zg = zd.clone().requires_grad_(True)
-            value = per_sample_loss(task, zg, tg, inputs, measurement=mode == "measurement")
-            (v,) = torch.autograd.grad(value.sum(), zg, allow_unused=True)
-            v = torch.zeros_like(zd) if v is None else v
-            if mode == "true":
-                weight = task.fisher_weight(zd, targets, inputs)
-                if weight is not None:
-                    v = v * weight.to(v).view(-1, *([1] * (v.ndim - 1)))
-            vectors = [v]
+        losses, vectors = _vectors(task, zd, targets, inputs, mode, seed, sample_indices)
         names = list(capture.layers)
+        calls = {n: [x for x, _ in capture.calls[n]] for n in names}
         outputs = [out for n in names for _, out in capture.calls[n]]
-        watch = z.dtype != torch.float64  # underflow is possible: find samples no gradient reaches
+        capture.clear()
         valid = torch.isfinite(zd.flatten(1)).all(1) if zd.ndim > 1 else torch.isfinite(zd)
-        inputs_by_layer, positions, live = {}, {}, {}
+        positions = {}
         for n in names:
-            info = capture.layers[n]
-            calls = capture.calls[n]
-            parts = []
-            for x, _ in calls:
+            for x in calls[n]:
                 valid &= torch.isfinite(x).flatten(1).all(1)  # the patches hold nothing else
-                parts.append(layer_inputs(info, x, mask, dtype))
-            inputs_by_layer[n] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-            positions[n] = sum(layer_positions(info, x, mask) for x, _ in calls)
-            if watch:
-                live[n] = _live_positions(info, inputs_by_layer[n])
+            positions[n] = sum(layer_positions(capture.layers[n], x, mask) for x in calls[n])
         grads_per_vector, scales = [], []
-        nonzero = torch.zeros(b, dtype=torch.bool, device=z.device)
-        reached = torch.zeros(b, dtype=torch.bool, device=z.device)
         for k, v in enumerate(vectors):
             flat = v.flatten(1) if v.ndim > 1 else v[:, None]
             valid &= torch.isfinite(flat).all(1)
-            nonzero |= (flat != 0).any(1)
             scale = _scales(v)
             scaled = (v * scale.view(-1, *([1] * (v.ndim - 1)))).to(z.dtype)
+            # Σ z·v back-propagates v exactly (no grad_outputs: their first use imports sympy, ~34 MiB)
             grads = torch.autograd.grad(
-                z, outputs, grad_outputs=scaled, retain_graph=k < len(vectors) - 1, allow_unused=True
+                (z * scaled).sum(), outputs, retain_graph=k < len(vectors) - 1, allow_unused=True
             )
-            ds, i = {}, 0
-            for n in names:
-                info = capture.layers[n]
-                parts = []
-                for _, out in capture.calls[n]:
-                    g = torch.zeros_like(out) if grads[i] is None else grads[i]
-                    i += 1
-                    valid &= torch.isfinite(g).flatten(1).all(1)
-                    parts.append(layer_output_grads(info, g, mask, dtype, None if dtype is None else scale))
-                ds[n] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-                if watch and not bool(reached.all()):
-                    reached |= ((ds[n] != 0).any(2) & live[n]).any(1)  # some ds_t a_tᵀ is non-zero
-            grads_per_vector.append(ds)
-            scales.append(scale if dtype is None else None)
-    capture.clear()
-    vanished = valid & nonzero & ~reached if watch else torch.zeros_like(valid)
-    return BatchBackprop(inputs_by_layer, grads_per_vector, scales, positions, losses, valid, vanished)
+            grads = [torch.zeros_like(out) if g is None else g for g, out in zip(grads, outputs, strict=True)]
+            for g in grads:
+                valid &= torch.isfinite(g).flatten(1).all(1)
+            grads_per_vector.append(_per_layer(grads, calls))
+            scales.append(scale)
+    watch = z.dtype != torch.float64  # underflow is possible: find samples no gradient reaches
+    del z, outputs, grads  # the graph and the layers' outputs
+    vanished = torch.zeros_like(valid)
+    if watch:
+        vanished = valid & _vanished(capture.layers, calls, grads_per_vector, vectors, mask)
+    return BatchBackprop(
+        capture.layers, calls, grads_per_vector, scales, mask, positions, losses, valid, vanished
+    )
 
 
-def _live_positions(info: LayerInfo, a: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: positions whose input a_t is non-zero (a bias column is 1 at every real position)."""
-    return a[..., -1] != 0 if info.has_bias else (a != 0).any(2)
+def _forward(net: nn.Module, capture: ActivationCapture, task: Task, inputs: Any) -> torch.Tensor:
+    """The task's prediction z with ``capture`` holding every tracked layer's calls (a layer whose
+    output a ReLU(inplace=True) modifies is decoupled and the forward redone)."""
+    for _ in range(2):
+        capture.clear()
+        z = task.prediction(task.forward(net, inputs))
+        modified = capture.check(z.shape[0])
+        if not modified:
+            break
+        capture.decoupled |= modified  # ReLU(inplace=True) after a tracked layer: copy and redo
+    else:  # pragma: no cover - a decoupled layer hands a copy on, which nothing else touches
+        raise LayerSelectionError(f"layers {sorted(modified)} keep being modified in place")
+    if not z.requires_grad:
+        raise LayerSelectionError(
+            f"the prediction of task {task.name!r} does not depend on any tracked layer; select "
+            "layers that the model's output depends on."
+        )
+    return z
+
+
+def _vectors(
+    task: Task, zd: torch.Tensor, targets: Any, inputs: Any, mode: str, seed: int, sample_indices: np.ndarray
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(losses (B,) float64 at the targets, the float64 vectors of ``mode`` to back-propagate)."""
+    losses = torch.full((zd.shape[0],), torch.nan, dtype=torch.float64, device=zd.device)
+    if targets is not None:
+        with torch.no_grad():
+            losses = per_sample_loss(task, zd, targets, inputs).to(torch.float64)
+    if mode == "expected":
+        return losses, [v.to(torch.float64) for v in task.fisher_vectors(zd, targets, inputs)]
+    tg = targets
+    if mode == "true":
+        tg = task.sample_targets(zd, targets, inputs, Uniforms(seed, sample_indices, zd.device))
+    zg = zd.clone().requires_grad_(True)
+    value = per_sample_loss(task, zg, tg, inputs, measurement=mode == "measurement")
+    (v,) = torch.autograd.grad(value.sum(), zg, allow_unused=True)
+    v = torch.zeros_like(zd) if v is None else v
+    if mode == "true":
+        weight = task.fisher_weight(zd, targets, inputs)
+        if weight is not None:
+            v = v * weight.to(v).view(-1, *([1] * (v.ndim - 1)))
+    return losses, [v]
+
+
+def _vanished(
+    layers: dict[str, LayerInfo],
+    calls: dict[str, list[torch.Tensor]],
+    grads_per_vector: list[dict[str, list[torch.Tensor]]],
+    vectors: list[torch.Tensor],
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """(B,) bool: a vector is non-zero but no tracked gradient Σ_t ds_t a_tᵀ is (no position t with
+    ds_t != 0 and a_t != 0, in any layer, call or vector)."""
+    nonzero = torch.zeros(vectors[0].shape[0], dtype=torch.bool, device=vectors[0].device)
+    for v in vectors:
+        nonzero |= ((v.flatten(1) if v.ndim > 1 else v[:, None]) != 0).any(1)
+    reached = torch.zeros_like(nonzero)
+    for n, xs in calls.items():
+        info = layers[n]
+        for k, x in enumerate(xs):
+            if bool(reached.all()):
+                return nonzero & ~reached
+            live = live_positions(info, x, mask)
+            for grads in grads_per_vector:
+                reached |= ((output_rows(info, grads[n][k]) != 0).any(2) & live).any(1)
+    return nonzero & ~reached
+
+
+def _per_layer(
+    grads: list[torch.Tensor], calls: dict[str, list[torch.Tensor]]
+) -> dict[str, list[torch.Tensor]]:
+    """The flat list of every call's output gradient, in ``calls``' order, grouped by layer."""
+    out, i = {}, 0
+    for n, xs in calls.items():
+        out[n] = grads[i : i + len(xs)]
+        i += len(xs)
+    return out
 
 
 def task_batches(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import fnmatch
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -263,35 +264,48 @@ def _token_mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | No
     return mask
 
 
+def _patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """The input patches of a convolution as a strided view (B, Ho, Wo, C, kh, kw) of padded ``x``.
+
+    Copied once by the caller: F.unfold's parallel im2col is up to 1000x slower for small images on a
+    CPU whose cores are busy with other work.
+    """
+    x = F.pad(x, _conv_padding(m))
+    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    p = x.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)  # (B, C, Ho, Wo, ., .)
+    return p[..., ::dh, ::dw].permute(0, 2, 3, 1, 4, 5)
+
+
 def layer_inputs(
-    info: LayerInfo, x: torch.Tensor, mask: torch.Tensor | None = None, dtype: torch.dtype | None = None
+    info: LayerInfo,
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-position inputs (B, T, in_dim) of a layer given its input ``x``, bias column last, in
-    ``dtype`` (default ``x``'s), contiguous.
+    ``dtype`` (default ``x``'s), contiguous; written into ``out`` (B·T·in_dim numbers, contiguous)
+    if given.
 
     ``mask`` (B, T) bool zeroes the positions that are not real tokens when ``x`` is (B, T, d). The
     patches (or rows), the cast and the bias column are written into the result in one copy: for a
     ResNet's convolutions this tensor is the largest of a batch, and each extra copy costs as much
     as a convolution.
     """
-    m, dtype = info.module, dtype or x.dtype
+    dtype = dtype or x.dtype
     token = None
     if info.kind == "conv2d":
-        # Patches as a strided view, copied once: F.unfold's parallel im2col is up to 1000x slower
-        # for small images on a CPU whose cores are busy with other work.
-        x = F.pad(x, _conv_padding(m))
-        (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-        p = x.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)  # (B, C, Ho, Wo, ., .)
-        rows = p[..., ::dh, ::dw].permute(0, 2, 3, 1, 4, 5)  # (B, Ho, Wo, C, kh, kw)
+        rows = _patches(info.module, x)
         b, t, d = x.shape[0], rows.shape[1] * rows.shape[2], info.in_features
     else:
         token = _token_mask(x, mask)
         rows = x.reshape(x.shape[0], -1, x.shape[-1])
         b, t, d = rows.shape
-    if not info.has_bias and rows.dtype == dtype:  # may be a view of x: never written to
+    if out is None and not info.has_bias and rows.dtype == dtype:  # may be a view of x: never written to
         a = rows.reshape(b, t, d)
         return a.contiguous() if token is None else a * token[:, :, None].to(a.dtype)
-    a = torch.empty(b, t, d + info.has_bias, dtype=dtype, device=x.device)
+    shape = (b, t, d + info.has_bias)
+    a = torch.empty(shape, dtype=dtype, device=x.device) if out is None else out.view(shape)
     a[..., :d].view(rows.shape).copy_(rows)
     if info.has_bias:
         a[..., d] = 1
@@ -306,15 +320,15 @@ def layer_output_grads(
     mask: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
     scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Output gradients as (B, T, out), contiguous, in ``dtype`` (default ``ds``'s), from the module's
-    output-shaped gradient, masked as the inputs, divided by ``scale`` (B,) if given (one pass)."""
-    if info.kind == "conv2d":
-        token, rows = None, ds.flatten(2).transpose(1, 2)
-    else:
-        token = _token_mask(ds, mask)
-        rows = ds.reshape(ds.shape[0], -1, ds.shape[-1])
-    out = torch.empty(rows.shape, dtype=dtype or ds.dtype, device=ds.device)
+    output-shaped gradient, masked as the inputs, divided by ``scale`` (B,) if given (one pass);
+    written into ``out`` (B·T·out numbers, contiguous) if given."""
+    token = None if info.kind == "conv2d" else _token_mask(ds, mask)
+    rows = output_rows(info, ds)
+    dtype = dtype or ds.dtype
+    out = torch.empty(rows.shape, dtype=dtype, device=ds.device) if out is None else out.view(rows.shape)
     if scale is None:
         out.copy_(rows)
     elif torch.promote_types(rows.dtype, out.dtype) == out.dtype:
@@ -326,20 +340,52 @@ def layer_output_grads(
     return out
 
 
+def output_rows(info: LayerInfo, ds: torch.Tensor) -> torch.Tensor:
+    """The module-shaped output gradient ``ds`` as (B, T, out), a view (unmasked, unscaled)."""
+    if info.kind == "conv2d":
+        return ds.flatten(2).transpose(1, 2)
+    return ds.reshape(ds.shape[0], -1, ds.shape[-1])
+
+
+def live_positions(info: LayerInfo, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) bool: the positions whose input a_t (:func:`layer_inputs`) is non-zero, from the
+    layer's input ``x`` without unfolding it. A bias column is 1 at every real position."""
+    if info.kind == "conv2d":
+        if info.has_bias:
+            return torch.ones(x.shape[0], _conv_positions(info.module, x), dtype=torch.bool, device=x.device)
+        nonzero = (x != 0).any(1, keepdim=True).to(torch.uint8)  # (B, 1, H, W): a patch's columns
+        p = _patches(info.module, nonzero)
+        return p.reshape(p.shape[0], p.shape[1] * p.shape[2], -1).any(2).to(torch.bool)
+    token = _token_mask(x, mask)
+    rows = x.reshape(x.shape[0], -1, x.shape[-1])
+    live = (
+        torch.ones(rows.shape[:2], dtype=torch.bool, device=x.device) if info.has_bias else (rows != 0).any(2)
+    )
+    return live if token is None else live & token.to(torch.bool)
+
+
+def _conv_positions(m: nn.Conv2d, x: torch.Tensor) -> int:
+    """Ho·Wo of a convolution's output for input ``x``."""
+    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    left, right, top, bottom = _conv_padding(m)
+    ho = (x.shape[2] + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    wo = (x.shape[3] + left + right - (kw - 1) * dw - 1) // sw + 1
+    return ho * wo
+
+
+def layer_width(info: LayerInfo, x: torch.Tensor) -> int:
+    """T: the positions per sample of one call of the layer with input ``x`` (padding included)."""
+    if info.kind == "conv2d":
+        return _conv_positions(info.module, x)
+    return x[0].numel() // x.shape[-1] if x.shape[0] else 0
+
+
 def layer_positions(info: LayerInfo, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Positions per sample (B,) float64 that enter the activation covariance (real tokens only)."""
-    if info.kind == "conv2d":
-        m = info.module
-        x = F.pad(x[:, :1, :, :], _conv_padding(m))
-        (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-        ho = (x.shape[2] - (kh - 1) * dh - 1) // sh + 1
-        wo = (x.shape[3] - (kw - 1) * dw - 1) // sw + 1
-        return torch.full((x.shape[0],), float(ho * wo), dtype=torch.float64, device=x.device)
-    token = _token_mask(x, mask)
+    token = None if info.kind == "conv2d" else _token_mask(x, mask)
     if token is not None:
         return token.sum(1).to(torch.float64)
-    t = x[0].numel() // x.shape[-1] if x.shape[0] else 0
-    return torch.full((x.shape[0],), float(t), dtype=torch.float64, device=x.device)
+    return torch.full((x.shape[0],), float(layer_width(info, x)), dtype=torch.float64, device=x.device)
 
 
 def per_sample_gradient(a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
@@ -347,6 +393,21 @@ def per_sample_gradient(a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
     if a.shape[1] == 1:
         return ds[:, 0, :, None] * a[:, 0, None, :]
     return torch.einsum("bto,bti->boi", ds, a)
+
+
+#: Bytes of one layer's per-sample tensors that a pass forms at once, once for its unfolded inputs and
+#: output gradients and once for per-sample gradient matrices: a batch is worked through in chunks of
+#: samples that fit (:meth:`epochlens.influence.gradients.BatchBackprop.chunks`,
+#: :func:`gradient_chunks`), so memory does not grow with the batch size or the largest layer's
+#: out x in_dim. Sums over chunks equal the batch's up to rounding.
+CHUNK_BYTES = 16 * 2**20
+
+
+def sample_chunks(n: int, per_sample_bytes: int, budget: int | None = None) -> list[slice]:
+    """Consecutive slices of ``n`` samples, each of at most ``budget`` bytes (default
+    :data:`CHUNK_BYTES`), at least one sample each; one empty slice for no sample."""
+    step = max(1, (CHUNK_BYTES if budget is None else budget) // max(per_sample_bytes, 1))
+    return [slice(start, min(start + step, n)) for start in range(0, max(n, 1), step)]
 
 
 #: Columns per block of :func:`gram_`'s upper-triangle products (fastest on CPUs tried, 128-384).
@@ -379,17 +440,46 @@ def symmetrize_(out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rotated_gradient(a: torch.Tensor, ds: torch.Tensor, qs: torch.Tensor, qa: torch.Tensor) -> torch.Tensor:
-    """Q_Sᵀ G_n Q_A (B, out, in_dim) for G_n = Σ_t ds_t a_tᵀ, without forming G_n where cheaper.
+def _rotate_first(t: int, n_out: int, n_in: int) -> bool:
+    """Whether Σ_t (Q_Sᵀ ds_t)(Q_Aᵀ a_t)ᵀ is cheaper than rotating G_n = Σ_t ds_t a_tᵀ: T(in² + out² +
+    out·in) per sample against T·out·in + out²·in + out·in² (30x less for ResNet-18's layer4: T = 16,
+    in = 4609, out = 512; the other way round for its layer1, T = 1024)."""
+    return t * (n_in * n_in + n_out * n_out + n_out * n_in) < t * n_out * n_in + n_out * n_in * (n_out + n_in)
 
-    Σ_t (Q_Sᵀ ds_t)(Q_Aᵀ a_t)ᵀ costs T(in² + out² + out·in) per sample against T·out·in + out²·in +
-    out·in² for rotating G_n: 30x less for ResNet-18's layer4 (T = 16, in = 4609, out = 512).
-    a: (B, T, in_dim), ds: (B, T, out), qs: (out, out), qa: (in_dim, in_dim), all one dtype.
-    """
-    t, n_out, n_in = a.shape[1], qs.shape[0], qa.shape[0]
-    if t * (n_in * n_in + n_out * n_out + n_out * n_in) < t * n_out * n_in + n_out * n_in * (n_out + n_in):
+
+def rotated_gradient(a: torch.Tensor, ds: torch.Tensor, qs: torch.Tensor, qa: torch.Tensor) -> torch.Tensor:
+    """Q_Sᵀ G_n Q_A (B, out, in_dim) for G_n = Σ_t ds_t a_tᵀ, without forming G_n where cheaper
+    (see :func:`_rotate_first`). a: (B, T, in_dim), ds: (B, T, out), qs: (out, out), qa: (in_dim,
+    in_dim), all one dtype."""
+    if _rotate_first(a.shape[1], qs.shape[0], qa.shape[0]):
         return per_sample_gradient(a @ qa, ds @ qs)
     return qs.T @ per_sample_gradient(a, ds) @ qa
+
+
+def gradient_chunks(
+    a: torch.Tensor,
+    ds: torch.Tensor,
+    rot: tuple[torch.Tensor, torch.Tensor] | None = None,
+    copies: int = 1,
+    budget: int | None = None,
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """(samples, G) for consecutive chunks of the samples of a (B, T, in_dim) and ds (B, T, out):
+    G the per-sample gradient matrices (b, out, in_dim), or Q_Sᵀ G Q_A with ``rot`` = (Q_S, Q_A)
+    (:func:`rotated_gradient`, the same numbers).
+
+    Each chunk holds at most ``budget`` bytes (default :data:`CHUNK_BYTES`) of gradient matrices,
+    ``copies`` of them per sample (G and what the caller forms from it at once), two more where the
+    rotation runs after G. Where the rotation runs first it runs on the whole of a and ds, one large
+    product each, not per chunk.
+    """
+    b, t, n_in = a.shape
+    n_out = ds.shape[2]
+    if rot is not None and _rotate_first(t, n_out, n_in):
+        a, ds, rot = a @ rot[1], ds @ rot[0], None
+    matrices = copies + (0 if rot is None else 2)
+    for part in sample_chunks(b, matrices * n_out * n_in * a.element_size(), budget):
+        g = per_sample_gradient(a[part], ds[part])
+        yield part, g if rot is None else rot[0].T @ g @ rot[1]
 
 
 def gradient_to_parameters(info: LayerInfo, g: torch.Tensor) -> dict[str, torch.Tensor]:

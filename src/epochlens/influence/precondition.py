@@ -29,7 +29,7 @@ import torch
 from epochlens.errors import InfluenceError
 from epochlens.influence.damping import condition_number, damping_ladder, initial_damping
 from epochlens.influence.factors import InfluenceFactors
-from epochlens.influence.layers import per_sample_gradient, rotated_gradient
+from epochlens.influence.layers import gradient_chunks
 from epochlens.influence.settings import InfluenceSettings
 
 DIAGNOSTIC_COLUMNS = (
@@ -181,26 +181,34 @@ class Preconditioner:
                 stacklevel=4,
             )
 
-    def apply(self, name: str, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
-        """P G (B, out, in_dim) for G = Σ_t ds_t a_tᵀ, a (B, T, in_dim), ds (B, T, out)."""
+    def apply(
+        self, name: str, a: torch.Tensor, ds: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """P G (B, out, in_dim) for G = Σ_t ds_t a_tᵀ, a (B, T, in_dim), ds (B, T, out), written into
+        ``out`` if given (e.g. rows of a preallocated store), a chunk of samples at a time
+        (:func:`gradient_chunks`)."""
         a, ds = a.to(self.dtype), ds.to(self.dtype)
-        if self.method == "identity":
-            return per_sample_gradient(a, ds)
-        inv = self._inverse[name]
-        if self.method == "diagonal":
-            return per_sample_gradient(a, ds) * inv
-        qs, qa = self._rot[name]
-        return qs @ (rotated_gradient(a, ds, qs, qa) * inv) @ qa.T
+        if out is None:
+            out = torch.empty(a.shape[0], ds.shape[2], a.shape[2], dtype=self.dtype, device=a.device)
+        rot = self._rot.get(name)
+        for part, g in gradient_chunks(a, ds, rot, copies=2):
+            if self.method == "identity":
+                out[part] = g
+            elif self.method == "diagonal":
+                torch.mul(g, self._inverse[name], out=out[part])
+            else:
+                torch.matmul(rot[0] @ g.mul_(self._inverse[name]), rot[1].T, out=out[part])
+        return out
 
     def quadratic(self, name: str, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
         """Gᵀ P G per sample, (B,), for G = Σ_t ds_t a_tᵀ (shapes as in :meth:`apply`)."""
         a, ds = a.to(self.dtype), ds.to(self.dtype)
-        if self.method in ("identity", "diagonal"):
-            g = per_sample_gradient(a, ds)
-            g2 = g * g
-            return (g2 if self.method == "identity" else g2 * self._inverse[name]).sum((1, 2))
-        r = rotated_gradient(a, ds, *self._rot[name])
-        return (r * r * self._inverse[name]).sum((1, 2))
+        total = torch.empty(a.shape[0], dtype=self.dtype, device=a.device)
+        inverse = self._inverse.get(name)
+        for part, g in gradient_chunks(a, ds, self._rot.get(name)):
+            g2 = g.square_() if inverse is None else g.square_().mul_(inverse)
+            total[part] = g2.sum((1, 2))
+        return total
 
 
 def factor_diagnostics(factors: InfluenceFactors, settings: InfluenceSettings | None = None) -> pd.DataFrame:

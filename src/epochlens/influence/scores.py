@@ -20,7 +20,11 @@ Q x Σ_layers out·in_dim numbers of the precondition dtype (8 bytes for float64
 ``query_gradient_rank`` r, Σ_layers min(out·in_dim, r·(out + in_dim)) per query). When that exceeds
 ``query_memory_gb``, queries are processed in groups that fit, one training pass per group. Example:
 ResNet-18 (11.2 M parameters) x 100 queries in float64 is 9 GB: five passes with the default 2 GiB,
-or one pass with query_gradient_rank 32 (~50 MB, approximate scores).
+or one pass with query_gradient_rank 32 (~50 MB, approximate scores). The kept gradients are written
+into buffers allocated once (for the queries that fit, at most Q), chunk by chunk as they are
+preconditioned; besides them a pass holds one batch's forward/backward (the network's own tensors,
+compute dtype) and, layer by layer, chunks of per-sample tensors of at most
+:data:`epochlens.influence.layers.CHUNK_BYTES` each.
 
 Samples with NaN/Inf gradients (or a non-finite solve) get NaN scores and are reported by global
 index; samples whose gradients vanished in the compute dtype (underflow) get NaN and are reported
@@ -54,12 +58,13 @@ from epochlens.influence.factors import (
 )
 from epochlens.influence.gradients import (
     BatchBackprop,
+    Workspace,
     forward_backprop,
     prepared_model,
     resolve_compute_dtype,
     task_batches,
 )
-from epochlens.influence.layers import ActivationCapture, per_sample_gradient
+from epochlens.influence.layers import ActivationCapture, gradient_chunks, per_sample_gradient
 from epochlens.influence.precondition import Preconditioner
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.progress import progress_bar
@@ -143,6 +148,7 @@ class _Engine:
         self.layers = layers
         notes = {n: i.note for n, i in layers.items() if i.note}
         self.pre = Preconditioner(factors, settings, self.device, self.dtype, notes)
+        self.workspace = Workspace()
 
     def __enter__(self) -> _Engine:
         self._prepared = prepared_model(self.model, self.layers, self.device, self.dtype)
@@ -161,15 +167,7 @@ class _Engine:
         bar = progress_bar(total=len(source), unit="sample", disable=not progress, desc=desc, leave=False)
         for pos, inputs, targets in task_batches(source, self.task, batch_size, self.device, self.dtype):
             bp = forward_backprop(
-                self.net,
-                self.capture,
-                self.task,
-                inputs,
-                targets,
-                mode,
-                0,
-                source.indices[pos],
-                self.pre.dtype,
+                self.net, self.capture, self.task, inputs, targets, mode, 0, source.indices[pos]
             )
             yield pos, bp
             bar.update(len(pos))
@@ -177,6 +175,17 @@ class _Engine:
 
     def gradients(self, bp: BatchBackprop, name: str, ok: torch.Tensor) -> torch.Tensor:
         return bp.gradients(name, self.pre.dtype, rows=ok)[0]
+
+    def chunks(self, bp: BatchBackprop, name: str, ok: torch.Tensor):
+        """(a, ds) of layer ``name``'s usable rows in the precondition dtype, a chunk of samples at a
+        time (room left for rotated copies: see :meth:`BatchBackprop.chunks`)."""
+        for a, ds in bp.chunks(name, self.pre.dtype, ok, copies=2, workspace=self.workspace):
+            yield a, ds[0]
+
+    def quadratic(self, bp: BatchBackprop, name: str, ok: torch.Tensor) -> torch.Tensor:
+        """(B',) Gᵀ P G of layer ``name`` for the batch's usable rows."""
+        parts = [self.pre.quadratic(name, a, ds) for a, ds in self.chunks(bp, name, ok)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _mismatch(fitted: list[str], now: list[str]) -> Exception:
@@ -199,16 +208,18 @@ def _settings(factors: InfluenceFactors | None, settings: InfluenceSettings | No
 
 
 class _QueryGradients:
-    """Preconditioned query gradients held for one pass over the training set: full or low rank.
+    """Preconditioned query gradients held for one pass over the training set, written into buffers
+    allocated once (rows for the queries that fit in ``memory_gb``, or all of them): full or low rank.
 
-    Per layer either P g_q (Q, out, in_dim), or (L (Q, out, r), R (Q, r, in_dim)) with L R the best
-    rank-r approximation of P g_q (truncated SVD).
+    Per layer either P g_q (rows, out, in_dim), or (L (rows, out, r), R (rows, r, in_dim)) with L R the
+    best rank-r approximation of P g_q (truncated SVD).
     """
 
-    def __init__(self, layers: dict, rank: int | None, dtype: torch.dtype, memory_gb: float) -> None:
+    def __init__(
+        self, layers: dict, rank: int | None, dtype: torch.dtype, memory_gb: float, n_queries: int, device
+    ) -> None:
         self.rank = rank
         self.positions: list[np.ndarray] = []
-        self.parts: dict[str, list] = {n: [] for n in layers}
         self.low_rank = {
             n: rank is not None and rank * (i.out_dim + i.in_dim) < i.out_dim * i.in_dim
             for n, i in layers.items()
@@ -219,51 +230,105 @@ class _QueryGradients:
             for n, i in layers.items()
         )
         self.bytes_per_query = per_query * itemsize
-        self.capacity = max(1, int(memory_gb * 2**30 // max(self.bytes_per_query, 1)))
+        self.capacity = max(1, min(int(memory_gb * 2**30 // max(self.bytes_per_query, 1)), n_queries))
+        size, kw = self.capacity, {"dtype": dtype, "device": device}
+        self.store = {
+            n: (torch.empty(size, i.out_dim, rank, **kw), torch.empty(size, rank, i.in_dim, **kw))
+            if self.low_rank[n]
+            else torch.empty(size, i.out_dim, i.in_dim, **kw)
+            for n, i in layers.items()
+        }
+        self.count = 0
 
     def __len__(self) -> int:
-        return sum(len(p) for p in self.positions)
+        return self.count
 
-    def add(self, positions: np.ndarray, pq: dict[str, torch.Tensor]) -> None:
+    def write_low_rank(self, name: str, start: int, pg: torch.Tensor) -> None:
+        """Store the rank-r factors of ``pg`` (B, out, in_dim) at rows ``start``.. of a low-rank layer
+        (a full-rank layer's P g is written into :attr:`store` directly, see :func:`_hold_queries`)."""
+        u, s, vh = torch.linalg.svd(pg, full_matrices=False)
+        r, (left, right), stop = self.rank, self.store[name], start + len(pg)
+        left[start:stop] = u[:, :, :r] * s[:, None, :r]
+        right[start:stop] = vh[:, :r, :]
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor | tuple:
+        """Held rows start..stop of layer ``name`` (views)."""
+        held = self.store[name]
+        return tuple(t[start:stop] for t in held) if isinstance(held, tuple) else held[start:stop]
+
+    def finite(self, start: int, stop: int) -> torch.Tensor:
+        """(stop - start,) bool: rows whose numbers are all finite in every layer."""
+        ok = None
+        for n in self.store:
+            for t in self.rows(n, start, stop) if self.low_rank[n] else (self.rows(n, start, stop),):
+                row_ok = torch.isfinite(t).flatten(1).all(1)
+                ok = row_ok if ok is None else ok & row_ok
+        return ok
+
+    def keep(self, start: int, stop: int, ok: torch.Tensor) -> None:
+        """Move the rows start..stop that ``ok`` keeps to start.. (in order)."""
+        kept = int(ok.sum())
+        for n in self.store:
+            for t in self.store[n] if self.low_rank[n] else (self.store[n],):
+                t[start : start + kept] = t[start:stop][ok]
+
+    def add(self, positions: np.ndarray) -> None:
+        """Count ``positions`` as held (their rows written at the end of the held ones)."""
         self.positions.append(positions)
-        for n, g in pq.items():
-            if self.low_rank[n]:
-                u, s, vh = torch.linalg.svd(g, full_matrices=False)
-                r = self.rank
-                self.parts[n].append((u[:, :, :r] * s[:, None, :r], vh[:, :r, :]))
-            else:
-                self.parts[n].append(g)
+        self.count += len(positions)
 
     def take(self) -> tuple[np.ndarray, dict]:
-        """All held queries (positions, per-layer tensors), and empty the store."""
+        """All held queries (positions, per-layer views of the store), and empty the store."""
         pos = np.concatenate(self.positions)
-        out = {}
-        for n, parts in self.parts.items():
-            if self.low_rank[n]:
-                out[n] = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-            else:
-                out[n] = torch.cat(parts)
-            parts.clear()
+        out = {n: self.rows(n, 0, self.count) for n in self.store}
         self.positions.clear()
+        self.count = 0
         return pos, out
 
 
-def _pair_block(held, bp: BatchBackprop, name: str, ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _hold_queries(eng: _Engine, held: _QueryGradients, qbp: BatchBackprop, ok: torch.Tensor) -> torch.Tensor:
+    """Write P g_q of the batch's rows ``ok`` into ``held`` after its held rows, a chunk at a time;
+    the rows whose P g_q is finite in every layer are kept, in order. Returns that (B,) mask."""
+    start, n_ok = len(held), int(ok.sum())
+    for n in eng.layers:
+        at = start
+        for a, ds in eng.chunks(qbp, n, ok):
+            if held.low_rank[n]:
+                held.write_low_rank(n, at, eng.pre.apply(n, a, ds))
+            else:
+                eng.pre.apply(n, a, ds, out=held.store[n][at : at + len(a)])
+            at += len(a)
+    solved = held.finite(start, start + n_ok)
+    kept = ok.clone()
+    if not bool(solved.all()):
+        held.keep(start, start + n_ok, solved)
+        kept[ok.clone()] = solved
+    return kept
+
+
+def _pair_block(held, eng: _Engine, bp: BatchBackprop, name: str, ok: torch.Tensor) -> torch.Tensor:
     """(Q, B') scores of one layer: ⟨P g_q, g_n⟩ for held queries and the batch's usable samples."""
-    if isinstance(held, tuple):  # low rank: <L R, Σ_t ds_t a_tᵀ> = Σ_t (Lᵀ ds_t)·(R a_t)
-        left, right = held
-        (a, ds), *_ = bp.factored(name, dtype, rows=ok)
-        q, t = left.shape[0], a.shape[1]
-        r, n_out, n_in = left.shape[2], left.shape[1], right.shape[2]
-        if q * t * r * (n_out + n_in) <= t * n_out * n_in + q * n_out * n_in * r:
-            pl = torch.einsum("qor,bto->qbtr", left, ds)
-            pr = torch.einsum("qri,bti->qbtr", right, a)
-            return (pl * pr).sum((2, 3))
-        g = per_sample_gradient(a, ds)  # (B', out, in)
-        gr = torch.einsum("boi,qri->qbor", g, right)
-        return (gr * left[:, None]).sum((2, 3))
-    g = bp.gradients(name, dtype, rows=ok)[0]
-    return held.flatten(1) @ g.flatten(1).T
+    parts = []
+    for a, ds in eng.chunks(bp, name, ok):
+        if isinstance(held, tuple):  # low rank: <L R, Σ_t ds_t a_tᵀ> = Σ_t (Lᵀ ds_t)·(R a_t)
+            parts.append(_low_rank_block(held, a, ds))
+        else:
+            parts += [held.flatten(1) @ g.flatten(1).T for _, g in gradient_chunks(a, ds)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _low_rank_block(held: tuple, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+    """(Q, B') ⟨L_q R_q, G_n⟩ for G_n = Σ_t ds_t a_tᵀ, the cheaper way round."""
+    left, right = held
+    q, t = left.shape[0], a.shape[1]
+    r, n_out, n_in = left.shape[2], left.shape[1], right.shape[2]
+    if q * t * r * (n_out + n_in) <= t * n_out * n_in + q * n_out * n_in * r:
+        pl = torch.einsum("qor,bto->qbtr", left, ds)
+        pr = torch.einsum("qri,bti->qbtr", right, a)
+        return (pl * pr).sum((2, 3))
+    g = per_sample_gradient(a, ds)  # (B', out, in)
+    gr = torch.einsum("boi,qri->qbor", g, right)
+    return (gr * left[:, None]).sum((2, 3))
 
 
 def pairwise_influence(
@@ -315,7 +380,12 @@ def pairwise_influence(
     passes = 0
     with _Engine(model, settings, task, device, factors) as eng:
         held = _QueryGradients(
-            eng.layers, settings.query_gradient_rank, eng.pre.dtype, settings.query_memory_gb
+            eng.layers,
+            settings.query_gradient_rank,
+            eng.pre.dtype,
+            settings.query_memory_gb,
+            len(queries),
+            eng.device,
         )
 
         def score_held() -> None:
@@ -331,32 +401,29 @@ def pairwise_influence(
                     continue
                 block = None
                 for n in eng.layers:
-                    part = _pair_block(pq[n], nbp, n, ok_n, eng.pre.dtype)
+                    part = _pair_block(pq[n], eng, nbp, n, ok_n)
                     block = part if block is None else block + part
                 scores[np.ix_(qpos, npos[ok_n_np])] = block.cpu().to(torch.float64).numpy()
             passes += 1
 
         for qpos, qbp in eng.batches(queries, settings.query_batch_size, "measurement", "queries", progress):
-            ok_q = qbp.usable.clone()
+            usable = qbp.usable
             q_vanished += queries.indices[qpos][qbp.vanished.cpu().numpy()].tolist()
-            pq = {n: eng.pre.apply(n, *qbp.factored(n, eng.pre.dtype, rows=ok_q)[0]) for n in eng.layers}
-            solved = torch.ones(int(ok_q.sum()), dtype=torch.bool, device=eng.device)
-            for v in pq.values():
-                solved &= torch.isfinite(v).flatten(1).all(1)
-            if not bool(solved.all()):
-                ok_q[ok_q.clone()] = solved
-                pq = {n: v[solved] for n, v in pq.items()}
-            ok_q_np = ok_q.cpu().numpy()
-            bad = ~ok_q_np & ~qbp.vanished.cpu().numpy()
-            q_skipped += queries.indices[qpos][bad].tolist()
-            rows = qpos[ok_q_np]
+            rows = torch.nonzero(usable).squeeze(1)
+            kept = torch.zeros_like(usable)
             start = 0
             while start < len(rows):  # fill the store; score the training set whenever it is full
-                take = min(held.capacity - len(held), len(rows) - start)
-                held.add(rows[start : start + take], {n: v[start : start + take] for n, v in pq.items()})
-                start += take
+                part = rows[start : start + held.capacity - len(held)]
+                some = torch.zeros_like(usable)
+                some[part] = True
+                some = _hold_queries(eng, held, qbp, some)
+                held.add(qpos[some.cpu().numpy()])
+                kept |= some
+                start += len(part)
                 if len(held) >= held.capacity:
                     score_held()
+            bad = ~kept.cpu().numpy() & ~qbp.vanished.cpu().numpy()
+            q_skipped += queries.indices[qpos][bad].tolist()
         if len(held):
             score_held()
     dtype = eng.dtype
@@ -396,7 +463,7 @@ def self_influence(
             ok = bp.usable
             total = torch.zeros(int(ok.sum()), dtype=eng.pre.dtype, device=eng.device)
             for n in eng.layers:
-                total += eng.pre.quadratic(n, *bp.factored(n, eng.pre.dtype, rows=ok)[0])
+                total += eng.quadratic(bp, n, ok)
             ok_np = ok.cpu().numpy()
             gone = bp.vanished.cpu().numpy()
             value = np.full(len(pos), np.nan)

@@ -95,7 +95,8 @@ class InfluenceSettings:
     train_batch_size: int = field(
         default=32,
         metadata={
-            "help": "training samples whose per-sample gradients are held at once (memory)",
+            "help": "training samples per forward/backward while scoring (memory: their per-sample "
+            "gradient matrices are formed a chunk of samples at a time)",
             "execution": True,
         },
     )

@@ -13,6 +13,8 @@ The "expected" Fisher is used because its expectation over labels is exactly thi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -269,36 +271,91 @@ def test_layer_inputs_and_output_grads_are_unfold_and_the_transpose_in_the_store
     assert torch.equal(x, x_before)
 
 
-def test_gradients_stored_in_float64_are_the_compute_dtype_gradients_scaled_back() -> None:
-    """forward_backprop(dtype=float64) stores what the compute-dtype tensors give once unscaled."""
+def _tiny_backprop(x, y) -> tuple:
     m = TinyCNN().float().eval()
-    x, y = data(6, (2, 6, 6), 5, seed=3)
     task = ClassificationTask(np.arange(5))
     layers = select_layers(m)
-    out = {}
     with (
         prepared_model(m, layers, torch.device("cpu"), torch.float32) as net,
         ActivationCapture(layers) as cap,
     ):
-        for dtype in (None, torch.float64):
-            out[dtype] = forward_backprop(
-                net,
-                cap,
-                task,
-                x.float(),
-                torch.as_tensor(y, dtype=torch.float64),
-                "loss",
-                0,
-                np.arange(6),
-                dtype,
-            )
-    assert out[torch.float64].scales == [None]
-    for n in layers:
-        (a0, d0), (a1, d1) = (
-            out[None].factored(n, torch.float64)[0],
-            out[torch.float64].factored(n, torch.float64)[0],
+        bp = forward_backprop(
+            net, cap, task, x.float(), torch.as_tensor(y, dtype=torch.float64), "loss", 0, np.arange(len(x))
         )
-        assert out[torch.float64].inputs[n].dtype == torch.float64
-        torch.testing.assert_close(a1, a0, rtol=0, atol=0)
-        torch.testing.assert_close(d1, d0, rtol=0, atol=0)
-    assert torch.equal(out[None].valid, out[torch.float64].valid)
+    return layers, bp
+
+
+def test_a_batch_keeps_the_compute_dtype_and_gives_any_layer_unscaled_in_float64_by_chunks(
+    monkeypatch,
+) -> None:
+    """forward_backprop keeps the network's float32 tensors; factored writes a layer's patches and
+    its output gradients divided by the scales in float64; chunks of any size give the same rows."""
+    x, y = data(6, (2, 6, 6), 5, seed=3)
+    layers, bp = _tiny_backprop(x, y)
+    rows = torch.tensor([True, False, True, True, True, True])
+    for n, info in layers.items():
+        (x_n,) = bp.calls[n]
+        (g_n,) = bp.output_grads[0][n]
+        assert x_n.dtype == g_n.dtype == torch.float32
+        (a, d), *_ = bp.factored(n, torch.float64, rows)
+        torch.testing.assert_close(a, layer_inputs(info, x_n[rows].double()), rtol=0, atol=0)
+        expected = layer_output_grads(info, g_n[rows].double()) / bp.scales[0][rows][:, None, None]
+        torch.testing.assert_close(d, expected, rtol=0, atol=0)
+        for budget in (1, a[0].numel() * 8 * 2 + d[0].numel() * 8 * 2, 2**30):
+            monkeypatch.setattr(layer_math, "CHUNK_BYTES", budget)
+            parts = list(bp.chunks(n, torch.float64, rows))
+            assert len(parts) == {1: 5, 2**30: 1}.get(budget, 3)
+            torch.testing.assert_close(torch.cat([p[0] for p in parts]), a, rtol=0, atol=0)
+            torch.testing.assert_close(torch.cat([p[1][0] for p in parts]), d, rtol=0, atol=0)
+
+
+def test_live_positions_are_the_nonzero_inputs_without_unfolding() -> None:
+    """live_positions from a layer's input equals (layer_inputs != 0).any: convolutions with and
+    without bias (padding, stride, dilation), a Linear with a token mask, with and without bias."""
+    x = torch.randn(3, 2, 7, 6)
+    x[0] = 0
+    x[1, :, :3] = 0
+    for conv in (
+        nn.Conv2d(2, 3, 3, padding=1, bias=False),
+        nn.Conv2d(2, 3, (3, 2), stride=2, padding=(2, 1), dilation=(2, 1), bias=False),
+        nn.Conv2d(2, 3, 3, padding=1),
+    ):
+        (info,) = select_layers(nn.Sequential(conv)).values()
+        expected = (layer_inputs(info, x) != 0).any(2)
+        assert torch.equal(layer_math.live_positions(info, x), expected)
+    tokens = torch.randn(2, 4, 5)
+    tokens[0, 1] = 0
+    mask = torch.tensor([[True, True, True, False], [True, False, True, False]])
+    for bias in (True, False):
+        (info,) = select_layers(nn.Sequential(nn.Linear(5, 2, bias=bias))).values()
+        expected = (layer_inputs(info, tokens, mask) != 0).any(2)
+        assert torch.equal(layer_math.live_positions(info, tokens, mask), expected)
+
+
+@pytest.mark.parametrize("method", ["ekfac", "diagonal"])
+def test_factors_and_scores_do_not_depend_on_the_chunk_size(monkeypatch, method) -> None:
+    """One sample at a time or the whole batch at once: the same factors and scores up to rounding,
+    with one query's gradient held at a time (several passes over the training set)."""
+    m = TinyCNN().double().eval()
+    x, y = data(10, (2, 6, 6), 5, seed=4)
+    xq, yq = data(3, (2, 6, 6), 5, seed=5)
+    out = {}
+    for budget in (1, 2**30):
+        monkeypatch.setattr(layer_math, "CHUNK_BYTES", budget)
+        s = InfluenceSettings(method=method, factor_batch_size=4, train_batch_size=4, query_batch_size=2)
+        f = fit_factors(m, x, y, np.arange(5), s)
+        pair = pairwise_influence(m, f, x, y, xq, yq, np.arange(5), replace(s, query_memory_gb=1e-9))
+        out[budget] = (f, pair.scores, self_influence(m, f, x, y, np.arange(5), s).scores)
+        assert pair.passes == 3
+    (f1, p1, s1), (f2, p2, s2) = out[1], out[2**30]
+    for n, lf in f1.layers.items():
+        for got, want in (
+            (lf.activation_cov, f2.layers[n].activation_cov),
+            (lf.gradient_cov, f2.layers[n].gradient_cov),
+            (lf.corrected, f2.layers[n].corrected),
+            (lf.diagonal, f2.layers[n].diagonal),
+        ):
+            if want is not None:
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(p1, p2, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(s1, s2, rtol=1e-9, atol=1e-12)
