@@ -91,6 +91,11 @@ def get_task_name(wildcards):
     return run_config.task_name(get_run(wildcards))
 
 
+def get_hf_task(wildcards):
+    """A text run's model.hf.task (text_to_text tokenises targets as decoder labels), else None."""
+    return get_run(wildcards)["model"].get("hf", {}).get("task")
+
+
 def get_class_schedule(wildcards):
     """The run's class schedule, None for a causal LM (epochlens.config.class_schedule)."""
     return run_config.class_schedule(get_run(wildcards))

@@ -22,6 +22,7 @@ rule prepare_data:
     params:
         data=config_provider("data"),
         task=get_task_name,
+        hf_task=get_hf_task,
     script:
         "../scripts/prepare_data.py"
 

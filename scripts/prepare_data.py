@@ -20,14 +20,14 @@ from epochlens.runner import log
 from epochlens.study.corruption import corrupt
 
 
-def load(source: str, path: str | None, cfg: dict, truth: str | None = None):
+def load(source: str, path: str | None, cfg: dict, truth: str | None = None, hf_task: str | None = None):
     """The data set before corruption, with your ground-truth column ``truth`` (None: none); your
     images and texts are read here only (so an edit of their reader reruns no other stage)."""
     column = {"ground_truth_column": truth} if truth else {}
     if "text" in cfg or source == "polarity":
         text = dict(cfg.get("text") or {})
         tokenizer = text.pop("tokenizer", None)
-        settings = TextSettings(**text, **column)
+        settings = TextSettings(**text, **column, encoder_decoder=hf_task == "text_to_text")
         if source == "polarity":
             return load_polarity(settings, **cfg.get("polarity", {}))
         return load_text(source, path, settings, tokenizer)
@@ -42,7 +42,8 @@ def main(snakemake) -> None:
     cfg = dict(snakemake.params.data)
     corruption = cfg.pop("corruption", None) or {"kind": "none"}
     truth = cfg.pop("ground_truth", None) or {}
-    dataset = load(cfg.pop("source"), cfg.pop("path", None), cfg, truth.get("column"))
+    hf_task = snakemake.params.hf_task
+    dataset = load(cfg.pop("source"), cfg.pop("path", None), cfg, truth.get("column"), hf_task)
     check_kind(dataset, snakemake.params.task)
     if truth.get("indices"):  # your poisoned samples' positions in the training split
         mark_positions(dataset, truth["indices"])

@@ -38,6 +38,7 @@ SLOWEST_FIRST = (
     "workflow/test_reproducibility.py",
     "workflow/test_curvature_workflow.py",
     "workflow/test_causal_lm_workflow.py",
+    "workflow/test_text_to_text_workflow.py",
     "workflow/test_regression_workflow.py",
     "unit/influence/test_influence_exact.py",
     "unit/influence/test_influence_robust.py",

@@ -36,6 +36,7 @@ def all_figures():
 
 
 def get_accuracy_metric(wildcards):
-    """What a run's accuracy is: exact match of the target tokens for a causal LM."""
-    causal_lm = run_config.is_causal_lm_run(get_run(wildcards))
-    return "exact match" if causal_lm else "accuracy"
+    """What a run's accuracy is: exact match of the target tokens for a causal LM or a
+    text-to-text model."""
+    token_labels = run_config.has_token_labels(get_run(wildcards))
+    return "exact match" if token_labels else "accuracy"

@@ -39,12 +39,13 @@ def predict(
 
     ``images``: a tensor (N, ...) of model inputs, or a mapping of them for keyword inputs (a text
     model's ``input_ids`` and ``attention_mask``), each with N rows. ``targets`` (N, L): a causal
-    LM's token labels, its outcome on them (:func:`epochlens.outcome.sequence_outcome`)."""
+    LM's token labels or a text-to-text model's decoder labels (N, T), its outcome on them
+    (:func:`epochlens.outcome.sequence_outcome`)."""
     import torch
 
     from epochlens.batches import to_device
     from epochlens.models.networks import restrict_logits
-    from epochlens.outcome import sequence_outcome
+    from epochlens.outcome import sequence_outcome, shifts
     from epochlens.tasks import call_model
 
     model.eval().to(device)
@@ -58,8 +59,8 @@ def predict(
             else:
                 xb = images[rows].to(device)
             yb = t[rows].to(device)
-            if yb.ndim == 2:  # a causal LM's token labels
-                hit, loss = sequence_outcome(call_model(model, xb), yb)
+            if yb.ndim == 2:  # a causal LM's token labels, or a text-to-text model's decoder labels
+                hit, loss = sequence_outcome(call_model(model, xb), yb, shift=shifts(xb))
                 losses.append(loss.float().cpu())
                 correct.append(hit.cpu())
                 continue
@@ -83,13 +84,14 @@ def evaluate_checkpoint(
 
     Columns: epoch, split, class_id, class_name, position (in the class order), cohort (task that
     introduced it), n, n_correct, accuracy, mean_loss. Data with groups: one row per class and
-    group, the group's name in a ``data_group`` column after ``class_name``. A causal LM's data
-    (no classes, no ``schedule``): every sample in class 0, :data:`epochlens.outcome.LM_CLASS_NAME`;
+    group, the group's name in a ``data_group`` column after ``class_name``. A causal LM's or a
+    text-to-text model's data (no classes, no ``schedule``): every sample in class 0,
+    :data:`epochlens.outcome.LM_CLASS_NAME`;
     accuracy is exact match and the loss the mean NLL of the target tokens.
     """
     from epochlens.models.networks import positions_in
 
-    lm = isinstance(data, TextDataset) and data.kind == "causal_lm"
+    lm = isinstance(data, TextDataset) and data.token_labels
     if lm:  # no classes: every sample in the one class of its target tokens (epochlens.outcome)
         active, cohort, position, class_names = np.zeros(1, np.int64), [0], [0], [LM_CLASS_NAME]
     else:

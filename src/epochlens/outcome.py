@@ -12,12 +12,18 @@ sample:
 * correct = exact match: every target token is the model's top choice (teacher forcing: each
   position sees the true tokens before it).
 
+A text-to-text (encoder-decoder) model's sample is an encoder input and decoder labels (N, T):
+the model is given the labels with its inputs (:meth:`epochlens.data.text.TextDataset.inputs`),
+builds its decoder inputs from them, and its logits at position t predict label t: no shift
+(:func:`shifts`). Its loss and exact match are defined as above, transformers' own loss too.
+
 Such a sample has no class: the tables give all of them the one class :data:`LM_CLASS_NAME`
 (id 0, in task 0), so per-group tables and figures read them as they read a classifier's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,18 +36,26 @@ IGNORE_INDEX = -100
 LM_CLASS_NAME = "target tokens"
 
 
+def shifts(inputs: object) -> bool:
+    """Whether a sequence model's logits at t predict label t + 1 (a causal LM), or label t (a
+    text-to-text model, whose keyword inputs carry the decoder ``labels``)."""
+    return not (isinstance(inputs, Mapping) and "labels" in inputs)
+
+
 def sequence_outcome(
-    logits: torch.Tensor, labels: torch.Tensor, keep_dtype: bool = False
+    logits: torch.Tensor, labels: torch.Tensor, keep_dtype: bool = False, shift: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(correct (B,) bool, loss (B,)) of logits (B, L, V) on token labels (B, L): the loss in
     float64, or with ``keep_dtype`` in the logits' dtype (the curvature's compute dtype; the loss
-    is differentiable either way).
+    is differentiable either way). ``shift``: the logits at t predict label t + 1 (a causal LM);
+    without, label t (a text-to-text model's decoder).
 
     A sample without a target token has loss NaN and is not correct."""
     import torch
 
-    z = logits[:, :-1] if keep_dtype else logits[:, :-1].double()
-    target = labels[:, 1:].to(z.device)
+    z = logits[:, :-1] if shift else logits
+    z = z if keep_dtype else z.double()
+    target = (labels[:, 1:] if shift else labels).to(z.device)
     valid = target != IGNORE_INDEX
     safe = torch.where(valid, target, torch.zeros_like(target))
     nll = -torch.log_softmax(z, dim=2).gather(2, safe[:, :, None])[:, :, 0]

@@ -49,7 +49,7 @@ from epochlens.device import autocast, model_device
 from epochlens.errors import ConfigError, LayerError
 from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
-from epochlens.outcome import sequence_outcome, squared_error
+from epochlens.outcome import sequence_outcome, shifts, squared_error
 from epochlens.progress import progress_bar
 
 COHORTS = ("old", "new", "all")
@@ -218,7 +218,8 @@ def per_sample_outcome(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(correct (N,) bool, loss (N,) float64 nats) over the restricted logits; eval mode expected.
     ``images``: (N, ...) inputs, or a text model's keyword inputs (each (N, L)); ``targets`` (N, L):
-    a causal LM's token labels (:func:`epochlens.outcome.sequence_outcome`); with ``reduction``
+    a causal LM's token labels, (N, T) a text-to-text model's decoder labels
+    (:func:`epochlens.outcome.sequence_outcome`); with ``reduction``
     (a regression): float targets, the loss their squared error and no sample correct."""
     correct, losses = [], []
     active = torch.as_tensor(np.asarray(active_classes, dtype=np.int64), device=device)
@@ -233,8 +234,8 @@ def per_sample_outcome(
             losses.append(squared_error(logits.double(), y, reduction).cpu())
             correct.append(torch.zeros(len(y), dtype=torch.bool))
             continue
-        if y.ndim == 2:
-            hit, loss = sequence_outcome(logits, y)
+        if y.ndim == 2:  # token labels: a text-to-text model's inputs carry them (no shift)
+            hit, loss = sequence_outcome(logits, y, shift=shifts(images))
             losses.append(loss.cpu())
             correct.append(hit.cpu())
             continue

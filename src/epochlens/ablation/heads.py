@@ -3,7 +3,8 @@
 Every attention layer of the transformers our users run ends with an output projection whose
 *input* is the concatenation of its heads' outputs, (batch, tokens, heads x head_dim): BERT's
 ``attention.output.dense``, GPT-2's ``attn.c_proj`` (a ``Conv1D``), Llama/Mistral/Qwen's
-``self_attn.o_proj``, DistilBERT's ``attention.out_lin``, T5's ``SelfAttention.o``. Head h is the
+``self_attn.o_proj``, DistilBERT's ``attention.out_lin``, T5's ``SelfAttention.o`` (encoder and
+decoder self-attention) and ``EncDecAttention.o`` (the decoder's cross-attention). Head h is the
 slice ``h * head_dim : (h + 1) * head_dim`` of that input; a forward pre-hook on the projection
 replaces it before it is mixed:
 
@@ -16,8 +17,10 @@ MLP neuron groups work the same way on the input of the MLP's down projection (B
 ``groups`` contiguous ranges of its intermediate neurons.
 
 :func:`head_sites` and :func:`mlp_sites` find them by module name; :func:`ablated_units` applies
-one ablation inside a ``with`` block. Padding tokens are never part of a mean. A causal LM's
-outcome is its loss on each sample's target tokens and exact match (:mod:`epochlens.outcome`).
+one ablation inside a ``with`` block. Padding tokens are never part of a mean (an encoder-decoder
+model's decoder sites: its real decoder positions, where the labels are not -100). A causal LM's
+or a text-to-text model's outcome is its loss on each sample's target tokens and exact match
+(:mod:`epochlens.outcome`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ HEAD_PROJECTIONS = (
     "self_attn.o_proj",
     "attention.out_lin",
     "SelfAttention.o",
+    "EncDecAttention.o",
 )
 #: Name endings of the MLP down projections (input: the intermediate neurons).
 MLP_PROJECTIONS = ("output.dense", "mlp.c_proj", "mlp.down_proj", "DenseReluDense.wo", "ffn.lin2")
@@ -142,31 +146,39 @@ def site_means(
     model: nn.Module, batches: Iterator[Mapping[str, torch.Tensor]], sites: list[str]
 ) -> dict[str, torch.Tensor]:
     """Mean input (features,) of each site over the real tokens of ``batches`` (a text model's
-    keyword inputs with ``attention_mask``), accumulated in float64."""
+    keyword inputs with ``attention_mask``), accumulated in float64. A text-to-text model's
+    decoder sites (``decoder`` in their name; its batches carry the decoder ``labels``) average
+    over the real decoder positions, where the labels are not -100."""
     modules = dict(model.named_modules())
     sums: dict[str, torch.Tensor] = {}
-    count = 0  # real tokens seen (a Python int: the batches may be on any device)
-    mask: list[torch.Tensor] = []
+    counts: dict[str, int] = dict.fromkeys(sites, 0)  # real tokens seen (Python ints: any device)
+    masks: dict[str, torch.Tensor] = {}
+
+    def side(name: str) -> str:
+        return "decoder" if "decoder" in masks and "decoder" in name.split(".") else "encoder"
 
     def make(name: str):
         def hook(module: nn.Module, inputs: tuple) -> None:
             x = inputs[0].detach().double()
-            real = mask[0].to(x.device).bool()
+            real = masks[side(name)].to(x.device)
             s = x[real].sum(0)  # (features,): real tokens only
             sums[name] = s if name not in sums else sums[name] + s
+            counts[name] += int(real.sum())
 
         return hook
 
     handles = [modules[s].register_forward_pre_hook(make(s)) for s in sites]
     try:
         for batch in batches:
-            mask[:] = [batch["attention_mask"]]
-            count += int(batch["attention_mask"].sum())
+            masks.clear()
+            masks["encoder"] = batch["attention_mask"].bool()
+            if "labels" in batch:
+                masks["decoder"] = batch["labels"] != -100
             model(**batch)
     finally:
         for h in handles:
             h.remove()
-    return {s: (sums[s] / count).float() for s in sites}
+    return {s: (sums[s] / counts[s]).float() for s in sites}
 
 
 @contextmanager
@@ -219,9 +231,10 @@ def head_ablation_table(
     mean-ablated, on the ``split`` sentences (``test`` or ``holdout``) of the active classes, per
     cohort (old, new, all) and, for data with groups, per group (``data: <name>``). Means: over
     the real tokens of up to ``mean_samples`` training sentences (evenly spaced; default: the
-    evaluation sentences). A causal LM (no classes: ``active_classes`` and ``new_classes`` unused)
-    has the cohorts ``all`` and its data groups."""
-    lm = data.kind == "causal_lm"  # no classes: the cohorts are all and the data groups
+    evaluation sentences). A causal LM or text-to-text model (no classes: ``active_classes`` and
+    ``new_classes`` unused) has the cohorts ``all`` and its data groups; a text-to-text model's
+    heads are its encoder's and decoder's self-attention heads and its cross-attention heads."""
+    lm = data.token_labels  # no classes: the cohorts are all and the data groups
     active = np.zeros(1, np.int64) if lm else np.asarray(active_classes, np.int64)
     base = "test" if split == "test" else "train"
     classes = sample_classes(data.labels(base))

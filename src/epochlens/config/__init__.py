@@ -18,6 +18,7 @@ from pathlib import Path
 from epochlens.config.checks import (
     check_config,
     check_run,
+    has_token_labels,
     is_causal_lm_run,
     is_regression_run,
     task_name,
@@ -105,6 +106,7 @@ __all__ = [
     "explain_config_errors",
     "feature_params",
     "fill_defaults",
+    "has_token_labels",
     "influence_epochs",
     "influence_indices",
     "is_causal_lm_run",

@@ -103,6 +103,18 @@ def is_causal_lm_run(run: dict) -> bool:
     return is_text_run(run) and run["model"].get("hf", {}).get("task") == "causal_lm"
 
 
+def is_text_to_text_run(run: dict) -> bool:
+    """A text run of an encoder-decoder model (``model.hf.task: text_to_text``): prompts are the
+    encoder's inputs, targets the decoder's labels; no classes, like a causal LM."""
+    return is_text_run(run) and run["model"].get("hf", {}).get("task") == "text_to_text"
+
+
+def has_token_labels(run: dict) -> bool:
+    """A run whose samples are prompts and targets (a causal LM or a text-to-text model): its loss
+    is the target tokens' mean NLL, its accuracy exact match, and it has no class schedule."""
+    return is_causal_lm_run(run) or is_text_to_text_run(run)
+
+
 def task_name(run: dict) -> str:
     """The run's ``task`` by name: classification, regression, language_model or an import path."""
     task = run.get("task", "classification")
@@ -250,7 +262,8 @@ def check_npz_kind(name: str, data: dict, task: str) -> None:
         )
 
 
-#: Stages a causal LM run does not have yet (its per-sample loss is evaluated and ablated).
+#: Stages a causal LM or text-to-text run does not have yet (its per-sample loss is evaluated,
+#: its curvature taken and its heads ablated).
 CLASSIFIER_ONLY_STAGES = ("features", "probes", "influence")
 
 
@@ -289,23 +302,27 @@ def check_text_config(name: str, run: dict) -> None:
 
 
 def causal_lm_problems(run: dict) -> list[str]:
-    """What a causal LM run (or a run whose task and data disagree on being one) must change."""
+    """What a causal LM or text-to-text run (or a run whose task and data disagree on being one)
+    must change."""
     lm_data = bool(run["data"].get("text", {}).get("target_column"))
-    if lm_data != is_causal_lm_run(run):
+    if lm_data != has_token_labels(run):
         return [
-            "model.hf.task: causal_lm together with data.text.prompt_column and target_column (a "
-            "causal LM's samples), or neither (a sequence classifier's texts and labels)"
+            "model.hf.task: causal_lm or text_to_text together with data.text.prompt_column and "
+            "target_column (the samples of a causal LM or of a text-to-text model), or neither (a "
+            "sequence classifier's texts and labels)"
         ]
     if not lm_data:
         return []
+    what = "text-to-text" if is_text_to_text_run(run) else "causal LM"
     problems = [
-        f"{stage}.enabled: false (not yet available for causal LM runs)"
+        f"{stage}.enabled: false (not yet available for {what} runs)"
         for stage in CLASSIFIER_ONLY_STAGES
         if run[stage]["enabled"]
     ]
     if run["checkpoints"]["source"] != "folder":
         problems.append(
-            "checkpoints: {source: folder, path: ...} (train the causal LM yourself, e.g. with the Trainer)"
+            f"checkpoints: {{source: folder, path: ...}} (train the {what} model yourself, e.g. with the "
+            "Trainer)"
         )
     if run["schedule"].get("initial_classes", 0) is not None:
         problems.append("schedule: none (a causal LM's samples have no classes to introduce over time)")

@@ -17,7 +17,7 @@ from dataclasses import fields
 
 from epochlens.ablation.settings import AblationSettings
 from epochlens.config import epochs
-from epochlens.config.checks import is_causal_lm_run, is_regression_run
+from epochlens.config.checks import has_token_labels, is_regression_run
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
@@ -66,7 +66,7 @@ def run_params(run: Mapping) -> dict:
 def class_schedule(run: Mapping) -> dict | None:
     """The run's ``schedule`` section as its checkpoint jobs read it: None for a causal LM run or
     a regression, whose samples have no classes (:mod:`epochlens.outcome`)."""
-    return None if is_causal_lm_run(dict(run)) or is_regression_run(dict(run)) else run["schedule"]
+    return None if has_token_labels(dict(run)) or is_regression_run(dict(run)) else run["schedule"]
 
 
 def model_param(run: Mapping) -> str | dict:

@@ -202,11 +202,14 @@ def curvature_inputs(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
     """What curvature differentiates for the training samples ``idx``: normalised images (and no
     tokens), or a text run's input embeddings (the model's token-embedding rows of the ids,
-    float32) with the ids and attention mask."""
+    float32; a text-to-text model's encoder's) with the ids and attention mask."""
     if isinstance(job.data, TextDataset):
-        tokens = job.data.inputs("train", idx)
+        tokens = job.data.inputs("train", idx)  # a text-to-text model's: with its decoder labels
+        model = job.model
+        if getattr(model.config, "is_encoder_decoder", False):
+            model = model.get_encoder()  # the encoder's lookup (T5 shares it with the decoder)
         with torch.no_grad():
-            embeds = job.model.get_input_embeddings()(tokens["input_ids"]).float()
+            embeds = model.get_input_embeddings()(tokens["input_ids"]).float()
         return embeds, tokens
     return job.data.normalized("train", idx), None
 

@@ -50,6 +50,13 @@ loss of that sample alone when T = 1; correct is exact match (every target token
 the input embeddings of all its real tokens (prompt and target), as for a text classifier. A sample
 without a target token is not computed (NaN), like a sample of an inactive class.
 
+Text-to-text (encoder-decoder) models (``tokens`` also hold the decoder ``labels`` (N, T), which
+the model shifts into its decoder inputs; ``labels`` are the same array): ℓ is the mean NLL of the
+decoder's target tokens (the logits at position t predict label t), transformers' own loss of that
+sample alone when T = 1. x is the input embeddings of the encoder's real tokens (the prompt), given
+to the model as ``inputs_embeds``: the decoder's embedding lookup (the same matrix in T5) stays a
+lookup of its own inputs.
+
 Regression (``labels`` float targets (N,) or (N, D), the model's outputs z (N, D)): ℓ is the
 squared error :func:`epochlens.outcome.squared_error` (mean or sum over a sample's D values, the
 run's task; no temperature), every sample is computed, and correct means ℓ ≤ ``loss_threshold``
@@ -87,7 +94,7 @@ from epochlens.device import device_for_dtype, model_device
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
-from epochlens.outcome import IGNORE_INDEX, sequence_outcome, squared_error
+from epochlens.outcome import IGNORE_INDEX, sequence_outcome, shifts, squared_error
 from epochlens.progress import progress_bar
 
 RESULT_KEYS = ("curvature", "directional_eig", "loss", "grad_norm", "correct")
@@ -230,8 +237,9 @@ def per_sample_curvature(
         settings: estimator settings (defaults: h=1e-3, n=10, T=1, l2, finite difference).
         device: "auto", "cpu", "cuda", ... or a torch.device; None: the model's device.
         progress: show a progress bar (tqdm) over samples.
-        tokens: a text model's ``input_ids`` and ``attention_mask`` (N, T): ``images`` are then their
-            input embeddings (N, T, D), what the curvature is taken with respect to (module doc).
+        tokens: a text model's ``input_ids`` and ``attention_mask`` (N, T) (a text-to-text model's
+            encoder inputs, with its decoder ``labels``): ``images`` are then their input
+            embeddings (N, T, D), what the curvature is taken with respect to (module doc).
         loss_threshold: regression: a sample is correct (learned) when its loss is at most this
             (:func:`regression_threshold`); None: no sample is.
 
@@ -269,8 +277,11 @@ def per_sample_curvature(
         raise ValueError(
             "labels must be class ids (N,), a causal LM's token labels (N, L) or float regression targets"
         )
-    if lm and labels.shape != tuple(torch.as_tensor(tokens["input_ids"]).shape):
-        raise ValueError(f"token labels {labels.shape} must have the shape of the input_ids")
+    seq2seq = lm and not shifts(tokens)  # a text-to-text model: tokens carry its decoder labels
+    aligned = tokens["labels"] if seq2seq else tokens["input_ids"] if lm else None
+    if lm and labels.shape != tuple(torch.as_tensor(aligned).shape):
+        what = "decoder labels of the tokens" if seq2seq else "input_ids"
+        raise ValueError(f"token labels {labels.shape} must have the shape of the {what}")
     if not (lm or regression) and (labels.ndim != 1 or (labels < 0).any()):
         raise ValueError("labels must be a 1-D array of non-negative class ids")
     if active_classes.ndim != 1 or len(np.unique(active_classes)) != len(active_classes):
@@ -278,9 +289,9 @@ def per_sample_curvature(
     if len(active_classes) == 0:
         raise ConfigError("active_classes is empty: no class has been trained at this epoch")
 
-    if lm:  # samples with a target token (the first position is never one: nothing predicts it)
+    if lm:  # samples with a target token (a causal LM's first position is never one: nothing predicts it)
         targets = labels
-        active = np.flatnonzero((labels[:, 1:] != IGNORE_INDEX).any(1))
+        active = np.flatnonzero((labels[:, 0 if seq2seq else 1 :] != IGNORE_INDEX).any(1))
     elif regression:  # every sample, its targets as they are
         targets = labels
         active = np.arange(n_samples)
@@ -405,7 +416,8 @@ class _Loss:
             losses = squared_error(logits, y, self.reduction)
             correct = losses <= self.threshold if self.threshold is not None else torch.zeros_like(losses)
         elif y.ndim == 2:  # a causal LM: its own branch, the classifiers' operations below stay as they are
-            correct, losses = sequence_outcome(logits / self.temperature, y, keep_dtype=True)
+            shift = shifts(tokens)  # a text-to-text model's logits line up with its labels
+            correct, losses = sequence_outcome(logits / self.temperature, y, keep_dtype=True, shift=shift)
         else:
             restricted = restrict_logits(logits, active_idx)
             losses = F.cross_entropy(restricted / self.temperature, y, reduction="none")
@@ -505,9 +517,12 @@ def _token_rows(
 
 
 def _forward(net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
-    """The model at inputs x, or a text model on its tokens with x as its embedding lookup's output."""
+    """The model at inputs x, or a text model on its tokens with x as its embedding lookup's output
+    (an encoder-decoder model: x as the encoder's ``inputs_embeds``)."""
     if tokens is None:
         return net(x)
+    if getattr(getattr(net, "config", None), "is_encoder_decoder", False):
+        return net(inputs_embeds=x, **{k: v for k, v in tokens.items() if k != "input_ids"})
     handle = net.get_input_embeddings().register_forward_hook(lambda module, inputs, output: x)
     try:
         return net(**tokens)
@@ -539,7 +554,7 @@ def _check_outputs(
             )
         return
     if lm:
-        length = tokens["input_ids"].shape[1]
+        length = tokens["input_ids" if shifts(tokens) else "labels"].shape[1]
         if not isinstance(logits, torch.Tensor) or logits.shape[:2] != (1, length) or logits.ndim != 3:
             raise EpochlensError(
                 f"a causal LM must return logits of shape (batch, {length}, vocabulary), got "

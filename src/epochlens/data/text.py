@@ -4,7 +4,11 @@ images (torch-free but for :meth:`TextDataset.inputs`).
 A :class:`TextDataset` holds each split's token ids and attention mask (N, L), padded to one length
 L, and either class labels (N,) (``kind`` classification: a sequence classifier) or token labels
 (N, L) (``kind`` causal_lm: the ids to predict, -100 where nothing is predicted, i.e. the prompt
-and the padding, as Hugging Face's causal LMs expect). Optional per-sample groups (e.g. the prompt
+and the padding, as Hugging Face's causal LMs expect), or (``kind`` text_to_text: an
+encoder-decoder model) the encoder's input ids and mask (N, L) with the decoder's labels (N, T): the
+target's ids ending with eos, -100 on the padding. Its :meth:`TextDataset.inputs` carry the labels
+too: the model builds its decoder inputs from them (shifted right, as transformers does in
+training), and its logits (N, T, V) line up with them. Optional per-sample groups (e.g. the prompt
 set: facts / counterfactual / negation) work as for images. The tokenizer that made the ids is
 named and fingerprinted, so its change is a change of data.
 
@@ -32,7 +36,9 @@ from epochlens.errors import DataError
 if TYPE_CHECKING:
     import torch
 
-TEXT_KINDS = ("classification", "causal_lm")
+TEXT_KINDS = ("classification", "causal_lm", "text_to_text")
+#: Kinds whose labels are token labels (N, L) or (N, T): no classes, loss over the target tokens.
+TOKEN_KINDS = ("causal_lm", "text_to_text")
 IGNORE_INDEX = -100  # token labels that no loss counts (Hugging Face's convention)
 
 
@@ -42,14 +48,14 @@ class TextDataset:
 
     name: str
     source: str
-    kind: Literal["classification", "causal_lm"]
-    train_input_ids: np.ndarray  # (N, L) int64
+    kind: Literal["classification", "causal_lm", "text_to_text"]
+    train_input_ids: np.ndarray  # (N, L) int64 (text_to_text: the encoder's)
     train_attention_mask: np.ndarray  # (N, L) int64, 1 = a real token
-    train_labels: np.ndarray  # (N,) int64 class ids, or (N, L) int64 token labels
+    train_labels: np.ndarray  # (N,) int64 class ids, (N, L) token labels, or (N, T) decoder labels
     test_input_ids: np.ndarray
     test_attention_mask: np.ndarray
     test_labels: np.ndarray
-    num_classes: int = 0  # classification: the classes; causal_lm: 0
+    num_classes: int = 0  # classification: the classes; causal_lm and text_to_text: 0
     class_names: list[str] = field(default_factory=list)
     holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     train_groups: np.ndarray | None = None
@@ -78,7 +84,9 @@ class TextDataset:
                 raise ValueError(
                     f"{split}: input_ids {ids.shape} and attention_mask {mask.shape} must be (N, L)"
                 )
-            want = ids.shape if self.kind == "causal_lm" else ids.shape[:1]
+            want = {"causal_lm": ids.shape, "classification": ids.shape[:1]}.get(self.kind)
+            if want is None:  # text_to_text: decoder labels of their own length T
+                want = (len(ids), labels.shape[1] if labels.ndim == 2 else -1)
             if labels.shape != want:
                 raise ValueError(f"{split}: labels of shape {labels.shape}, expected {want} for {self.kind}")
             setattr(self, f"{split}_input_ids", ids)
@@ -92,6 +100,8 @@ class TextDataset:
                 )
         if self.train_input_ids.shape[1] != self.test_input_ids.shape[1]:
             raise ValueError("train and test must be padded to the same length")
+        if self.kind == "text_to_text" and self.train_labels.shape[1] != self.test_labels.shape[1]:
+            raise ValueError("train and test decoder labels must be padded to the same length")
         if len(self.holdout) == 0:
             self.holdout = np.zeros(len(self.train_input_ids), dtype=bool)
         if self.kind == "classification" and not self.class_names:
@@ -101,6 +111,11 @@ class TextDataset:
         if self.train_groups is not None:
             self.train_groups = np.asarray(self.train_groups, dtype=np.int64)
             self.test_groups = np.asarray(self.test_groups, dtype=np.int64)
+
+    @property
+    def token_labels(self) -> bool:
+        """Whether the labels are a sequence model's target tokens (causal LM, text-to-text)."""
+        return self.kind in TOKEN_KINDS
 
     @property
     def max_length(self) -> int:
@@ -132,16 +147,19 @@ class TextDataset:
 
     def inputs(self, split: str, indices: np.ndarray | None = None) -> dict[str, torch.Tensor]:
         """``{"input_ids", "attention_mask"}`` (N, L) int64 tensors of ``split``: a model's keyword
-        arguments (``model(**inputs)``), as batches of :mod:`epochlens.batches` carry them."""
+        arguments (``model(**inputs)``), as batches of :mod:`epochlens.batches` carry them; a
+        text-to-text model's also ``labels`` (N, T), from which it builds its decoder inputs."""
         import torch  # here: tables and figures read text data sets without torch
 
-        ids = getattr(self, f"{_check_split(split)}_input_ids")
-        mask = getattr(self, f"{split}_attention_mask")
-        if indices is not None:
-            ids, mask = ids[indices], mask[indices]
+        arrays = {
+            "input_ids": getattr(self, f"{_check_split(split)}_input_ids"),
+            "attention_mask": getattr(self, f"{split}_attention_mask"),
+        }
+        if self.kind == "text_to_text":
+            arrays["labels"] = self.labels(split)
         return {
-            "input_ids": torch.from_numpy(np.ascontiguousarray(ids)),
-            "attention_mask": torch.from_numpy(np.ascontiguousarray(mask)),
+            key: torch.from_numpy(np.ascontiguousarray(a if indices is None else a[indices]))
+            for key, a in arrays.items()
         }
 
     def texts(self, split: str) -> list[str] | None:

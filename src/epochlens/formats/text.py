@@ -10,6 +10,12 @@ and ``target_column``: the sample is the prompt followed by the target, and only
 tokens are predicted (its per-sample loss is the mean NLL of the target tokens). The optional
 ``group_column`` gives each sample's cohort (e.g. the prompt set).
 
+A text-to-text (encoder-decoder) model (``encoder_decoder``: ``model.hf.task: text_to_text``)
+reads the same two columns: the prompt, tokenised as the tokenizer encodes any text (a T5
+tokenizer appends its eos token), is the encoder's input; the target, tokenised as a target
+(``text_target``) and ending with the tokenizer's eos token (appended when the tokenizer does
+not add it), is the decoder's labels (N, T), padded with -100 as transformers' collators do.
+
 Tokenisation: the tokenizer of a local folder (``tokenizer.json`` / vocab files, as
 ``save_pretrained`` writes them; nothing is downloaded), truncation to ``max_length`` (a causal
 LM's prompt is cut from the left, its target kept whole), padding on the tokenizer's side to the
@@ -68,12 +74,20 @@ class TextSettings:
         default=None, metadata={"help": "the pad token, for a tokenizer without one (e.g. its eos token)"}
     )
     name: str | None = field(default=None, metadata={"help": "data set name; None: the file or folder name"})
+    encoder_decoder: bool = field(
+        default=False,
+        metadata={"help": "text_to_text model: the prompt is the encoder input, the target the labels"},
+    )
     section = "data.text"  # where these settings are in the config (for messages)
 
     def __post_init__(self) -> None:
         problems = []
         if (self.prompt_column is None) != (self.target_column is None):
             problems.append("prompt_column and target_column go together (a causal LM's samples)")
+        if self.encoder_decoder and self.target_column is None:
+            problems.append(
+                "a text-to-text model (model.hf.task: text_to_text) needs prompt_column and target_column"
+            )
         if self.max_length < 2:
             problems.append(f"max_length={self.max_length} must be >= 2")
         if self.padding not in ("longest", "max_length"):
@@ -84,16 +98,20 @@ class TextSettings:
             raise ConfigError("data.text: " + "; ".join(problems) + ". Fix the config.")
 
     @property
-    def kind(self) -> Literal["classification", "causal_lm"]:
-        return "causal_lm" if self.target_column else "classification"
+    def kind(self) -> Literal["classification", "causal_lm", "text_to_text"]:
+        if self.target_column is None:
+            return "classification"
+        return "text_to_text" if self.encoder_decoder else "causal_lm"
 
     @property
     def split_names(self) -> dict[str, str]:
         return {"train": self.train_split, "test": self.test_split}
 
     def columns(self) -> list[str]:
-        cols = [self.prompt_column, self.target_column] if self.kind == "causal_lm" else [self.text_column]
-        cols += [] if self.kind == "causal_lm" else [self.label_column]
+        if self.target_column is not None:
+            cols = [self.prompt_column, self.target_column]
+        else:
+            cols = [self.text_column, self.label_column]
         return [c for c in [*cols, self.group_column, self.ground_truth_column] if c]
 
 
@@ -152,7 +170,11 @@ def tokenize_splits(
     tokenizer: Any, tables: Mapping[str, pd.DataFrame], settings: TextSettings
 ) -> dict[str, dict[str, np.ndarray]]:
     """Per split: ``input_ids``, ``attention_mask`` (N, L) and, for a causal LM, token ``labels``
-    (N, L) with :data:`IGNORE_INDEX` outside the target; both splits padded to one length L."""
+    (N, L) with :data:`IGNORE_INDEX` outside the target; both splits padded to one length L. A
+    text-to-text model's ``labels`` are its targets' tokens (N, T), padded on the right with
+    :data:`IGNORE_INDEX` to the longest target of both splits (:func:`_text_to_text`)."""
+    if settings.kind == "text_to_text":
+        return _text_to_text(tokenizer, tables, settings)
     encoded: dict[str, tuple[list[list[int]], list[list[int]] | None]] = {}
     for split, df in tables.items():
         if settings.kind == "classification":
@@ -174,6 +196,44 @@ def tokenize_splits(
             arrays["labels"] = _pad(labels, length, IGNORE_INDEX, left)
         out[split] = arrays
     return out
+
+
+def _text_to_text(
+    tokenizer: Any, tables: Mapping[str, pd.DataFrame], settings: TextSettings
+) -> dict[str, dict[str, np.ndarray]]:
+    """Encoder inputs (the prompts, truncated to ``max_length``) and decoder labels (the targets,
+    each ending with the tokenizer's eos token, never truncated) of every split."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise DataError(
+            "a text-to-text model's targets end with the tokenizer's eos token, and this tokenizer has "
+            "none; save it with an eos_token (T5's is </s>)."
+        )
+    prompts, targets = {}, {}
+    for split, df in tables.items():
+        prompts[split] = tokenizer(
+            [str(p) for p in df[settings.prompt_column]], truncation=True, max_length=settings.max_length
+        )["input_ids"]
+        encoded = tokenizer(text_target=[str(t) for t in df[settings.target_column]])["input_ids"]
+        targets[split] = [row if row and row[-1] == eos else [*row, eos] for row in encoded]
+        for row, target in enumerate(targets[split]):
+            if len(target) > settings.max_length:
+                raise DataError(
+                    f"{settings.split_names[split]} row {row}: the target has {len(target)} tokens (with "
+                    f"eos), max_length is {settings.max_length}; raise data.text.max_length."
+                )
+    longest = max(len(r) for ids in prompts.values() for r in ids)
+    length = settings.max_length if settings.padding == "max_length" else longest
+    width = max(len(r) for rows in targets.values() for r in rows)
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    return {
+        split: {
+            "input_ids": _pad(prompts[split], length, tokenizer.pad_token_id, left),
+            "attention_mask": _pad([[1] * len(r) for r in prompts[split]], length, 0, left),
+            "labels": _pad(targets[split], width, IGNORE_INDEX, False),
+        }
+        for split in tables
+    }
 
 
 def _prompt_target(
@@ -206,7 +266,7 @@ def load_text(
     settings: TextSettings,
     tokenizer_folder: str | Path,
 ) -> TextDataset:
-    """Read, tokenise and assemble a text data set (classification or causal LM)."""
+    """Read, tokenise and assemble a text data set (classification, causal LM or text-to-text)."""
     tables, label_names = read_tables(source, path, settings)
     name = settings.name or Path(path).stem
     return text_dataset(tables, label_names, settings, tokenizer_folder, name, f"{source}:{path}")
@@ -260,7 +320,7 @@ def text_dataset(
         )  # fmt: skip
     if settings.kind == "classification":
         texts = {s: [str(t) for t in df[settings.text_column]] for s, df in tables.items()}
-    else:
+    else:  # a causal LM's sequence; a text-to-text model's input and target, space-joined as well
         texts = {
             s: [
                 f"{p} {t}"

@@ -9,6 +9,9 @@ a Trainer ``checkpoint-{step}`` folder, or a folder written by :func:`write_tiny
   at the last non-padding token, found through ``config.pad_token_id``: it is set from the
   tokenizer when the config has none (:func:`build_hf_model`, :func:`load_hf_model`).
 * ``causal_lm``: ``AutoModelForCausalLM`` (GPT-2, Llama/Mistral-style).
+* ``text_to_text``: ``AutoModelForSeq2SeqLM`` (encoder-decoder: T5, BART, ...): the prompt is
+  the encoder's input, the target the decoder's labels (the model builds its decoder inputs from
+  them, as in training).
 
 :func:`build_hf_model` initialises a model from the config alone (seeded: training from scratch);
 :func:`load_hf_model` reads the weights of a checkpoint: a ``save_pretrained`` or Trainer folder
@@ -40,7 +43,7 @@ from torch import nn
 from epochlens.errors import CheckpointError, ConfigError
 
 #: Head kinds and the Auto class that builds each.
-TASK_HEADS = ("sequence_classification", "causal_lm")
+TASK_HEADS = ("sequence_classification", "causal_lm", "text_to_text")
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = (
     "model.safetensors",
@@ -59,7 +62,8 @@ class HFModelSettings:
         metadata={"help": "folder with config.json (save_pretrained / Trainer checkpoint / tiny model)"},
     )
     task: str = field(
-        default="sequence_classification", metadata={"help": "sequence_classification | causal_lm"}
+        default="sequence_classification",
+        metadata={"help": "sequence_classification | causal_lm | text_to_text"},
     )
     attention: str = field(
         default="eager", metadata={"help": "attn_implementation: eager (exact double backward) | sdpa"}
@@ -73,6 +77,8 @@ def _auto_class(task: str):
         return transformers.AutoModelForSequenceClassification
     if task == "causal_lm":
         return transformers.AutoModelForCausalLM
+    if task == "text_to_text":
+        return transformers.AutoModelForSeq2SeqLM
     raise ConfigError(f"model task {task!r} must be one of {list(TASK_HEADS)}.")
 
 
@@ -231,7 +237,7 @@ def load_hf_model(
         checkpoint: a ``save_pretrained`` / Trainer ``checkpoint-{step}`` folder, or a state_dict
             file (``.pt``/``.bin`` as written by ``torch.save(model.state_dict())``, or
             ``.safetensors``).
-        task: ``sequence_classification`` or ``causal_lm``.
+        task: ``sequence_classification``, ``causal_lm`` or ``text_to_text``.
         num_labels: classes of the data (classification); must fit the checkpoint's head.
         pad_token_id: the tokenizer's pad token id, set on the config when it has none.
         config: the folder with ``config.json`` (or a config mapping, :func:`config_from_mapping`)
@@ -392,7 +398,7 @@ TINY_FAMILIES: dict[str, tuple[str, ...]] = {
     "llama": ("sequence_classification", "causal_lm"),
     "mistral": ("sequence_classification", "causal_lm"),
     "qwen2": ("sequence_classification", "causal_lm"),
-    "t5": ("sequence_classification",),
+    "t5": ("sequence_classification", "text_to_text"),
 }
 
 

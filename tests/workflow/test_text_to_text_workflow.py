@@ -1,0 +1,252 @@
+"""A text-to-text (encoder-decoder) model the user trained with the Hugging Face Trainer, through
+the pipeline: config/examples/text_to_text.yaml with its paths pointed at a project made here in
+the real formats: polarity sentences and their label words ("positive" / "negative") in four groups
+in train.jsonl / test.jsonl, a word-level tokenizer saved with save_pretrained, and a tiny T5
+(built from a T5Config) trained by transformers' Seq2SeqTrainer to write the label word, which
+wrote ``checkpoint-{step}/`` folders.
+
+What epochlens reports must be what the user's model does: the evaluation's mean loss per group is
+the mean of transformers' own loss of each test sample alone (labels = its target tokens and eos),
+exact match is every target token the model's top choice; zeroing an encoder self-attention, a
+decoder self-attention and a cross-attention head equals the model with that head's input columns
+of the output projection ``o`` set to zero; every training sample has its curvature at every
+checkpoint, whose loss is transformers' own loss of that sample alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from wfutil import REPO, copy_workflow, snakemake, write_config
+
+from epochlens.layout import Layout
+
+pytestmark = [pytest.mark.slow, pytest.mark.workflow]
+
+STEPS = (15, 30)  # the Trainer's checkpoints: every 15 steps of 30
+HIDDEN, HEADS = 32, 2
+D_HEAD = HIDDEN // HEADS
+
+
+def tables() -> dict[str, pd.DataFrame]:
+    """Polarity sentences (epochlens' generator) with their label word as the target."""
+    from epochlens.data.polarity import polarity_tables
+
+    return {
+        split: pd.DataFrame({"sentence": df["text"], "answer": df["label"], "group": df["group"]})
+        for split, df in polarity_tables(64, 24, seed=4).items()
+    }
+
+
+def write_tokenizer(folder: Path) -> Path:
+    """A T5-like word-level tokenizer: <pad> 0, </s> 1, <unk> 2, and </s> after every text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from epochlens.data.polarity import SPECIAL_TOKENS, vocabulary
+
+    words = ["<pad>", "</s>", "<unk>", *[w for w in vocabulary() if w not in SPECIAL_TOKENS]]
+    words += [w for w in ("positive", "negative") if w not in words]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", eos_token="</s>"
+    )
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def write_project(root: Path) -> dict:
+    """The user's data, tokenizer and Seq2SeqTrainer run under ``root``."""
+    from transformers import (
+        AutoTokenizer,
+        Seq2SeqTrainer,
+        Seq2SeqTrainingArguments,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    data = root / "data" / "polarity_t5"
+    data.mkdir(parents=True)
+    frames = tables()
+    for split, df in frames.items():
+        df.to_json(data / f"{split}.jsonl", orient="records", lines=True)
+    tokenizer_dir = write_tokenizer(root / "runs" / "polarity_t5" / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+
+    def encode(df: pd.DataFrame) -> list[dict]:
+        return [  # the tokenizer ends both with </s>, as T5's does
+            {"input_ids": tokenizer(s)["input_ids"], "labels": tokenizer(text_target=a)["input_ids"]}
+            for s, a in zip(df["sentence"], df["answer"], strict=True)
+        ]
+
+    def collate(rows: list[dict]) -> dict:
+        n, t = max(len(r["input_ids"]) for r in rows), max(len(r["labels"]) for r in rows)
+        out = {
+            "input_ids": torch.zeros(len(rows), n, dtype=torch.long),
+            "attention_mask": torch.zeros(len(rows), n, dtype=torch.long),
+            "labels": torch.full((len(rows), t), -100),
+        }
+        for i, r in enumerate(rows):
+            out["input_ids"][i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            out["attention_mask"][i, : len(r["input_ids"])] = 1
+            out["labels"][i, : len(r["labels"])] = torch.tensor(r["labels"])
+        return out
+
+    torch.manual_seed(0)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    config = T5Config(vocab_size=len(tokenizer), d_model=HIDDEN, d_kv=D_HEAD, d_ff=64, num_layers=2,
+                      num_heads=HEADS, dropout_rate=0.0, pad_token_id=pad, eos_token_id=eos,
+                      decoder_start_token_id=pad)  # fmt: skip
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(root / "runs" / "polarity_t5"),
+        max_steps=STEPS[-1],
+        per_device_train_batch_size=16,
+        learning_rate=5e-3,
+        save_strategy="steps",
+        save_steps=STEPS[0],
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+    )
+    Seq2SeqTrainer(
+        model=T5ForConditionalGeneration(config),
+        args=args,
+        train_dataset=encode(frames["train"]),
+        data_collator=collate,
+    ).train()
+    return {"data": data, "tokenizer": tokenizer_dir, "runs": root / "runs" / "polarity_t5",
+            "test": collate(encode(frames["test"])), "train": collate(encode(frames["train"])),
+            "test_table": frames["test"]}  # fmt: skip
+
+
+def user_config(project: dict) -> dict:
+    cfg = yaml.safe_load((REPO / "config" / "examples" / "text_to_text.yaml").read_text())
+    run = cfg["runs"]["polarity_t5"]
+    run["data"]["path"] = str(project["data"])
+    run["data"]["text"]["tokenizer"] = str(project["tokenizer"])
+    run["checkpoints"]["path"] = str(project["runs"] / "checkpoint-{epoch}")
+    run["curvature"]["n_directions"] = 4  # small: the test's time
+    run["ablation"]["modes"] = ["zero"]
+    run["ablation"]["epochs"] = [STEPS[-1]]
+    cfg["device"] = "cpu"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def t5_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("t5")
+    project = write_project(root / "project")
+    wf = copy_workflow(root / "wf")
+    work = root / "work"
+    work.mkdir()
+    cfg = write_config(root / "config.yaml", user_config(project))
+    snakemake(wf, work, configfile=cfg)
+    return project, Layout(work / "results")
+
+
+def load(project: dict, step: int):
+    from transformers import AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM.from_pretrained(project["runs"] / f"checkpoint-{step}").eval()
+
+
+def per_sample_loss(model, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' own loss of each sample alone (unpadded) and exact match (teacher forcing)."""
+    losses, exact = [], []
+    with torch.no_grad():
+        for i in range(len(batch["input_ids"])):
+            real, target = batch["attention_mask"][i].bool(), batch["labels"][i] != -100
+            ids, labels = batch["input_ids"][i, real][None], batch["labels"][i, target][None]
+            out = model(input_ids=ids, labels=labels)
+            losses.append(float(out.loss))
+            exact.append(bool((out.logits[0].argmax(-1) == labels[0]).all()))
+    return np.array(losses), np.array(exact)
+
+
+def test_evaluation_is_the_users_model_loss_per_group(t5_run):
+    project, paths = t5_run
+    groups = pd.read_csv(paths.table("accuracy_per_group", "polarity_t5"))
+    names = project["test_table"]["group"].to_numpy()
+    for step in STEPS:
+        loss, exact = per_sample_loss(load(project, step), project["test"])
+        rows = groups[(groups["epoch"] == step) & (groups["split"] == "test")].set_index("data_group")
+        assert sorted(rows.index) == sorted(set(names))
+        for g in rows.index:
+            assert rows.loc[g, "n"] == (names == g).sum()
+            assert rows.loc[g, "n_correct"] == exact[names == g].sum(), g
+            np.testing.assert_allclose(rows.loc[g, "mean_loss"], loss[names == g].mean(), rtol=1e-5)
+    # the model has learned to write a label word and </s>: far below an untrained model's loss of
+    # about ln(vocabulary) = 3.8 nats per token, and some test sentences exactly right
+    last = groups[(groups["epoch"] == STEPS[-1]) & (groups["split"] == "test")]
+    assert (last["n_correct"].sum() > 0) and (last["mean_loss"] < 1.5).all()
+
+
+@pytest.mark.parametrize(
+    "site, head",
+    [
+        ("encoder.block.1.layer.0.SelfAttention.o", 1),
+        ("decoder.block.0.layer.0.SelfAttention.o", 0),
+        ("decoder.block.1.layer.1.EncDecAttention.o", 1),
+    ],
+)
+def test_head_ablation_equals_zeroed_output_projection_columns(t5_run, site, head):
+    project, paths = t5_run
+    step = STEPS[-1]
+    table = pd.read_csv(paths.table("ablation", "polarity_t5"))
+    table = table[(table["epoch"] == step) & (table["mode"] == "zero")]
+    model = load(project, step)
+    base_loss, _ = per_sample_loss(model, project["test"])
+    with torch.no_grad():
+        dict(model.named_modules())[site].weight[:, head * D_HEAD : (head + 1) * D_HEAD] = 0
+    loss, _ = per_sample_loss(model, project["test"])
+    assert np.abs(loss - base_loss).max() > 1e-4  # the head matters: the check can fail
+    unit = table[(table["block"] == site) & (table["group"] == f"head {head}")].set_index("cohort")
+    names = project["test_table"]["group"].to_numpy()
+    np.testing.assert_allclose(unit.loc["all", "loss_base_mean"], base_loss.mean(), rtol=1e-5)
+    np.testing.assert_allclose(unit.loc["all", "delta_loss_mean"], (loss - base_loss).mean(), atol=1e-5)
+    for g in set(names):
+        row = unit.loc[f"data: {g}"]
+        np.testing.assert_allclose(row["delta_loss_mean"], (loss - base_loss)[names == g].mean(), atol=1e-5)
+
+
+def test_curvature_of_every_training_sample_at_every_checkpoint(t5_run):
+    project, paths = t5_run
+    n = len(project["train"]["input_ids"])
+    from epochlens.data.text import read_text_dataset
+
+    data = read_text_dataset(paths.dataset("polarity_t5"))  # as the Trainer saw them: word, </s>
+    np.testing.assert_array_equal(data.train_labels, project["train"]["labels"].numpy())
+    width = project["train"]["input_ids"].shape[1]  # the data set pads to the longest of both splits
+    np.testing.assert_array_equal(data.train_input_ids[:, :width], project["train"]["input_ids"].numpy())
+    assert (data.train_input_ids[:, width:] == 0).all()
+    losses = []
+    for step in STEPS:
+        meta = json.loads(Path(paths.curvature_metadata("polarity_t5", 0, step)).read_text())
+        assert meta["epoch"] == step and meta["allowed_classes"] == [0]
+        got = {
+            key: np.load(paths.curvature_array(key, "polarity_t5", 0, step))
+            for key in ("curvature", "directional_eig", "loss", "grad_norm", "correct", "labels")
+        }
+        assert all(a.shape == (n,) for a in got.values())
+        for key in ("curvature", "directional_eig", "loss", "grad_norm"):
+            assert np.isfinite(got[key]).all(), (step, key)
+        assert (got["curvature"] > 0).all() and (got["labels"] == 0).all()
+        loss, exact = per_sample_loss(load(project, step), project["train"])
+        np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
+        np.testing.assert_array_equal(got["correct"], exact)
+        losses.append(loss)
+    samples = pd.read_csv(paths.table("sample_dynamics", "polarity_t5")).sort_values("sample")
+    assert len(samples) == n
+    np.testing.assert_allclose(samples["csl"], np.sum(losses, axis=0), rtol=1e-5)
