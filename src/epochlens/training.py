@@ -3,7 +3,9 @@
 The data set is images (:class:`epochlens.data.Dataset`, normalised) or a text run's tokens
 (:class:`epochlens.data.text.TextDataset`: ``model(input_ids=..., attention_mask=...)``, a model
 returning its logits); images train with SGD as in the original, transformers usually with
-``optimizer: adamw``.
+``optimizer: adamw``. A text-to-text model's data (decoder labels, one class: its target tokens)
+trains on the mean over a batch's samples of each one's target tokens' mean NLL, the per-sample
+loss every stage reports; its accuracy is exact match.
 
 For each task: train on the training images (holdout excluded) of the classes active in that task,
 with the loss on the restricted logits; evaluate holdout accuracy after every epoch; with early
@@ -32,6 +34,7 @@ from epochlens.checkpoints import save_state_dict
 from epochlens.data import Dataset
 from epochlens.data.text import TextDataset
 from epochlens.models.networks import positions_in, restrict_logits
+from epochlens.outcome import sample_classes, sequence_outcome, shifts
 from epochlens.progress import progress_bar
 from epochlens.resume import ResumeDir, file_digest, fingerprint, rng_state, set_rng_state
 from epochlens.schedule import ClassSchedule
@@ -91,14 +94,27 @@ def _training_inputs(data: Dataset | TextDataset, device: torch.device) -> Input
 
 @torch.no_grad()
 def accuracy(model: nn.Module, x: Inputs, targets: torch.Tensor, active: np.ndarray) -> float:
-    """Top-1 accuracy over the restricted logits, in eval mode."""
+    """Top-1 accuracy over the restricted logits, in eval mode (token labels: exact match)."""
     model.eval()
     correct = 0
     for start in range(0, len(targets), 1024):
         rows = slice(start, start + 1024)
-        logits = restrict_logits(_forward(model, _rows(x, rows)), active)
-        correct += int((logits.argmax(1) == targets[rows]).sum())
+        correct += _batch_loss(model, _rows(x, rows), targets[rows], active)[1]
     return correct / max(len(targets), 1)
+
+
+def _batch_loss(
+    model: nn.Module, xb: Inputs, yb: torch.Tensor, active: np.ndarray
+) -> tuple[torch.Tensor, int]:
+    """(mean loss of the batch, number of samples right): cross-entropy over the restricted logits,
+    or for token labels (B, T) the mean over samples of each one's target tokens' mean NLL and
+    exact match (:func:`epochlens.outcome.sequence_outcome`; a text-to-text model's inputs carry
+    its decoder labels)."""
+    if yb.ndim == 2:
+        hit, losses = sequence_outcome(_forward(model, xb), yb, keep_dtype=True, shift=shifts(xb))
+        return losses.mean(), int(hit.sum())
+    logits = restrict_logits(_forward(model, xb), active)
+    return nn.functional.cross_entropy(logits, yb), int((logits.argmax(1) == yb).sum())
 
 
 #: Columns of the train log (train_log.csv), in order.
@@ -220,6 +236,7 @@ def train_incremental(
         )
     x_all = _training_inputs(data, device)
     labels = data.train_labels
+    token_labels = labels.ndim == 2  # a text-to-text model's decoder labels: one class, 0
     holdout = data.holdout
     ept = schedule.epochs_per_task
     milestones = sorted({round(f * ept) for f in settings.lr_milestones if 0 < f < 1})
@@ -291,10 +308,10 @@ def train_incremental(
         task, epoch_in_task = divmod(epoch - 1, ept)
         if task_data is None or task_data[0] != task:
             active = schedule.active_classes(task * ept + 1)
-            in_task = np.isin(labels, active)
+            in_task = np.isin(sample_classes(labels), active)
             train_idx = np.flatnonzero(in_task & ~holdout)
             val_idx = np.flatnonzero(in_task & holdout)
-            targets = torch.as_tensor(positions_in(labels, active), device=device)
+            targets = torch.as_tensor(labels if token_labels else positions_in(labels, active), device=device)
             task_data = (task, active, train_idx, val_idx, targets)
         _, active, train_idx, val_idx, targets = task_data
         if epoch_in_task == 0:
@@ -310,13 +327,12 @@ def train_incremental(
             xb, yb = _rows(x_all, batch), targets[batch]
             if settings.augment == "flip_crop":
                 xb = _augment(xb, generator)
-            logits = restrict_logits(_forward(model, xb), active)
-            loss = nn.functional.cross_entropy(logits, yb)
+            loss, n_correct = _batch_loss(model, xb, yb, active)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             total_loss += float(loss.detach()) * len(batch)
-            total_correct += int((logits.argmax(1) == yb).sum())
+            total_correct += n_correct
         val_acc = float("nan")
         if len(val_idx):
             vi = torch.as_tensor(val_idx, device=device)

@@ -131,6 +131,11 @@ def write_project(root: Path) -> dict:
             "test_table": frames["test"]}  # fmt: skip
 
 
+TRAINED_T5 = {"model_type": "t5", "d_model": HIDDEN, "d_kv": D_HEAD, "d_ff": 64, "num_layers": 2,
+              "num_heads": HEADS, "dropout_rate": 0.0, "pad_token_id": 0, "eos_token_id": 1,
+              "decoder_start_token_id": 0}  # fmt: skip
+
+
 def user_config(project: dict) -> dict:
     cfg = yaml.safe_load((REPO / "config" / "examples" / "text_to_text.yaml").read_text())
     run = cfg["runs"]["polarity_t5"]
@@ -141,6 +146,15 @@ def user_config(project: dict) -> dict:
     run["ablation"]["modes"] = ["zero"]
     run["ablation"]["epochs"] = [STEPS[-1]]
     cfg["device"] = "cpu"
+    # the same data, a T5 the pipeline trains from its config (evaluation only: the test's time)
+    trained = {key: run[key] for key in ("data", "schedule")}
+    trained["model"] = {"hf": {"task": "text_to_text", "config": TRAINED_T5}}
+    trained["schedule"] = {"initial_classes": 1, "increment": 0, "epochs_per_task": 4}
+    trained["checkpoints"] = {"source": "train"}  # epochs 0 and 4
+    trained["epochs"] = [4]  # evaluated: the last
+    trained["train"] = {"optimizer": "adamw", "lr": 0.005, "weight_decay": 0.0, "batch_size": 16}
+    off = ("curvature", "features", "probes", "ablation", "influence")
+    cfg["runs"]["trained_t5"] = {**trained, **{stage: {"enabled": False} for stage in off}}
     return cfg
 
 
@@ -250,3 +264,28 @@ def test_curvature_of_every_training_sample_at_every_checkpoint(t5_run):
     samples = pd.read_csv(paths.table("sample_dynamics", "polarity_t5")).sort_values("sample")
     assert len(samples) == n
     np.testing.assert_allclose(samples["csl"], np.sum(losses, axis=0), rtol=1e-5)
+
+
+def test_a_t5_trained_by_the_pipeline_from_its_config(t5_run):
+    """model.hf.config with task text_to_text: the pipeline trains it (one class, the target tokens),
+    its checkpoints are state_dicts that transformers' T5 loads, and the evaluation of each is that
+    model's own loss of each test sample alone."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    project, paths = t5_run
+    log = pd.read_csv(paths.train_log("trained_t5", 0))
+    assert list(log["epoch"]) == [1, 2, 3, 4] and log["train_loss"].iloc[-1] < log["train_loss"].iloc[0]
+    groups = pd.read_csv(paths.table("accuracy_per_group", "trained_t5"))
+    names = project["test_table"]["group"].to_numpy()
+    assert sorted(set(groups["epoch"])) == [4]
+    assert Path(paths.checkpoint("trained_t5", 0, 0)).is_file()
+    sizes = {k: v for k, v in TRAINED_T5.items() if k != "model_type"}
+    state = torch.load(paths.checkpoint("trained_t5", 0, 4), map_location="cpu")
+    model = T5ForConditionalGeneration(T5Config(**sizes, vocab_size=state["shared.weight"].shape[0]))
+    model.load_state_dict(state)
+    loss, exact = per_sample_loss(model.eval(), project["test"])
+    rows = groups[groups["split"] == "test"].set_index("data_group")
+    assert sorted(rows.index) == sorted(set(names))
+    for g in rows.index:
+        np.testing.assert_allclose(rows.loc[g, "mean_loss"], loss[names == g].mean(), rtol=1e-5)
+        assert rows.loc[g, "n_correct"] == exact[names == g].sum()

@@ -319,13 +319,20 @@ def causal_lm_problems(run: dict) -> list[str]:
         for stage in CLASSIFIER_ONLY_STAGES
         if run[stage]["enabled"]
     ]
-    if run["checkpoints"]["source"] != "folder":
+    trained = run["checkpoints"]["source"] == "train" and is_text_to_text_run(run)
+    if run["checkpoints"]["source"] != "folder" and not trained:
         problems.append(
             f"checkpoints: {{source: folder, path: ...}} (train the {what} model yourself, e.g. with the "
             "Trainer)"
         )
-    if run["schedule"].get("initial_classes", 0) is not None:
-        problems.append("schedule: none (a causal LM's samples have no classes to introduce over time)")
+    schedule = run["schedule"]
+    if trained and (schedule.get("initial_classes"), schedule.get("increment")) != (1, 0):
+        problems.append(
+            "schedule: {initial_classes: 1, increment: 0, epochs_per_task: <epochs>} (the pipeline "
+            "trains a text-to-text model on its one class, the target tokens, for that many epochs)"
+        )
+    if not trained and schedule.get("initial_classes", 0) is not None:
+        problems.append(f"schedule: none (a {what}'s samples have no classes to introduce over time)")
     if (run["data"].get("corruption") or {"kind": "none"})["kind"] != "none":
         problems.append("data.corruption: none (label flips and triggers corrupt class labels)")
     return problems

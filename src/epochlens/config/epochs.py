@@ -95,9 +95,11 @@ def num_classes(data_cfg: dict) -> int:
 
 
 def schedule(run_cfg: dict, class_order: np.ndarray | None = None) -> ClassSchedule:
-    """The run's class schedule; without ``class_order`` the identity order (for epoch lists)."""
+    """The run's class schedule; without ``class_order`` the identity order (for epoch lists). A
+    text-to-text run has one class, its target tokens."""
     if class_order is None:
-        class_order = np.arange(num_classes(run_cfg["data"]))
+        token_labels = run_cfg.get("model", {}).get("hf", {}).get("task") in ("causal_lm", "text_to_text")
+        class_order = np.arange(1 if token_labels else num_classes(run_cfg["data"]))
     s = run_cfg["schedule"]
     return ClassSchedule(class_order, s["initial_classes"], s["increment"], s["epochs_per_task"])
 

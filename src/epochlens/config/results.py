@@ -23,6 +23,7 @@ from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
 from epochlens.outcome import regression_reduction
 from epochlens.probes.settings import ProbeSettings, probe_targets
+from epochlens.schedule import is_no_schedule
 from epochlens.study.lds import LdsSettings
 from epochlens.study.settings import QuerySettings, QueryTransformSettings
 
@@ -65,8 +66,12 @@ def run_params(run: Mapping) -> dict:
 
 def class_schedule(run: Mapping) -> dict | None:
     """The run's ``schedule`` section as its checkpoint jobs read it: None for a causal LM run or
-    a regression, whose samples have no classes (:mod:`epochlens.outcome`)."""
-    return None if has_token_labels(dict(run)) or is_regression_run(dict(run)) else run["schedule"]
+    a regression, whose samples have no classes (:mod:`epochlens.outcome`), and for a
+    text-to-text run read from folders; a text-to-text run the pipeline trains keeps its one-class
+    schedule (class 0, the target tokens, at every epoch), which says its epochs."""
+    if is_regression_run(dict(run)) or (has_token_labels(dict(run)) and is_no_schedule(run["schedule"])):
+        return None
+    return run["schedule"]
 
 
 def model_param(run: Mapping) -> str | dict:

@@ -219,7 +219,7 @@ def holdout_mask(labels: np.ndarray, per_class: int) -> np.ndarray:
     the first ``per_class`` samples.
     """
     labels = np.asarray(labels)
-    if not np.issubdtype(labels.dtype, np.integer):
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):  # token labels: one class
         labels = np.zeros(len(labels), dtype=np.int64)
     mask = np.zeros(len(labels), dtype=bool)
     if per_class <= 0:

@@ -72,10 +72,13 @@ def read_data_kind(path: str | Path) -> str:
 
 
 def read_num_classes(path: str | Path) -> int:
-    """The number of classes of a ``dataset.h5`` (images or text), read from its attributes."""
+    """The number of classes of a ``dataset.h5`` (images or text), read from its attributes; a
+    causal LM's or text-to-text model's data has one, its target tokens (:mod:`epochlens.outcome`)."""
+    from epochlens.data.text import TOKEN_KINDS
+
     try:
         with h5py.File(path, "r") as f:
-            return int(f.attrs["num_classes"])
+            return 1 if f.attrs.get("kind") in TOKEN_KINDS else int(f.attrs["num_classes"])
     except (OSError, KeyError) as exc:
         raise DataError(
             f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."

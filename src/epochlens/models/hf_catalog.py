@@ -231,7 +231,7 @@ FAMILIES: dict[str, Family] = {
         head_dim_key=("d_kv",),
         mlp_width_key=("d_ff",),
         embeddings="shared",
-        heads={"sequence_classification": "classification_head", "seq2seq_lm": "lm_head"},
+        heads={"sequence_classification": "classification_head", "text_to_text": "lm_head"},
         bare=("T5Model", "T5EncoderModel"),
         unprefixed=("T5ForConditionalGeneration",),
         encoder_only=("T5EncoderModel", "T5ForTokenClassification"),
@@ -424,7 +424,7 @@ def _head_kind(architecture: str | None) -> str | None:
         ("ForSequenceClassification", "sequence_classification"),
         ("ForCausalLM", "causal_lm"),
         ("LMHeadModel", "causal_lm"),
-        ("ForConditionalGeneration", "seq2seq_lm"),
+        ("ForConditionalGeneration", "text_to_text"),
         ("ForMaskedLM", "masked_lm"),
     ):
         if architecture.endswith(suffix):

@@ -94,6 +94,10 @@ def test_prompts_are_encoder_inputs_and_targets_decoder_labels_ending_with_eos(d
     inputs = data.inputs("test", np.array([1]))
     assert set(inputs) == {"input_ids", "attention_mask", "labels"}
     np.testing.assert_array_equal(inputs["labels"][0], [ids["positive"], EOS, IGNORE_INDEX])
+    from epochlens.data import holdout_mask
+
+    # token labels have one class: the holdout is the first k samples (not k per token id)
+    np.testing.assert_array_equal(holdout_mask(data.train_labels, 2), [True, True, False, False, False])
 
 
 def test_a_text_to_text_model_needs_its_columns_and_text_to_text_needs_an_encoder_decoder(tmp_path):
@@ -277,3 +281,64 @@ def test_the_config_check_takes_a_t5_run_and_names_the_stages_it_lacks(tmp_path)
     no_target["data"]["text"]["text_column"] = "sentence"
     with pytest.raises(ConfigError, match="causal_lm or text_to_text together with data.text.prompt_column"):
         run_config.validate({"runs": {"t5": no_target}}, SCHEMA)
+
+
+T5_CONFIG = {"model_type": "t5", "d_model": 8, "d_kv": 4, "d_ff": 16, "num_layers": 1, "num_heads": 2,
+             "dropout_rate": 0.0, "pad_token_id": 0, "eos_token_id": EOS,
+             "decoder_start_token_id": 0}  # fmt: skip
+
+
+def test_the_pipeline_trains_a_text_to_text_model_from_its_config(data, tmp_path):
+    """train_incremental on decoder labels: the target tokens' loss falls, the model ends up writing
+    the training targets, and its .pt checkpoints load back (the job's way) to the same losses."""
+    from epochlens.evaluation import predict
+    from epochlens.job import CheckpointJob
+    from epochlens.models.build import build_untrained
+    from epochlens.schedule import ClassSchedule
+    from epochlens.training import TrainSettings, train_incremental
+
+    model_section = {"hf": {"task": "text_to_text", "config": T5_CONFIG, "attention": "eager"}}
+    model = build_untrained(model_section, data, seed=0)
+    schedule = ClassSchedule(np.array([0]), 1, 0, 40)
+    settings = TrainSettings(batch_size=4, lr=0.02, optimizer="adamw", weight_decay=0.0, early_stopping=False)
+    log = train_incremental(
+        model,
+        data,
+        schedule,
+        settings,
+        lambda e: tmp_path / f"epoch_{e:04d}.pt",
+        save_every=20,
+        progress=False,
+    )
+    assert log["train_loss"].iloc[-1] < 0.2 * log["train_loss"].iloc[0]
+    assert log["train_accuracy"].iloc[-1] > log["train_accuracy"].iloc[0]  # exact match, as it trained
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"epoch_{e:04d}.pt" for e in (0, 20, 40)]
+    job = CheckpointJob(data, 40, model_section, tmp_path / "epoch_0040.pt", torch.device("cpu"))
+    correct, loss = predict(job.model, data.inputs("train"), data.train_labels, np.zeros(1, np.int64))
+    _, trained = predict(model, data.inputs("train"), data.train_labels, np.zeros(1, np.int64))
+    assert correct.sum() >= 4  # the training targets written exactly (untrained: none)
+    start = CheckpointJob(data, 0, model_section, tmp_path / "epoch_0000.pt", torch.device("cpu"))
+    assert not predict(start.model, data.inputs("train"), data.train_labels, np.zeros(1, np.int64))[0].any()
+    np.testing.assert_allclose(loss, trained, rtol=1e-6)
+
+
+def test_a_text_to_text_run_the_pipeline_trains_has_a_one_class_schedule(tmp_path):
+    from epochlens import config as run_config
+    from epochlens.errors import ConfigError
+
+    def trained(schedule) -> dict:
+        run = t5_run(tmp_path, "text_to_text")
+        run["model"]["hf"]["config"] = dict(T5_CONFIG)
+        run.update(schedule=schedule, checkpoints={"source": "train", "save_every": 5})
+        return {"runs": {"t5": run}}
+
+    cfg = trained({"initial_classes": 1, "increment": 0, "epochs_per_task": 10})
+    run_config.validate(cfg, SCHEMA)
+    assert run_config.checkpoint_epochs(cfg["runs"]["t5"]) == [0, 5, 10]
+    assert run_config.class_schedule(cfg["runs"]["t5"])["epochs_per_task"] == 10
+    with pytest.raises(ConfigError, match=r"schedule: \{initial_classes: 1, increment: 0"):
+        run_config.validate(trained({"initial_classes": 1, "increment": 1, "epochs_per_task": 10}), SCHEMA)
+    without_config = trained({"initial_classes": 1, "increment": 0, "epochs_per_task": 10})
+    del without_config["runs"]["t5"]["model"]["hf"]["config"]
+    with pytest.raises(ConfigError, match="model.hf.config"):
+        run_config.validate(without_config, SCHEMA)
