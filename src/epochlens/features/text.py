@@ -17,6 +17,15 @@ A forward hook on each layer turns its output ``h`` (B, T, D) into, with ``m`` t
   token a GPT-2-style classifier reads its logits from (with right padding; it is also the last
   token with left padding).
 
+A language model's sequence is a prompt followed by its target tokens (token labels ``y`` (B, T),
+aligned with the input ids, -100 where a position is not a target: the prompt and the padding;
+the loss is the mean NLL of the target tokens). Its representations:
+
+* ``target_mean``: ``sum_t g[b, t] h[b, t] / sum_t g[b, t]`` with ``g = (y != -100) & m``, (B, D):
+  the mean over the target tokens' positions;
+* ``prompt_last``: ``h[b, f(b) - 1]`` with ``f(b)`` the first target position, (B, D): the last
+  prompt token, whose output predicts the first target token (the state the model answers from).
+
 Padding never enters a representation: with right padding, adding padding columns changes nothing
 (up to rounding). Values are computed in the activations' dtype (float32, or float64 for a float64
 model; half precision is raised to float32). A sequence without a real token is an error.
@@ -40,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from epochlens.data.text import TextDataset
+from epochlens.data.text import IGNORE_INDEX, TextDataset
 from epochlens.device import model_device
 from epochlens.errors import FeatureError, LayerError
 from epochlens.features.cache import (
@@ -49,7 +58,7 @@ from epochlens.features.cache import (
     write_feature_file,
 )
 from epochlens.features.extract import _prepared
-from epochlens.features.text_settings import TEXT_REPRESENTATIONS, TextFeatureSettings
+from epochlens.features.text_settings import LM_REPRESENTATIONS, TEXT_REPRESENTATIONS, TextFeatureSettings
 from epochlens.models.layers import resolve_layers
 from epochlens.progress import progress_bar
 
@@ -63,9 +72,13 @@ def last_positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def text_representations(
-    hidden: torch.Tensor, mask: torch.Tensor, names: Sequence[str] = TEXT_REPRESENTATIONS
+    hidden: torch.Tensor,
+    mask: torch.Tensor,
+    names: Sequence[str] = TEXT_REPRESENTATIONS,
+    labels: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``mean`` and/or ``last`` (B, D) of hidden states (B, T, D) under the attention mask (B, T)."""
+    """``mean``, ``last``, ``prompt_last`` and/or ``target_mean`` (B, D) of hidden states (B, T, D)
+    under the attention mask (B, T); the last two need a language model's token ``labels`` (B, T)."""
     if hidden.ndim != 3 or hidden.shape[:2] != mask.shape:
         raise ValueError(
             f"hidden states {tuple(hidden.shape)} must be (B, T, D) with mask {tuple(mask.shape)}"
@@ -73,24 +86,45 @@ def text_representations(
     h = hidden.detach()
     if h.dtype not in (torch.float32, torch.float64):
         h = h.float()
-    m = mask.to(h.device, h.dtype)
-    count = m.sum(1, keepdim=True)
-    if bool((count == 0).any()):
-        raise FeatureError(
-            f"sequences {torch.nonzero(count[:, 0] == 0).flatten()[:10].tolist()} of the batch have no "
-            "real token (attention_mask all 0); check the tokenised data."
-        )
+    masks = {"mean": mask, "last": mask}
+    if any(n in LM_REPRESENTATIONS for n in names):
+        masks.update(_lm_masks(mask, labels))
     out = {}
     for name in names:
-        if name == "mean":
-            out[name] = (h * m.unsqueeze(2)).sum(1) / count
-        elif name == "last":
-            out[name] = h[torch.arange(len(h), device=h.device), last_positions(mask.to(h.device))]
-        else:
+        if name not in masks:
             raise ValueError(
-                f"unknown text representation {name!r} (choose from {list(TEXT_REPRESENTATIONS)})"
+                f"unknown text representation {name!r} (choose from "
+                f"{list(TEXT_REPRESENTATIONS + LM_REPRESENTATIONS)})"
             )
+        m = masks[name].to(h.device, h.dtype)
+        count = m.sum(1, keepdim=True)
+        if bool((count == 0).any()):
+            what = {"prompt_last": "prompt token", "target_mean": "target token"}.get(name, "real token")
+            raise FeatureError(
+                f"sequences {torch.nonzero(count[:, 0] == 0).flatten()[:10].tolist()} of the batch have "
+                f"no {what} (representation {name}); check the tokenised data."
+            )
+        if name in ("mean", "target_mean"):
+            out[name] = (h * m.unsqueeze(2)).sum(1) / count
+        else:
+            out[name] = h[torch.arange(len(h), device=h.device), last_positions(masks[name].to(h.device))]
     return out
+
+
+def _lm_masks(mask: torch.Tensor, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """(B, T) bool masks of a language model's representations: ``target_mean``'s target positions
+    and ``prompt_last``'s prompt positions (real tokens before the first target)."""
+    if labels is None or labels.shape != mask.shape:
+        shape = None if labels is None else tuple(labels.shape)
+        raise FeatureError(
+            f"{list(LM_REPRESENTATIONS)} need the token labels (B, T) of the {tuple(mask.shape)} "
+            f"batch (got {shape}): a language model's data (prompt_column and target_column)."
+        )
+    real = mask.bool()
+    target = (labels.to(mask.device) != IGNORE_INDEX) & real
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    first = torch.where(target, positions, mask.shape[1]).amin(1, keepdim=True)
+    return {"target_mean": target, "prompt_last": real & (positions < first)}
 
 
 def default_text_layers(model: nn.Module) -> list[str]:
@@ -112,6 +146,7 @@ class _TextCapture:
     def __init__(self, net: nn.Module, layers: Sequence[str], names: Sequence[str]) -> None:
         self.layers, self.names = list(layers), tuple(names)
         self.mask = torch.zeros(0)
+        self.labels: torch.Tensor | None = None
         self.out: dict[str, dict[str, torch.Tensor]] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.calls: dict[str, int] = {}
@@ -137,11 +172,13 @@ class _TextCapture:
                     f"(batch, tokens, features) of the {tuple(self.mask.shape)} input; hook a block."
                 )
             self.shapes[name] = (int(hidden.shape[2]), int(hidden.shape[1]))  # (D, T): channels first
-            self.out[name] = text_representations(hidden, self.mask, self.names)
+            self.out[name] = text_representations(hidden, self.mask, self.names, self.labels)
 
         return hook
 
     def run(self, net: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+        inputs = dict(inputs)
+        self.labels = inputs.pop("labels", None)  # a language model's token labels: masks only
         self.out, self.calls, self.mask = {}, {}, inputs["attention_mask"]
         net(**inputs)
         for name in self.layers:
@@ -171,7 +208,8 @@ def iter_text_feature_batches(
     """Yield ``(lo, hi, features, shapes)`` per batch of sequences lo..hi.
 
     ``inputs(lo, hi)`` returns the model's keyword inputs (``input_ids``, ``attention_mask`` (B, T)
-    ...); ``features[layer][name]`` is an array (hi - lo, D) in the activations' dtype;
+    ...; a language model's token ``labels`` (B, T) for its representations, not given to the
+    model); ``features[layer][name]`` is an array (hi - lo, D) in the activations' dtype;
     ``shapes[layer]`` is (D, T). The model runs in eval mode without gradients, on a copy.
     """
     with _prepared(model, device) as (net, dev):
@@ -222,6 +260,26 @@ def extract_text_features(
     return {layer: {r: np.concatenate(a) for r, a in by_rep.items()} for layer, by_rep in parts.items()}
 
 
+def feature_inputs(data: TextDataset, split: str, rows: np.ndarray) -> dict[str, torch.Tensor]:
+    """The model's keyword inputs of samples ``rows`` of ``split``, with a language model's token
+    ``labels`` (its representations' masks; never given to the model)."""
+    inputs = data.inputs(split, rows)
+    if data.kind != "classification":
+        inputs["labels"] = torch.from_numpy(np.ascontiguousarray(data.labels(split)[rows]))
+    return inputs
+
+
+def _check_kind(data: TextDataset, names: Sequence[str]) -> None:
+    """A language model's data takes its representations; a sequence classifier's the others."""
+    lm = data.kind != "classification"
+    wrong = [n for n in names if (n in LM_REPRESENTATIONS) != lm]
+    if wrong:
+        fits = LM_REPRESENTATIONS if lm else TEXT_REPRESENTATIONS
+        raise FeatureError(
+            f"representations {wrong} do not fit {data.kind} data; its representations are {list(fits)}."
+        )
+
+
 def text_data_key(data: TextDataset) -> str:
     """SHA-256 of the text data's content hash (ids, masks, labels, the tokenizer's fingerprint)."""
     payload = json.dumps({"kind": "text", "content_hash": data.content_hash}, sort_keys=True)
@@ -241,8 +299,7 @@ def load_or_extract_text(
     written (as :func:`epochlens.features.cache.load_or_extract`; ``model`` may be a function that
     builds it, called on a cache miss only)."""
     settings = settings or TextFeatureSettings()
-    if data.kind != "classification":
-        raise FeatureError(f"features of {data.kind} data are not available (sequence classifiers only).")
+    _check_kind(data, settings.names)
 
     def write(net: nn.Module) -> None:
         write_text_features(path, net, data, checkpoint_sha256, settings, device, progress)
@@ -269,7 +326,7 @@ def write_text_features(
     def batches(split: str, n: int) -> Iterator:
         return iter_text_feature_batches(
             model,
-            lambda lo, hi: data.inputs(split, np.arange(lo, hi)),
+            lambda lo, hi: feature_inputs(data, split, np.arange(lo, hi)),
             n,
             layers,
             settings.names,

@@ -1,10 +1,13 @@
 """Settings of a text run's features (torch-free: the workflow reads them while planning).
 
 A text run's features are the hidden states of its transformer's blocks, reduced over the tokens
-of each sequence (:mod:`epochlens.features.text`): ``mean`` over the real tokens and the ``last``
-real token. They are stored in the image features' file format (:mod:`epochlens.features.cache`),
-so probes read them unchanged; this module is separate from :mod:`epochlens.features.settings` so
-that image features jobs do not depend on it.
+of each sequence (:mod:`epochlens.features.text`): a sequence classifier's ``mean`` over the real
+tokens and ``last`` real token; a language model's (a prompt and its target tokens, whose mean NLL
+is the loss) ``prompt_last``, the last prompt token (the position that predicts the first target
+token), and ``target_mean``, the mean over the target tokens. They are stored in the image
+features' file format (:mod:`epochlens.features.cache`), so probes read them unchanged; this
+module is separate from :mod:`epochlens.features.settings` so that image features jobs do not
+depend on it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from epochlens.features.settings import SPLITS
 #: Bump when the meaning of stored text features changes: old caches rebuild.
 TEXT_FORMAT_VERSION = 1
 TEXT_REPRESENTATIONS = ("mean", "last")
+#: A language model's representations: they need each sequence's token labels (-100: no target).
+LM_REPRESENTATIONS = ("prompt_last", "target_mean")
 
 
 @dataclass
@@ -34,7 +39,10 @@ class TextFeatureSettings:
     )
     names: tuple[str, ...] = field(
         default=TEXT_REPRESENTATIONS,
-        metadata={"help": "mean (over the real tokens) and/or last (the last real token)"},
+        metadata={
+            "help": "mean (over the real tokens) and/or last (the last real token); a language "
+            "model's prompt_last (last prompt token) and/or target_mean (mean over the target tokens)"
+        },
     )
     dtype: Literal["float32", "float16"] = field(
         default="float32", metadata={"help": "storage dtype of the features"}
@@ -55,11 +63,10 @@ class TextFeatureSettings:
         problems = []
         if self.layers is not None and (not self.layers or len(set(self.layers)) != len(self.layers)):
             problems.append(f"layers {self.layers} must be distinct module names (null: the blocks)")
-        bad = [n for n in self.names if n not in TEXT_REPRESENTATIONS]
+        known = TEXT_REPRESENTATIONS + LM_REPRESENTATIONS
+        bad = [n for n in self.names if n not in known]
         if bad or not self.names or len(set(self.names)) != len(self.names):
-            problems.append(
-                f"representations {list(self.names)} must be distinct of {list(TEXT_REPRESENTATIONS)}"
-            )
+            problems.append(f"representations {list(self.names)} must be distinct of {list(known)}")
         if self.dtype not in ("float32", "float16"):
             problems.append(f"dtype={self.dtype!r} must be float32 or float16")
         if (
@@ -89,10 +96,16 @@ class TextFeatureSettings:
 
 def text_feature_params(run: Mapping) -> dict:
     """A text run's features params (what the cache key's spec holds): its layers and dtype; the
-    representations are always ``mean`` and ``last`` (``features.representations`` and the
+    representations are always ``mean`` and ``last``, a language model's (data with a
+    ``target_column``) ``prompt_last`` and ``target_mean`` (``features.representations`` and the
     spectral keys are for images)."""
     spec = run["features"]
-    settings = TextFeatureSettings(layers=spec.get("layers"), dtype=spec.get("dtype", "float32"))
+    lm = bool(run.get("data", {}).get("text", {}).get("target_column"))
+    settings = TextFeatureSettings(
+        layers=spec.get("layers"),
+        names=LM_REPRESENTATIONS if lm else TEXT_REPRESENTATIONS,
+        dtype=spec.get("dtype", "float32"),
+    )
     return {
         "layers": settings.layers,
         "representations": {"names": list(settings.names)},
