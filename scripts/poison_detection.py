@@ -11,6 +11,7 @@ from _helpers import run_script
 
 from epochlens.atomic import write_atomic
 from epochlens.data.labels import read_labels
+from epochlens.outcome import sample_classes
 from epochlens.runner import log
 from epochlens.study.poison import detection_tables
 
@@ -23,7 +24,8 @@ def main(snakemake) -> None:
             "no corrupted training images known (neither data.corruption nor data.ground_truth): the "
             "detection table's AUROC is empty, its status says why"
         )
-    labels = read_labels(inp.dataset, "train").labels  # not the images: a table job stays light
+    # Not the images: a table job stays light. A causal LM's token labels: class 0 (no classes).
+    labels = sample_classes(read_labels(inp.dataset, "train").labels)
     study = p.study
     tables = detection_tables(
         snakemake.wildcards.run, p.jobs, inp.scores, inp.diagnostics, corrupted, labels,

@@ -1,7 +1,8 @@
 """Rule probes_epoch: linear probes on one checkpoint's cached features, one row per seed.
 
 A classifier's targets come from its class schedule; a regression's (no classes) from its float
-targets in dataset.h5 (the ridge probe and their quantile bins), never from the features file.
+targets in dataset.h5 (the ridge probe and their quantile bins), a language model's from its data
+groups in dataset.h5, never from the features file.
 
 By hand, from the run's working directory:
     python scripts/probes_epoch.py run=digits index=0 epoch=0030
@@ -17,7 +18,7 @@ from epochlens.errors import DataError
 from epochlens.features.cache import FeatureSet
 from epochlens.probes.linear import probe_checkpoint
 from epochlens.probes.settings import ProbeSettings
-from epochlens.probes.targets import select_regression_targets, select_targets
+from epochlens.probes.targets import select_lm_targets, select_regression_targets, select_targets
 from epochlens.runner import log
 from epochlens.schedule import schedule_from_config
 
@@ -40,6 +41,11 @@ def main(snakemake) -> None:
             p.probes["curvature_bins"],
             p.probes["target_bins"],
             fit=~data.holdout,
+        )
+    elif getattr(data, "kind", None) == "causal_lm":  # no classes: data groups and curvature
+        groups = None if data.train_groups is None else {s: data.groups(s) for s in ("train", "test")}
+        targets, skipped = select_lm_targets(
+            groups, p.probes["targets"], curvature, p.probes["curvature_bins"], fit=~data.holdout
         )
     else:
         schedule = schedule_from_config(p.schedule, inp.class_order)

@@ -42,6 +42,7 @@ SLOWEST_FIRST = (
     "workflow/test_regression_workflow.py",
     "unit/influence/test_influence_exact.py",
     "unit/influence/test_influence_robust.py",
+    "unit/influence/test_influence_causal_lm.py",
     "workflow/test_train_resume.py",
 )
 

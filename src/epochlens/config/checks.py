@@ -262,8 +262,8 @@ def check_npz_kind(name: str, data: dict, task: str) -> None:
         )
 
 
-#: Stages a causal LM or text-to-text run does not have yet (its per-sample loss is evaluated,
-#: its curvature taken and its heads ablated).
+#: Stages a text-to-text run does not have yet (its per-sample loss is evaluated, its curvature
+#: taken and its heads ablated); a causal LM has them all.
 CLASSIFIER_ONLY_STAGES = ("features", "probes", "influence")
 
 
@@ -314,11 +314,14 @@ def causal_lm_problems(run: dict) -> list[str]:
     if not lm_data:
         return []
     what = "text-to-text" if is_text_to_text_run(run) else "causal LM"
-    problems = [
-        f"{stage}.enabled: false (not yet available for {what} runs)"
-        for stage in CLASSIFIER_ONLY_STAGES
-        if run[stage]["enabled"]
-    ]
+    if is_text_to_text_run(run):
+        problems = [
+            f"{stage}.enabled: false (not yet available for {what} runs)"
+            for stage in CLASSIFIER_ONLY_STAGES
+            if run[stage]["enabled"]
+        ]
+    else:
+        problems = lm_influence_problems(run)
     trained = run["checkpoints"]["source"] == "train" and is_text_to_text_run(run)
     if run["checkpoints"]["source"] != "folder" and not trained:
         problems.append(
@@ -335,6 +338,24 @@ def causal_lm_problems(run: dict) -> list[str]:
         problems.append(f"schedule: none (a {what}'s samples have no classes to introduce over time)")
     if (run["data"].get("corruption") or {"kind": "none"})["kind"] != "none":
         problems.append("data.corruption: none (label flips and triggers corrupt class labels)")
+    return problems
+
+
+def lm_influence_problems(run: dict) -> list[str]:
+    """What a causal LM run's influence section must change: its loss is the target tokens' mean
+    NLL (task language_model, or your own task), its queries are test prompts with their targets
+    as they are (no class predictions, no text transforms: they would move the targets)."""
+    spec = run["influence"]
+    if not spec["enabled"]:
+        return []
+    problems = []
+    if task_name(run) in ("classification", "regression"):
+        problems.append(
+            "task: language_model (influence measures each sample's loss, the mean NLL of its target "
+            "tokens; or your own task by import path)"
+        )
+    if [t for t in spec["transforms"] if t != "none"]:
+        problems.append("influence.transforms: [none] (a query is a test prompt with its target as it is)")
     return problems
 
 
@@ -380,12 +401,14 @@ def check_probe_config(name: str, run: dict) -> None:
     target_quantile for a regression), and a ridge probe's penalties with samples to choose them."""
     from epochlens.probes.settings import RIDGE_ALPHAS, probe_targets, target_problem
 
-    spec, regression = run["probes"], is_regression_run(run)
+    spec, regression, lm = run["probes"], is_regression_run(run), is_causal_lm_run(run)
     if not spec["enabled"]:
         return
-    problem = target_problem(spec["targets"], regression)
+    problem = target_problem(spec["targets"], regression, lm)
     if problem:
-        kind = "a regression (task: regression)" if regression else "a classifier"
+        kind = (
+            "a language model" if lm else "a regression (task: regression)" if regression else "a classifier"
+        )
         raise ConfigError(f"runs.{name}.probes.targets: the run is {kind}; {problem}")
     alphas = spec.get("ridge_alphas") or RIDGE_ALPHAS
     ridge = "target" in probe_targets(spec["targets"], regression)

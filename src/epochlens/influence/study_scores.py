@@ -31,7 +31,7 @@ from epochlens.job import CheckpointJob
 from epochlens.outcome import regression_reduction
 from epochlens.provenance import file_sha256, provenance
 from epochlens.study.poison import accumulate_tracin, influence_settings
-from epochlens.study.queries import select_queries, select_regression_queries
+from epochlens.study.queries import select_lm_queries, select_queries, select_regression_queries
 from epochlens.study.transforms import transform_queries
 
 log = logging.getLogger("epochlens")
@@ -151,6 +151,8 @@ def score_shard(
         queries = select_regression_queries(
             job.model, data, device, q["select"], q["max_count"], q["seed"], reduction
         )
+    elif getattr(data, "kind", None) == "causal_lm":  # test prompts under their own targets
+        queries = select_lm_queries(job.model, data, device, q["select"], q["max_count"], q["seed"])
     else:
         queries = select_queries(
             job.model,

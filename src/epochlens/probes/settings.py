@@ -6,8 +6,9 @@ method (the optimisation's mini-batches) and does change results.
 
 Targets by kind of run (:func:`probe_targets`): a classifier's are ``class``, ``cohort`` and
 ``curvature``; a regression's ``target`` (the ridge probe, scored by R²), ``target_quantile``
-(quantile bin of the target) and ``curvature``. ``probes.targets: null`` (the default) takes the
-run's kind's list.
+(quantile bin of the target) and ``curvature``; a language model's (no classes: a prompt and its
+target tokens) ``group`` (each sample's data group, ``data.text.group_column``) and ``curvature``.
+``probes.targets: null`` (the default) takes the run's kind's list.
 """
 
 from __future__ import annotations
@@ -22,22 +23,35 @@ from epochlens.errors import ConfigError
 CLASSIFIER_TARGETS = ("class", "cohort", "curvature")
 #: Probe targets of a regression: the ridge probe of the targets, their quantile bin, curvature.
 REGRESSION_TARGETS = ("target", "target_quantile", "curvature")
+#: Probe targets of a language model: each sample's data group, and curvature.
+LM_TARGETS = ("group", "curvature")
 #: Default penalties of the ridge probe: alpha per fit sample on standardised features, i.e.
 #: scikit-learn's ``Ridge(alpha=alpha * n_fit)``; the best on the early-stopping samples is kept.
 RIDGE_ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 
 
-def probe_targets(targets: Sequence[str] | None, regression: bool) -> list[str]:
-    """The targets a run probes: ``targets`` as configured, or (None) every target of its kind."""
+def probe_targets(targets: Sequence[str] | None, regression: bool, lm: bool = False) -> list[str]:
+    """The targets a run probes: ``targets`` as configured, or (None) every target of its kind
+    (``lm``: a language model's)."""
     if targets is None:
-        return list(REGRESSION_TARGETS if regression else CLASSIFIER_TARGETS)
+        return list(LM_TARGETS if lm else REGRESSION_TARGETS if regression else CLASSIFIER_TARGETS)
     return list(targets)
 
 
-def target_problem(targets: Sequence[str] | None, regression: bool) -> str | None:
+def target_problem(targets: Sequence[str] | None, regression: bool, lm: bool = False) -> str | None:
     """Why ``targets`` do not fit a run of this kind (a sentence with the fix), or None."""
     if targets is None:
         return None
+    if lm:
+        wrong = [t for t in targets if t not in LM_TARGETS]
+        if not wrong:
+            return None
+        return (
+            f"{wrong} are a classifier's or a regression's targets; a language model's are "
+            f"{list(LM_TARGETS)} (each prompt's data group, data.text.group_column, and curvature). "
+            f"Set probes.targets: {[t for t in targets if t in LM_TARGETS] or list(LM_TARGETS)}, or "
+            "leave it out."
+        )
     own, other = (
         (REGRESSION_TARGETS, CLASSIFIER_TARGETS) if regression else (CLASSIFIER_TARGETS, REGRESSION_TARGETS)
     )

@@ -15,6 +15,12 @@ A regression's (:func:`select_regression_targets`):
   for a scalar target, its L2 norm over the D values for a vector target), bin edges from the fit
   samples only, applied to the holdout and test samples;
 * ``curvature_q{n}``: as a classifier's (every training sample has a curvature).
+
+A language model's (:func:`select_lm_targets`; no classes):
+
+* ``group``: each sample's data group (``data.text.group_column``: e.g. the prompt set), 0 .. G-1;
+* ``curvature_q{n}``: as a classifier's (training samples only: evaluated on the training
+  holdout, skipped without one).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import numpy as np
 
 from epochlens.errors import ConfigError, ProbeError
 from epochlens.models.networks import positions_in
-from epochlens.probes.settings import CLASSIFIER_TARGETS, REGRESSION_TARGETS
+from epochlens.probes.settings import CLASSIFIER_TARGETS, LM_TARGETS, REGRESSION_TARGETS
 
 
 def class_target(labels: np.ndarray, active_classes: np.ndarray) -> np.ndarray:
@@ -253,5 +259,59 @@ def select_regression_targets(
             why = "skipped: fewer than two target values among the fit samples"
         if few:
             skipped[name] = why
+            del out[name]
+    return out, skipped
+
+
+def select_lm_targets(
+    groups: Mapping[str, np.ndarray] | None,
+    wanted: list[str],
+    curvature: np.ndarray | None,
+    curvature_bins: int,
+    fit: np.ndarray,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, str]]:
+    """A language model's probe targets of the config's ``probes.targets``, and why others are skipped.
+
+    Args:
+        groups: each sample's data group per split, ``{"train": (N,), "test": (N_test,)}`` int64
+            (-1: none), or None when the data has no groups.
+        wanted: the config's targets (group, curvature).
+        curvature: (N_train,) per-sample curvature at this epoch, or None where not computed.
+        curvature_bins: quantile bins of the curvature target.
+        fit: (N_train,) bool, the training samples probes are fitted on.
+
+    Returns:
+        ``(targets, skipped)`` as :func:`select_targets`.
+    """
+    stray = [t for t in wanted if t not in LM_TARGETS]
+    if stray:
+        raise ProbeError(
+            f"probe targets {stray} are not a language model's (it has no classes); its targets: "
+            f"{list(LM_TARGETS)}."
+        )
+    out: dict[str, dict[str, np.ndarray]] = {}
+    skipped: dict[str, str] = {}
+    if "group" in wanted:
+        if groups is None:
+            skipped["group"] = "skipped: the data has no groups (data.text.group_column)"
+        else:
+            out["group"] = {s: np.asarray(g, dtype=np.int64) for s, g in groups.items()}
+    if "curvature" in wanted:
+        name = f"curvature_q{curvature_bins}"
+        if curvature is None:
+            skipped[name] = "skipped: curvature not computed at this epoch"
+        elif np.asarray(fit, dtype=bool).all():  # a train-only target: evaluated on the holdout
+            skipped[name] = "skipped: the data has no training holdout to evaluate it on"
+        else:
+            if len(curvature) != len(fit):
+                raise ProbeError(
+                    f"curvature has {len(curvature)} values; it must have one per training sample "
+                    f"({len(fit)})."
+                )
+            out[name] = {"train": quantile_target(curvature, curvature_bins)}
+    for name in list(out):
+        y = out[name]["train"][np.asarray(fit, dtype=bool)]
+        if len(np.unique(y[y >= 0])) < 2:
+            skipped[name] = "skipped: fewer than two target values among the fit samples"
             del out[name]
     return out, skipped

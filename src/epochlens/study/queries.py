@@ -3,7 +3,8 @@
 :func:`select_queries` picks them (by default those the checkpoint gets wrong), with the labels
 they are scored under and, for a backdoor study, the trigger patch stamped on them;
 :func:`select_regression_queries` picks a regression's (all test samples, or those with the
-highest loss), scored under their own targets.
+highest loss), scored under their own targets; :func:`select_lm_queries` a language model's (test
+prompts with their target tokens, scored under those targets).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from torch import nn
 
 from epochlens.batches import num_samples, select_rows, to_device
 from epochlens.data import Dataset
-from epochlens.data.text import TextDataset
+from epochlens.data.text import IGNORE_INDEX, TextDataset
 from epochlens.errors import ConfigError
 from epochlens.models.networks import restrict_logits
 from epochlens.outcome import predict_regression
 from epochlens.study.corruption import apply_trigger, trigger_value
 from epochlens.study.settings import QUERY_LABELS, QUERY_SELECTIONS
-from epochlens.tasks import call_model
+from epochlens.tasks import OutputAdapter, call_model
 
 
 @dataclasses.dataclass
@@ -36,6 +37,7 @@ class QuerySet:
             text run's keyword inputs (``input_ids``, ``attention_mask``: (Q, L) each).
         labels: (Q,) int64 labels whose loss each query measures (predicted or correct); a
             regression's targets (Q,) or (Q, D), as stored.
+            A language model's token labels (Q, L) (:func:`select_lm_queries`).
         true_labels, predicted: (Q,) int64 the test set's labels and the checkpoint's predictions
             (a regression's: its targets, and its predictions (Q, D) float64).
         triggered: whether the trigger patch was stamped on the queries.
@@ -192,4 +194,66 @@ def select_regression_queries(
         triggered=False,
         sign=-1.0,
         candidates=len(targets),
+    )
+
+
+@torch.no_grad()
+def predict_tokens(
+    model: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    labels: np.ndarray,
+    device: torch.device,
+    batch_size: int = 64,
+) -> np.ndarray:
+    """A causal language model's top token at each target position, (N, L) int64 aligned with the
+    token ``labels`` (N, L) (the logits at t - 1 predict token t), -100 where there is no target."""
+    was_training = model.training
+    model.eval().to(device)
+    out = np.full(labels.shape, IGNORE_INDEX, dtype=np.int64)
+    for start in range(0, len(labels), batch_size):
+        rows = torch.arange(start, min(start + batch_size, len(labels)))
+        logits = OutputAdapter()(call_model(model, to_device(select_rows(inputs, rows), device)))
+        top = logits[:, :-1].argmax(2).cpu().numpy()
+        block = labels[start : start + len(rows), 1:]
+        out[start : start + len(rows), 1:] = np.where(block != IGNORE_INDEX, top, IGNORE_INDEX)
+    model.train(was_training)
+    return out
+
+
+def select_lm_queries(
+    model: nn.Module,
+    data: TextDataset,
+    device: torch.device,
+    select: str = "all",
+    max_count: int = 50,
+    seed: int = 0,
+) -> QuerySet:
+    """A language model's queries: test prompts with their target tokens, scored under those
+    targets (the per-sample loss, the targets' mean NLL; training samples with negative influence
+    raise a query's loss: ``sign`` -1). ``labels`` and ``true_labels`` are the token labels (Q, L),
+    ``predicted`` the model's top token at each target position (Q, L), -100 elsewhere.
+
+    Args:
+        select: ``all`` (a seeded subset of ``max_count`` when there are more): a language model
+            has no misclassified queries.
+    """
+    if select != "all":
+        raise ConfigError(
+            f"queries.select={select!r}: a language model's queries are its test prompts (select: all); "
+            "it has no class predictions to be wrong."
+        )
+    rows = np.arange(len(data.test_labels))
+    if len(rows) > max_count:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_count, replace=False))
+    inputs = data.inputs("test", rows)
+    labels = data.test_labels[rows]
+    return QuerySet(
+        test_indices=rows.astype(np.int64),
+        images=inputs,
+        labels=labels,
+        true_labels=labels,
+        predicted=predict_tokens(model, inputs, labels, device),
+        triggered=False,
+        sign=-1.0,
+        candidates=len(data.test_labels),
     )

@@ -328,17 +328,19 @@ def test_text_run_errors_name_the_keys_to_fix(run, match):
         run_config.validate({"runs": {"pol": run}}, SCHEMA)
 
 
-def test_features_and_probes_of_sequence_classifiers_only(monkeypatch, tmp_path):
+def test_features_and_probes_of_sequence_classifiers_and_causal_lms(monkeypatch, tmp_path):
     on = {"features": {"enabled": True}, "probes": {"enabled": True}}
     run = run_config.validate({"runs": {"pol": text_run(**on)}}, SCHEMA)["runs"]["pol"]
     assert run["features"]["enabled"] and run["probes"]["enabled"]
+    assert run_config.probe_params(run)["targets"] == ["class", "cohort", "curvature"]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "checkpoint-10").mkdir(parents=True)
-    with pytest.raises(
-        ConfigError,
-        match=r"set features.enabled: false \(not yet available for causal LM runs\); probes.enabled: false",
-    ):
-        run_config.validate({"runs": {"lm": lm_run(**on)}}, SCHEMA)
+    lm = run_config.validate({"runs": {"lm": lm_run(**on)}}, SCHEMA)["runs"]["lm"]
+    # a causal LM's probes: its prompt groups and curvature (it has no classes)
+    assert run_config.probe_params(lm)["targets"] == ["group", "curvature"]
+    bad = lm_run(features={"enabled": True}, probes={"enabled": True, "targets": ["class", "group"]})
+    with pytest.raises(ConfigError, match=r"probes.targets: the run is a language model; \['class'\] are"):
+        run_config.validate({"runs": {"lm": bad}}, SCHEMA)
 
 
 def test_lds_of_a_text_classifier_trained_by_the_pipeline():
@@ -397,7 +399,14 @@ def test_a_causal_lm_run_has_no_class_schedule(monkeypatch, tmp_path):
     [
         (lm_run(model={"hf": {"task": "sequence_classification", "config": {}}}), "model.hf.task: causal_lm"),
         (text_run(model={"hf": {"task": "causal_lm", "config": {}}}), "prompt_column and target_column"),
-        (lm_run(influence={"enabled": True}), r"influence.enabled: false \(not yet available for causal LM"),
+        (lm_run(influence={"enabled": True, "queries": {"select": "all"}}), r"set task: language_model \("),
+        (
+            lm_run(
+                task="language_model",
+                influence={"enabled": True, "queries": {"select": "all"}, "transforms": ["none", "truncate"]},
+            ),
+            r"influence.transforms: \[none\] \(a query is a test prompt",
+        ),
         (lm_run(checkpoints={"source": "train"}), r"checkpoints: \{source: folder"),
         (lm_run(schedule={"initial_classes": 1, "increment": 0, "epochs_per_task": 4}), "schedule: none"),
     ],
