@@ -401,7 +401,7 @@ def check_probe_config(name: str, run: dict) -> None:
     target_quantile for a regression), and a ridge probe's penalties with samples to choose them."""
     from epochlens.probes.settings import RIDGE_ALPHAS, probe_targets, target_problem
 
-    spec, regression, lm = run["probes"], is_regression_run(run), is_causal_lm_run(run)
+    spec, regression, lm = run["probes"], is_regression_run(run), has_token_labels(run)
     if not spec["enabled"]:
         return
     problem = target_problem(spec["targets"], regression, lm)

@@ -136,7 +136,7 @@ def probe_params(run: Mapping) -> dict:
     regression = is_regression_run(dict(run))
     params = {
         "settings": result_settings(spec, ProbeSettings, exclude=() if regression else ("ridge_alphas",)),
-        "targets": probe_targets(spec["targets"], regression, is_causal_lm_run(dict(run))),
+        "targets": probe_targets(spec["targets"], regression, has_token_labels(dict(run))),
         "curvature_bins": spec["curvature_bins"],
     }
     if regression:
