@@ -21,6 +21,8 @@ rule features_epoch:
         layout.log("features", index="{index}", epoch="{epoch}"),
     benchmark:
         layout.benchmark("features", index="{index}", epoch="{epoch}")
+    wildcard_constraints:
+        run=runs_pattern(stored=False),
     conda:
         "../envs/epochlens.yaml"
     envmodules:
@@ -32,6 +34,33 @@ rule features_epoch:
         model=get_model_param,
     script:
         "../scripts/features_epoch.py"
+
+
+# A run of stored activations (checkpoints.source: activations): the same features file, built
+# from the user's snapshot folder (one per epoch) a layer at a time, with no model
+# (epochlens.features.stored); editing a user representation's files reruns these jobs.
+rule features_stored:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        snapshot=get_snapshot,
+        representation_code=get_stored_code,
+        code=get_code("features_stored.py"),
+    output:
+        features=layout.features(),
+    log:
+        layout.log("features", index="{index}", epoch="{epoch}"),
+    benchmark:
+        layout.benchmark("features", index="{index}", epoch="{epoch}")
+    wildcard_constraints:
+        run=runs_pattern(stored=True),
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        settings=get_stored_feature_params,
+    script:
+        "../scripts/features_stored.py"
 
 
 rule features:

@@ -1,5 +1,7 @@
 # Helpers of rules/features.smk: input functions, params and targets.
 
+import re
+
 from epochlens.config.checks import is_text_run
 from epochlens.features.text_settings import text_feature_params
 
@@ -25,3 +27,29 @@ def feature_targets():
         for run in config["runs"]
         for path in per_checkpoint(run, layout.features, get_feature_epochs(run))
     ]
+
+
+def runs_pattern(stored):
+    """The names of the runs whose features come from stored activations (``stored``) or from a
+    model, as a wildcard constraint (one that matches nothing when there are none)."""
+    names = [
+        re.escape(run)
+        for run in config["runs"]
+        if run_config.is_stored_run(config["runs"][run]) == stored
+    ]
+    return "|".join(names) or "(?!x)x"
+
+
+def get_snapshot(wildcards):
+    """The snapshot folder of stored activations of (run, epoch)."""
+    return run_config.checkpoint_path(
+        wildcards.run, get_run(wildcards), wildcards.index, wildcards.epoch
+    )
+
+
+def get_stored_feature_params(wildcards):
+    return run_config.stored_feature_params(get_run(wildcards))
+
+
+def get_stored_code(wildcards):
+    return run_config.stored_code(get_run(wildcards))

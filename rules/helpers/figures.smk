@@ -17,6 +17,7 @@ def figure_targets():
     return [
         path
         for run in config["runs"]
+        if not run_config.is_stored_run(config["runs"][run])  # no model to evaluate
         for name in (evaluation_figure(run), "training_curves")
         if name != "training_curves" or run in trained
         for path in layout.figures(name, run)

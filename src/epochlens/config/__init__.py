@@ -21,6 +21,7 @@ from epochlens.config.checks import (
     has_token_labels,
     is_causal_lm_run,
     is_regression_run,
+    is_stored_run,
     task_name,
 )
 from epochlens.config.comparisons import (
@@ -67,6 +68,8 @@ from epochlens.config.results import (
     probe_params,
     result_settings,
     run_params,
+    stored_code,
+    stored_feature_params,
 )
 from epochlens.config.schema import explain_config_errors, fill_defaults
 from epochlens.schedule import NO_SCHEDULE
@@ -80,6 +83,8 @@ def validate(config: dict, schema_path: str | Path) -> dict:
     for run in config.get("runs", {}).values():
         if run.get("schedule") == "none":
             run["schedule"] = dict(NO_SCHEDULE)
+        if run.get("checkpoints", {}).get("source") == "activations":
+            run.setdefault("model", {})  # stored activations: no model
     check_config(config)
     check_comparisons(config)
     return config
@@ -111,6 +116,7 @@ __all__ = [
     "influence_indices",
     "is_causal_lm_run",
     "is_regression_run",
+    "is_stored_run",
     "lds_start_epoch",
     "influence_factor_params",
     "model_param",
@@ -129,6 +135,8 @@ __all__ = [
     "run_params",
     "schedule",
     "section_epochs",
+    "stored_code",
+    "stored_feature_params",
     "task_name",
     "tracin_epochs",
     "validate",

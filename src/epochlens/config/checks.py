@@ -19,6 +19,14 @@ from epochlens.study.settings import IMAGE_QUERY_TRANSFORMS, TEXT_QUERY_TRANSFOR
 def check_run(name: str, run: dict) -> None:
     """Every cross-field check of run ``name`` (defaults filled in); raises ConfigError."""
     check_checkpoint_config(name, run)
+    if is_stored_run(run):
+        check_stored_config(name, run)
+        return
+    if "model" not in run:
+        raise ConfigError(
+            f"runs.{name}.model: a run needs its model (name, factory or hf), unless its features "
+            "come from stored activations (checkpoints.source: activations)."
+        )
     check_model_config(name, run)
     check_text_config(name, run)
     check_regression_config(name, run)
@@ -41,6 +49,46 @@ def check_checkpoint_config(name: str, run: dict) -> None:
             f"runs.{name}.checkpoints.path has no {{index}} placeholder, so it holds one replicate, "
             f"but runs.{name}.indices lists {run['indices']}; add {{index}} to the path or keep one index."
         )
+
+
+def is_stored_run(run: dict) -> bool:
+    """Whether the run's features come from stored activations (no model, no checkpoints)."""
+    return run["checkpoints"]["source"] == "activations"
+
+
+#: Stages that need a model, which a run of stored activations does not have.
+MODEL_STAGES = ("curvature", "ablation", "influence")
+
+
+def check_stored_config(name: str, run: dict) -> None:
+    """A run of stored activations: features and probes only, no model; its snapshots exist."""
+    key = f"runs.{name}"
+    on = [s for s in MODEL_STAGES if run[s]["enabled"]]
+    if on:
+        raise ConfigError(
+            f"{key}: checkpoints.source: activations has no model, so {on} cannot run; set "
+            + ", ".join(f"{key}.{s}.enabled: false" for s in on)
+            + " (features and probes read the stored activations)."
+        )
+    if run.get("model"):
+        raise ConfigError(f"{key}.model: a run of stored activations has no model; remove the model section.")
+    if "probes" in run and run["probes"]["enabled"] and not run["features"]["enabled"]:
+        raise ConfigError(
+            f"{key}.probes.enabled: probes need the features; set {key}.features.enabled: true."
+        )
+    from epochlens.features.stored_settings import StoredFeatureSettings
+
+    spec = run["features"]
+    StoredFeatureSettings(
+        layers=spec["layers"],
+        representations=spec["representations"],
+        file_format=run["checkpoints"]["format"],
+        id_column=run["checkpoints"]["id_column"],
+        dtype=spec["dtype"],
+    )
+    epochs.analysis_epochs(name, run)
+    epochs.section_epochs(name, run, "features")
+    check_probe_config(name, run)
 
 
 def check_command_config(name: str, run: dict) -> None:
@@ -370,6 +418,12 @@ def check_feature_config(name: str, run: dict) -> None:
     ablate, and module names the (built-in) model does not have."""
     epochs.section_epochs(name, run, "features")
     epochs.section_epochs(name, run, "ablation")
+    others = [r for r in run["features"]["representations"] if r not in ("pooled", "stats", "spectral")]
+    if others and not is_text_run(run) and run["features"]["enabled"]:
+        raise ConfigError(
+            f"runs.{name}.features.representations: {others} are for stored activations "
+            "(checkpoints.source: activations); a model's features are pooled, stats and spectral."
+        )
     if run["probes"]["enabled"] and not run["features"]["enabled"]:
         raise ConfigError(
             f"runs.{name}.probes.enabled: probes need the features; set runs.{name}.features."

@@ -21,7 +21,7 @@ def listed_epochs(run_cfg: dict) -> list[int]:
     """The ``{epoch}`` values of the checkpoint files on disk (``checkpoints.path`` with the run's
     first index): the checkpoints of a run without a schedule."""
     ckpt = run_cfg.get("checkpoints", {})
-    if ckpt.get("source", "train") != "folder":
+    if ckpt.get("source", "train") not in ("folder", "activations"):
         raise ConfigError(
             "schedule: none needs checkpoints.source: folder (the pipeline trains class-incremental "
             "schedules only); point checkpoints.path at your checkpoints, or have the pipeline run "
@@ -37,6 +37,12 @@ def listed_epochs(run_cfg: dict) -> list[int]:
         if m:
             found.add(int(m.group(1)))
     folder = Path(before).parent
+    if not found and ckpt.get("source") == "activations":
+        raise ConfigError(
+            f"checkpoints.path {ckpt['path']!r}: no snapshot folder of stored activations matches "
+            f"{template!r} (folder {folder.resolve()}); each {{epoch}} folder is one snapshot. Fix "
+            "checkpoints.path (relative to the working directory) or store the activations."
+        )
     if not found:
         raise ConfigError(
             f"checkpoints.path {ckpt['path']!r}: no checkpoint matches {template!r} (folder "
@@ -112,6 +118,8 @@ def checkpoint_epochs(run_cfg: dict) -> list[int]:
     ckpt = run_cfg.get("checkpoints", {})
     if ckpt.get("source") == "command":  # the epochs the user's command writes (README)
         return command_epochs(run_cfg)
+    if ckpt.get("source") == "activations":  # one snapshot folder per epoch
+        return listed_epochs(run_cfg)
     if is_no_schedule(run_cfg["schedule"]):
         return listed_epochs(run_cfg)
     save_every = ckpt.get("save_every") if ckpt.get("source", "train") == "train" else None

@@ -125,6 +125,48 @@ def feature_params(run: Mapping) -> dict:
     return params
 
 
+def stored_feature_params(run: Mapping) -> dict:
+    """A run of stored activations: the :class:`StoredFeatureSettings` its features depend on
+    (the cache key's spec), each user representation with the hash of its source files."""
+    from epochlens.features.stored_settings import is_user_representation
+    from epochlens.formats.factory import FactorySpec, factory_fingerprint
+
+    spec, ckpt = run["features"], run["checkpoints"]
+    reps = list(spec["representations"])
+    code = {
+        r: factory_fingerprint(FactorySpec(factory=r, project_path=spec.get("project_path")))
+        for r in reps
+        if is_user_representation(r)
+    }
+    return {
+        "layers": spec["layers"],
+        "representations": reps,
+        "file_format": ckpt["format"],
+        "id_column": ckpt["id_column"],
+        "project_path": spec.get("project_path"),
+        "spectral_k": spec["spectral_k"],
+        "spectral_method": spec["spectral_method"],
+        "dtype": spec["dtype"],
+        "user_code": code,
+    }
+
+
+def stored_code(run: Mapping) -> list[str]:
+    """The user's representation source files (inputs of the features jobs of a stored run)."""
+    from epochlens.features.stored_settings import is_user_representation
+    from epochlens.formats.factory import FactorySpec, factory_sources
+
+    spec = run["features"]
+    return sorted(
+        {
+            str(p)
+            for r in spec["representations"]
+            if is_user_representation(r)
+            for p in factory_sources(FactorySpec(factory=r, project_path=spec.get("project_path")))
+        }
+    )
+
+
 def probe_params(run: Mapping) -> dict:
     """What probe results depend on: the probe settings, targets (``probes.targets``, or the run's
     kind's defaults, :func:`epochlens.probes.settings.probe_targets`) and quantile bins.

@@ -1,0 +1,409 @@
+"""Features from stored activations: the user's files instead of a model's hooks.
+
+A snapshot folder (one per "epoch", ``checkpoints.path`` with ``{epoch}``) holds every layer's
+activations of each split's samples, in one of these layouts (``format: auto`` finds which):
+
+* ``save_to_disk``: a Hugging Face ``DatasetDict.save_to_disk`` folder with splits ``train`` and
+  ``test``, one column per layer (a list, ``Sequence`` or ``Array2D``/``Array3D`` per row);
+* ``parquet``: ``train.parquet`` and ``test.parquet`` (or ``train/*.parquet``), one column per layer;
+* ``npy``: ``train/<layer>.npy`` and ``test/<layer>.npy``, (N, *shape) each;
+* ``safetensors``: ``train/<layer>.safetensors`` and ``test/...``, one tensor (N, *shape) each.
+
+Rows are the split's samples in the run's data order, or in any order with ``id_column`` (a column,
+or ``<id_column>.npy`` / ``.safetensors``) giving each row's position in the split; a count or id
+mismatch is an error naming the layer's file. A layer is read at a time: Arrow columns as zero-copy
+views of the memory-mapped files (``save_to_disk``) or of one decoded column (parquet), ``.npy`` by
+memory map, safetensors by slices; the representations
+(:mod:`epochlens.features.stored_representations`) run on batches of ``batch_size`` rows.
+
+The output is the features file of :mod:`epochlens.features.cache` (same layout and attributes), so
+probes, tables and figures read it unchanged. Its cache key hashes the snapshot's fingerprint (each
+file's relative path, size and modification time), the data key and
+:meth:`StoredFeatureSettings.spec` (user representations with their source files' hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+import epochlens
+from epochlens.atomic import atomic_path
+from epochlens.errors import FeatureError
+from epochlens.features import stored_representations as srep
+from epochlens.features.cache import FORMAT, CacheResult, cache_key, cached_or_written
+from epochlens.features.stored_settings import StoredFeatureSettings
+from epochlens.progress import progress_bar
+
+ARROW_FORMATS = ("save_to_disk", "parquet")
+
+
+# ---------------------------------------------------------------------------------------------
+# A layer's rows
+
+
+class LayerArray:
+    """One layer of one split: (N, *shape) rows in pieces (numpy views, memory maps or safetensors
+    slices), read by :meth:`rows` or :meth:`take` without loading the rest."""
+
+    def __init__(self, pieces: list, shape: tuple[int, ...], file: str) -> None:
+        self.pieces, self.shape, self.file = pieces, tuple(shape), file
+        self.starts = np.cumsum([0] + [len(p) for p in pieces])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi (a view where they lie in one piece)."""
+        parts = []
+        for i, piece in enumerate(self.pieces):
+            a, b = max(lo, self.starts[i]), min(hi, self.starts[i + 1])
+            if a < b:
+                parts.append(np.asarray(piece[a - self.starts[i] : b - self.starts[i]]))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def take(self, index: np.ndarray) -> np.ndarray:
+        """Rows at ``index`` (any order)."""
+        out = None
+        for i, piece in enumerate(self.pieces):
+            inside = (index >= self.starts[i]) & (index < self.starts[i + 1])
+            if inside.any():
+                values = np.asarray(piece[: len(piece)])[index[inside] - self.starts[i]]
+                if out is None:
+                    out = np.empty((len(index), *values.shape[1:]), dtype=values.dtype)
+                out[inside] = values
+        assert out is not None
+        return out
+
+
+def arrow_numpy(chunk, where: str) -> np.ndarray:
+    """A zero-copy numpy view (rows, *shape) of an Arrow array of equal-length (nested) lists."""
+    import pyarrow as pa
+
+    arr = chunk.storage if isinstance(chunk, pa.ExtensionArray) else chunk
+    shape: list[int] = []
+    while (
+        pa.types.is_list(arr.type)
+        or pa.types.is_large_list(arr.type)
+        or pa.types.is_fixed_size_list(arr.type)
+    ):
+        if arr.null_count:
+            raise FeatureError(f"{where}: {arr.null_count} rows are null; every sample needs activations.")
+        if pa.types.is_fixed_size_list(arr.type):
+            width = arr.type.list_size
+        else:
+            lengths = np.diff(arr.offsets.to_numpy())
+            if len(lengths) and (lengths != lengths[0]).any():
+                raise FeatureError(
+                    f"{where}: rows of different lengths ({sorted(set(lengths.tolist()))[:5]}); a "
+                    "layer's activations have one shape (pad them before storing)."
+                )
+            width = int(lengths[0]) if len(lengths) else 0
+        shape.append(width)
+        arr = arr.flatten()
+    if arr.null_count or not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
+        raise FeatureError(f"{where}: values of type {arr.type} (with nulls?); store float arrays.")
+    return arr.to_numpy(zero_copy_only=True).reshape(len(chunk), *shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# A snapshot folder
+
+
+def detect_format(folder: Path) -> str:
+    """``save_to_disk``, ``parquet``, ``npy`` or ``safetensors`` from a snapshot's files."""
+    if (folder / "dataset_dict.json").exists():
+        return "save_to_disk"
+    for fmt, pattern in (("parquet", "*.parquet"), ("npy", "*.npy"), ("safetensors", "*.safetensors")):
+        if next(folder.rglob(pattern), None) is not None:
+            return fmt
+    raise FeatureError(
+        f"{folder}: no stored activations found (a save_to_disk DatasetDict folder, train.parquet, "
+        "or train/<layer>.npy or .safetensors). Point checkpoints.path at the snapshot folders."
+    )
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+class Snapshot:
+    """Read access to one snapshot folder, a layer at a time (module doc)."""
+
+    def __init__(self, folder: str | Path, file_format: str = "auto", id_column: str | None = None) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise FeatureError(f"{self.folder}: no such snapshot folder; check checkpoints.path.")
+        self.format = detect_format(self.folder) if file_format == "auto" else file_format
+        self.id_column = id_column
+        self._tables: dict[str, object] = {}
+
+    def _split_path(self, split: str) -> Path:
+        if self.format == "parquet" and (self.folder / f"{split}.parquet").exists():
+            return self.folder / f"{split}.parquet"
+        path = self.folder / split
+        if not path.exists():
+            layout = (
+                "a DatasetDict with splits train and test" if self.format == "save_to_disk" else split + "/"
+            )
+            raise FeatureError(f"{path}: the snapshot has no {split} split ({self.format} layout: {layout}).")
+        return path
+
+    def _table(self, split: str):
+        if split not in self._tables:
+            path = self._split_path(split)
+            if self.format == "save_to_disk":
+                import datasets
+
+                self._tables[split] = datasets.load_from_disk(str(path)).data.table
+            else:
+                import pyarrow.parquet as pq
+
+                files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+                self._tables[split] = pq.ParquetDataset([str(f) for f in files]).schema.empty_table()
+        return self._tables[split]
+
+    def layers(self, split: str) -> list[str]:
+        """Layer names of ``split`` in stored order (files: natural sort), the id column left out."""
+        if self.format in ARROW_FORMATS:
+            names = list(self._table(split).schema.names)
+        else:
+            suffix = "." + self.format
+            names = sorted((p.stem for p in self._split_path(split).glob("*" + suffix)), key=_natural)
+        return [n for n in names if n != self.id_column]
+
+    def file(self, split: str, layer: str) -> str:
+        """The file (or folder) a layer is read from, for messages."""
+        path = self._split_path(split)
+        return str(path if self.format in ARROW_FORMATS else path / f"{layer}.{self.format}")
+
+    def layer(self, split: str, layer: str) -> LayerArray:
+        """One layer of ``split`` (N, *shape), read lazily."""
+        where = f"{self.file(split, layer)} (layer {layer!r})"
+        if layer not in self.layers(split) and layer != self.id_column:
+            raise FeatureError(
+                f"{where}: no such layer; the snapshot's {split} split has {self.layers(split)[:40]}. "
+                "Fix features.layers or store the layer."
+            )
+        if self.format == "save_to_disk":
+            pieces = [arrow_numpy(c, where) for c in self._table(split).column(layer).chunks]
+        elif self.format == "parquet":
+            pieces = self._parquet_column(split, layer, where)
+        elif self.format == "npy":
+            pieces = [np.load(self.file(split, layer), mmap_mode="r")]
+        else:
+            pieces = [_safetensors_rows(Path(self.file(split, layer)), where)]
+        pieces = [p for p in pieces if len(p)]
+        shape = tuple(pieces[0].shape[1:]) if pieces else ()
+        return LayerArray(pieces, shape, where)
+
+    def _parquet_column(self, split: str, layer: str, where: str) -> list[np.ndarray]:
+        import pyarrow.parquet as pq
+
+        path = self._split_path(split)
+        files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        column = pq.ParquetDataset([str(f) for f in files]).read(columns=[layer])
+        return [arrow_numpy(c, where) for c in column.column(0).chunks]
+
+    def order(self, split: str, n: int) -> np.ndarray | None:
+        """Row of each sample 0..n-1 of the split (None: rows are in order), from ``id_column``."""
+        if self.id_column is None:
+            return None
+        ids = self.layer(split, self.id_column)
+        values = ids.rows(0, len(ids)).reshape(len(ids), -1)[:, 0].astype(np.int64)
+        if len(values) != n or not np.array_equal(np.sort(values), np.arange(n)):
+            missing = np.setdiff1d(np.arange(n), values)[:10].tolist()
+            raise FeatureError(
+                f"{ids.file}: id column {self.id_column!r} holds {len(values)} ids, not the positions "
+                f"0..{n - 1} of the run's {n} {split} samples once each (missing e.g. {missing}). "
+                "Store each row's position in the split, or leave id_column out for rows in order."
+            )
+        return np.argsort(values, kind="stable")
+
+    def fingerprint(self) -> str:
+        """SHA-256 of each file's relative path, size and modification time."""
+        entries = sorted(
+            (str(p.relative_to(self.folder)), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in self.folder.rglob("*")
+            if p.is_file()
+        )
+        return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
+class _SafetensorsRows:
+    """Row slices of a one-tensor safetensors file (read on demand)."""
+
+    def __init__(self, path: Path, where: str) -> None:
+        from safetensors import safe_open
+
+        self.handle = safe_open(str(path), framework="np")
+        keys = list(self.handle.keys())
+        if len(keys) != 1:
+            raise FeatureError(f"{where}: {len(keys)} tensors {keys[:5]}; store one tensor per layer file.")
+        self.slice = self.handle.get_slice(keys[0])
+        self.shape = tuple(self.slice.get_shape())
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return self.slice[rows]
+
+
+def _safetensors_rows(path: Path, where: str) -> _SafetensorsRows:
+    if not path.exists():
+        raise FeatureError(f"{where}: no such file; store the layer or fix features.layers.")
+    return _SafetensorsRows(path, where)
+
+
+# ---------------------------------------------------------------------------------------------
+# Features file
+
+
+def stored_data_key(content_hash: str) -> str:
+    """The data key of stored features: the run's data content hash (labels and inputs)."""
+    return hashlib.sha256(json.dumps({"kind": "stored", "content_hash": content_hash}).encode()).hexdigest()
+
+
+def layer_features(
+    snapshot: Snapshot,
+    split: str,
+    layer: str,
+    n: int,
+    functions: dict[str, srep.Representation],
+    batch_size: int,
+) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
+    """Every representation (n, d) float32 of one layer of ``split``, and its per-sample shape."""
+    array = snapshot.layer(split, layer)
+    if len(array) != n:
+        raise FeatureError(
+            f"{array.file}: {len(array)} rows, but the run's {split} split has {n} samples; store one "
+            "row per sample (or check that the snapshot belongs to this run's data)."
+        )
+    order = snapshot.order(split, n)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in functions}
+    for lo in range(0, n, batch_size):
+        hi = min(lo + batch_size, n)
+        rows = array.rows(lo, hi) if order is None else array.take(order[lo:hi])
+        batch = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+        for name, fn in functions.items():
+            width = parts[name][0].shape[1] if parts[name] else None
+            parts[name].append(srep.checked(fn(batch), hi - lo, width, layer, name, array.file))
+    return {name: np.concatenate(p) for name, p in parts.items()}, array.shape
+
+
+def write_stored_features(
+    path: str | Path,
+    snapshot: Snapshot,
+    data,
+    settings: StoredFeatureSettings,
+    progress: bool = False,
+) -> None:
+    """Build the features file at ``path`` atomically from a snapshot (layout of
+    :mod:`epochlens.features.cache`); ``data``: the run's data set (labels, sample counts)."""
+    t0 = time.perf_counter()
+    layers = _layers(snapshot, settings)
+    functions = {name: srep.resolve(name, settings) for name in settings.representations}
+    store = np.dtype(settings.dtype)
+    fingerprint = snapshot.fingerprint()
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for split in settings.splits:
+            labels = np.asarray(data.labels(split))
+            group = f.create_group(split)
+            group.create_dataset(
+                "labels", data=labels if np.issubdtype(labels.dtype, np.floating) else labels.astype(np.int64)
+            )
+            for layer in progress_bar(layers, desc=f"stored {split}", disable=not progress):
+                feats, shape = layer_features(
+                    snapshot, split, layer, len(labels), functions, settings.batch_size
+                )
+                for name, values in feats.items():
+                    _check_range(values, store, layer, name, snapshot.file(split, layer))
+                    ds = group.create_dataset(f"{layer}/{name}", data=values.astype(store))
+                    ds.attrs["activation_shape"] = np.asarray(shape, dtype=np.int64)
+        f.attrs.update(_file_attrs(snapshot, data, settings, layers, fingerprint, t0))
+
+
+def _layers(snapshot: Snapshot, settings: StoredFeatureSettings) -> list[str]:
+    stored = snapshot.layers(settings.splits[0])
+    if settings.layers is None:
+        if not stored:
+            raise FeatureError(f"{snapshot.folder}: the snapshot holds no layers.")
+        return stored
+    missing = [name for name in settings.layers if name not in stored]
+    if missing:
+        raise FeatureError(
+            f"{snapshot.file(settings.splits[0], missing[0])}: no layer(s) {missing}; the snapshot "
+            f"has {stored[:40]}. Fix features.layers (null: every stored layer) or store them."
+        )
+    return list(settings.layers)
+
+
+def _check_range(values: np.ndarray, store: np.dtype, layer: str, name: str, file: str) -> None:
+    if store == np.float16 and values.size and float(np.abs(values).max()) > float(np.finfo(np.float16).max):
+        raise FeatureError(
+            f"{file}: layer {layer!r} representation {name!r} exceeds the float16 range; set "
+            "features.dtype: float32."
+        )
+
+
+def _file_attrs(snapshot, data, settings, layers, fingerprint, t0) -> dict:
+    dkey = stored_data_key(data.content_hash)
+    return dict(
+        format=FORMAT,
+        format_version=settings.spec()["format_version"],
+        kind="stored",
+        cache_key=cache_key(fingerprint, dkey, settings.spec()),
+        checkpoint_sha256=fingerprint,
+        data_key=dkey,
+        data_content_hash=data.content_hash,
+        spec=json.dumps(settings.spec(), sort_keys=True),
+        layers=json.dumps(layers),
+        representations=json.dumps(list(settings.representations)),
+        splits=json.dumps(list(settings.splits)),
+        dtype=settings.dtype,
+        snapshot=str(snapshot.folder),
+        snapshot_format=snapshot.format,
+        model_class="",
+        device="cpu",
+        compute_seconds=time.perf_counter() - t0,
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        epochlens_version=epochlens.__version__,
+        torch_version=str(torch.__version__),
+    )
+
+
+def load_or_build(
+    path: str | Path,
+    folder: str | Path,
+    data,
+    settings: StoredFeatureSettings,
+    progress: bool = False,
+) -> CacheResult:
+    """The features of a snapshot from ``path`` if cached under the same key, else built and written."""
+    snapshot = Snapshot(folder, settings.file_format, settings.id_column)
+    dkey = stored_data_key(data.content_hash)
+
+    def write(_: object) -> None:
+        write_stored_features(path, snapshot, data, settings, progress)
+
+    return cached_or_written(path, _no_model, snapshot.fingerprint(), dkey, settings.spec(), write)
+
+
+def _no_model() -> None:
+    """Stored features have no model to build."""
+
+
+def iter_layers(snapshot: Snapshot, split: str) -> Iterator[tuple[str, LayerArray]]:
+    """(name, rows) of every layer of ``split``, one at a time."""
+    for name in snapshot.layers(split):
+        yield name, snapshot.layer(split, name)

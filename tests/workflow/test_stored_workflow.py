@@ -1,0 +1,156 @@
+"""Probes on stored activations in the workflow (checkpoints.source: activations).
+
+The tiny run (digits, random SmallCNN checkpoints) probed at epoch 2 from its model, and a second
+run whose features come from that checkpoint's block activations, written by the test's own
+forward hooks into a save_to_disk DatasetDict (rows shuffled, aligned back by an id column): both
+give the same probe table. The stored run also has a user representation
+(``userreps.reps:top2``); editing its file reruns that run's features and probes only.
+"""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from wfutil import planned_jobs, snakemake, tiny_config, write_config
+from wfutil import tiny_run as make_tiny_run
+
+from epochlens.data import read_dataset
+from epochlens.features.cache import FeatureSet
+from epochlens.layout import RESULTS
+from epochlens.models.networks import SmallCNN
+
+pytestmark = pytest.mark.workflow
+
+EPOCH = 2
+LAYERS = ("block1", "block2", "block3")
+PROBES = {"seeds": [0, 1], "max_epochs": 20}
+OFF = {"enabled": False}
+USER_REP = "userreps.reps:top2"
+REPS_CODE = "import torch\n\n\ndef top2(act):\n    return act.flatten(1).topk({k}, dim=1).values\n"
+
+
+def write_snapshot(ckpt, data, folder) -> None:
+    """Block activations of the checkpoint's model on each split, rows in reverse order, an idx column."""
+    model = SmallCNN(num_classes=10)
+    model.load_state_dict(torch.load(ckpt, map_location="cpu"))
+    model.eval()
+    splits = {}
+    for split in ("train", "test"):
+        n = len(data.labels(split))
+        seen: dict[str, torch.Tensor] = {}
+        hooks = [
+            getattr(model, name).register_forward_hook(lambda m, i, o, k=name, s=seen: s.__setitem__(k, o))
+            for name in LAYERS
+        ]
+        with torch.no_grad():
+            model(torch.as_tensor(data.normalized(split, np.arange(n))))
+        for h in hooks:
+            h.remove()
+        order = np.arange(n)[::-1].copy()
+        columns = {name: seen[name].numpy()[order] for name in LAYERS} | {"idx": order}
+        features = {name: datasets.Array3D(tuple(seen[name].shape[1:]), "float32") for name in LAYERS}
+        features["idx"] = datasets.Value("int64")
+        splits[split] = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
+    datasets.DatasetDict(splits).save_to_disk(str(folder))
+
+
+def stored_config(ckpts, snapshots, project) -> dict:
+    cfg = tiny_config(
+        ckpts,
+        features={"epochs": [EPOCH]},
+        probes=PROBES,
+        curvature=OFF,
+        ablation=OFF,
+        influence=OFF,
+    )
+    run = cfg["runs"]["tiny"]
+    cfg["runs"]["acts"] = {
+        "data": run["data"],
+        "schedule": run["schedule"],
+        "checkpoints": {
+            "source": "activations",
+            "path": str(snapshots / "epoch_{epoch}"),
+            "id_column": "idx",
+        },
+        "features": {
+            "representations": ["pooled", "stats", "spectral", USER_REP],
+            "project_path": str(project),
+        },
+        "probes": PROBES,
+        "curvature": OFF,
+        "ablation": OFF,
+        "influence": OFF,
+    }
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def stored_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stored")
+    tiny = make_tiny_run(
+        root, lambda ckpts: stored_config(ckpts, root / "snapshots", root / "project"), run=False
+    )
+    (root / "project" / "userreps").mkdir(parents=True)
+    (root / "project" / "userreps" / "__init__.py").write_text("")
+    (root / "project" / "userreps" / "reps.py").write_text(REPS_CODE.format(k=2))
+    model_only = stored_config(tiny.ckpts, root / "snapshots", root / "project")
+    del model_only["runs"]["acts"]  # its snapshot is written from the model run's data below
+    snakemake(tiny.wf, tiny.work, "features", configfile=write_config(root / "model.yaml", model_only))
+    data = read_dataset(tiny.work / RESULTS.dataset("tiny"))
+    write_snapshot(tiny.ckpts / f"index-0_epoch-{EPOCH}.pt", data, root / "snapshots" / f"epoch_{EPOCH}")
+    snakemake(tiny.wf, tiny.work, "probes", configfile=tiny.cfg)
+    return tiny, root
+
+
+def test_same_features_and_probe_table_as_the_model(stored_run):
+    tiny, _ = stored_run
+    model = FeatureSet(tiny.work / RESULTS.features("tiny", 0, EPOCH))
+    stored = FeatureSet(tiny.work / RESULTS.features("acts", 0, EPOCH))
+    assert stored.layers == list(LAYERS) and stored.representations == [
+        "pooled",
+        "stats",
+        "spectral",
+        USER_REP,
+    ]
+    assert stored.attrs["kind"] == "stored" and stored.attrs["snapshot_format"] == "save_to_disk"
+    for split in ("train", "test"):
+        np.testing.assert_array_equal(stored.labels(split), model.labels(split))
+        for layer in LAYERS:
+            for rep in model.representations:
+                np.testing.assert_allclose(
+                    stored.array(split, layer, rep), model.array(split, layer, rep), rtol=1e-5, atol=1e-6
+                )
+            top = stored.array(split, layer, USER_REP)
+            assert top.shape[1] == 2 and (top[:, 0] >= top[:, 1]).all()
+    a = pd.read_csv(tiny.work / RESULTS.probe_table("tiny", 0, EPOCH)).drop(columns="run")
+    b = pd.read_csv(tiny.work / RESULTS.probe_table("acts", 0, EPOCH)).drop(columns="run")
+    b = b[b["representation"] != USER_REP].reset_index(drop=True)
+    assert len(a) == len(b) > 0
+    pd.testing.assert_frame_equal(a, b, check_exact=False, atol=0.01)
+    assert (tiny.work / RESULTS.table("probes", "acts")).exists()
+    # no model: no evaluation job, no checkpoint read for the stored run
+    assert not (tiny.work / RESULTS.eval_table("acts", 0, EPOCH)).exists()
+
+
+def test_editing_a_user_representation_reruns_its_features_and_probes_only(stored_run):
+    tiny, root = stored_run
+    (root / "project" / "userreps" / "reps.py").write_text(REPS_CODE.format(k=3))
+    jobs = planned_jobs(tiny.wf, tiny.work, "probes", configfile=tiny.cfg)
+    assert jobs == {"features_stored": 1, "probes_epoch": 1, "probe_tables": 1, "plot_probes": 1, "probes": 1}
+    out = snakemake(tiny.wf, tiny.work, "--dry-run", "probes", configfile=tiny.cfg).stdout
+    assert "run=acts" in out and "run=tiny" not in out
+
+
+def test_bad_stored_config_is_refused_at_dry_run(stored_run, tmp_path):
+    tiny, root = stored_run
+    cfg = stored_config(tiny.ckpts, root / "snapshots", root / "project")
+    cfg["runs"]["acts"]["curvature"] = {"enabled": True}
+    proc = snakemake(
+        tiny.wf, tiny.work, "--dry-run", configfile=write_config(tmp_path / "bad.yaml", cfg), check=False
+    )
+    assert proc.returncode != 0
+    assert "runs.acts: checkpoints.source: activations has no model" in proc.stdout
+    assert "runs.acts.curvature.enabled: false" in proc.stdout
