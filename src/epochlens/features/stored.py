@@ -297,7 +297,9 @@ def layer_features(
         batch = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
         for name, fn in functions.items():
             width = parts[name][0].shape[1] if parts[name] else None
-            parts[name].append(srep.checked(fn(batch), hi - lo, width, layer, name, array.file))
+            parts[name].append(
+                srep.checked(fn(batch), hi - lo, width, layer, name, snapshot.file(split, layer))
+            )
     return {name: np.concatenate(p) for name, p in parts.items()}, array.shape
 
 

@@ -1,0 +1,188 @@
+"""Features from stored activations (epochlens.features.stored): every layout gives the same
+values as the arrays written, rows are aligned by an id column, and bad input is a clear error
+naming the layer and the file, with nothing cached lost."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+from epochlens.errors import ConfigError, FeatureError
+from epochlens.features import representations as reps
+from epochlens.features import stored_representations as srep
+from epochlens.features.cache import FeatureSet
+from epochlens.features.settings import RepresentationSettings
+from epochlens.features.stored import Snapshot, layer_features, load_or_build
+from epochlens.features.stored_settings import StoredFeatureSettings
+
+N = {"train": 9, "test": 5}
+SHAPE = (4, 3)  # (tokens, dims)
+
+
+@dataclasses.dataclass
+class Labels:
+    """The part of a data set that stored features read: labels per split and a content hash."""
+
+    train: np.ndarray
+    test: np.ndarray
+    content_hash: str = "hash"
+
+    def labels(self, split):
+        return getattr(self, split)
+
+
+def activations(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        s: {f"layer_{i}": rng.normal(size=(n, *SHAPE)).astype(np.float16) for i in (0, 1, 10)}
+        for s, n in N.items()
+    }
+
+
+def write(folder, fmt, acts, ids=None):
+    """``acts`` in layout ``fmt``; ``ids``: {split: row positions} as an ``idx`` column / file."""
+    if fmt == "save_to_disk":
+        feats = {k: datasets.Array2D(SHAPE, "float16") for k in acts["train"]} | {
+            "idx": datasets.Value("int64")
+        }
+        dd = {}
+        for s, a in acts.items():
+            cols = dict(a) | {"idx": ids[s] if ids else np.arange(N[s])}
+            dd[s] = datasets.Dataset.from_dict(cols, features=datasets.Features(feats))
+        datasets.DatasetDict(dd).save_to_disk(str(folder))
+        return
+    folder.mkdir(parents=True)
+    for s, a in acts.items():
+        cols = dict(a) | ({"idx": ids[s]} if ids else {})
+        if fmt == "parquet":
+            table = {
+                k: pa.FixedSizeListArray.from_arrays(
+                    pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), 3), 4
+                )
+                if v.ndim == 3
+                else pa.array(v)
+                for k, v in cols.items()
+            }
+            pq.write_table(pa.table(table), folder / f"{s}.parquet")
+            continue
+        (folder / s).mkdir()
+        for k, v in cols.items():
+            if fmt == "npy":
+                np.save(folder / s / f"{k}.npy", v)
+            else:
+                save_file({"x": np.ascontiguousarray(v)}, str(folder / s / f"{k}.safetensors"))
+
+
+def labels():
+    return Labels(np.arange(N["train"]) % 3, np.arange(N["test"]) % 3)
+
+
+@pytest.mark.parametrize("fmt", ["save_to_disk", "parquet", "npy", "safetensors"])
+def test_every_layout_reads_the_stored_values_in_the_split_order(tmp_path, fmt):
+    acts = activations()
+    ids = {s: np.random.default_rng(1).permutation(n) for s, n in N.items()}
+    shuffled = {s: {} for s in acts}
+    for s, a in acts.items():
+        for k, v in a.items():
+            shuffled[s][k] = v[ids[s]]  # row r holds sample ids[s][r]
+    write(tmp_path / "snap", fmt, shuffled, ids)
+    snap = Snapshot(tmp_path / "snap", "auto", "idx")
+    assert snap.format == fmt
+    assert snap.layers("train") == ["layer_0", "layer_1", "layer_10"]  # natural order, idx left out
+    settings = StoredFeatureSettings(representations=("mean", "max", "first", "last", "norms", "flat"))
+    fns = {r: srep.resolve(r, settings) for r in settings.representations}
+    feats, shape = layer_features(snap, "test", "layer_1", N["test"], fns, batch_size=2)
+    x = acts["test"]["layer_1"].astype(np.float32)
+    assert shape == SHAPE
+    np.testing.assert_allclose(feats["mean"], x.mean(1), rtol=1e-6)
+    np.testing.assert_array_equal(feats["max"], x.max(1))
+    np.testing.assert_array_equal(feats["first"], x[:, 0])
+    np.testing.assert_array_equal(feats["last"], x[:, -1])
+    np.testing.assert_allclose(feats["norms"], np.linalg.norm(x, axis=2), rtol=1e-6)
+    np.testing.assert_array_equal(feats["flat"], x.reshape(len(x), -1))
+
+
+def test_image_builtins_are_the_model_features_functions():
+    act = torch.randn(6, 5, 4, 4)
+    settings = StoredFeatureSettings(representations=("pooled", "stats", "spectral"), spectral_k=3)
+    image = RepresentationSettings(spectral_k=3)
+    want = reps.compute(act, image, deferred=False)
+    for name in settings.representations:
+        torch.testing.assert_close(torch.as_tensor(srep.resolve(name, settings)(act)), want[name])
+
+
+def test_features_file_is_what_probes_read_and_is_cached(tmp_path):
+    write(tmp_path / "snap", "npy", activations())
+    settings = StoredFeatureSettings(representations=("mean", "stats"), layers=["layer_10"])
+    out = tmp_path / "epoch_0001.h5"
+    first = load_or_build(out, tmp_path / "snap", labels(), settings)
+    assert not first.hit and first.reason == "no cached file"
+    fs = FeatureSet(out)
+    assert fs.layers == ["layer_10"] and fs.representations == ["mean", "stats"]
+    np.testing.assert_array_equal(fs.labels("test"), labels().test)
+    assert fs.array("train", "layer_10", "stats").shape == (N["train"], 6)
+    assert load_or_build(out, tmp_path / "snap", labels(), settings).hit
+    other = dataclasses.replace(settings, user_code={}, representations=("mean", "max"))
+    assert load_or_build(out, tmp_path / "snap", labels(), other).reason == "spec changed (representations)"
+
+
+def bad_rep(kind):
+    return {
+        "shape": lambda a: a.flatten(1)[:1],  # one row for the batch
+        "nan": lambda a: a.flatten(1) * float("nan"),
+        "list": lambda a: [1.0],
+    }[kind]
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("shape", "returned shape (1, 12) for a batch of 2"), ("nan", "non-finite"), ("list", "not a tensor")],
+)
+def test_a_bad_representation_names_layer_representation_and_file_and_keeps_the_cache(
+    tmp_path, monkeypatch, kind, message
+):
+    write(tmp_path / "snap", "npy", activations())
+    out = tmp_path / "epoch_0001.h5"
+    load_or_build(out, tmp_path / "snap", labels(), StoredFeatureSettings(representations=("mean",)))
+    before = out.read_bytes()
+    monkeypatch.setattr(srep, "import_factory", lambda spec: bad_rep(kind))
+    settings = StoredFeatureSettings(representations=("mean", "mypkg.reps:bad"), batch_size=2)
+    with pytest.raises(FeatureError) as err:
+        load_or_build(out, tmp_path / "snap", labels(), settings)
+    assert "layer 'layer_0', representation 'mypkg.reps:bad'" in str(err.value)
+    assert "layer_0.npy" in str(err.value) and message in str(err.value)
+    assert out.read_bytes() == before  # the cached file is untouched
+
+
+def test_count_id_and_missing_layer_errors_name_the_file(tmp_path):
+    acts = activations()
+    write(tmp_path / "snap", "npy", acts, ids={s: np.arange(n) for s, n in N.items()})
+    snap = Snapshot(tmp_path / "snap", "npy", None)
+    fns = {"mean": srep.TOKEN_BUILTINS["mean"]}
+    with pytest.raises(
+        FeatureError, match=r"layer_1\.npy .*9 rows, but the run's train split has 10 samples"
+    ):
+        layer_features(snap, "train", "layer_1", 10, fns, 4)
+    settings = StoredFeatureSettings(layers=["layer_7"], id_column="idx")
+    with pytest.raises(FeatureError, match=r"layer_7\.npy.*no layer\(s\) \['layer_7'\]"):
+        load_or_build(tmp_path / "f.h5", tmp_path / "snap", labels(), settings)
+    np.save(tmp_path / "snap" / "test" / "idx.npy", np.array([0, 1, 2, 2, 3]))
+    with pytest.raises(FeatureError, match=r"idx\.npy.*not the positions 0\.\.4.*missing e\.g\. \[4\]"):
+        layer_features(Snapshot(tmp_path / "snap", "npy", "idx"), "test", "layer_1", 5, fns, 4)
+    assert not (tmp_path / "f.h5").exists()
+
+
+def test_ragged_rows_and_bad_settings_are_refused(tmp_path):
+    ds = datasets.Dataset.from_dict({"layer_0": [[1.0, 2.0], [3.0]]})
+    datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "snap"))
+    with pytest.raises(FeatureError, match="rows of different lengths"):
+        Snapshot(tmp_path / "snap").layer("train", "layer_0")
+    with pytest.raises(ConfigError, match="neither built-ins"):
+        StoredFeatureSettings(representations=("median",))
