@@ -246,6 +246,69 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     return keep, held_idx
 
 
+@dataclass
+class ProbePlan:
+    """What every probe of one target shares: classes, evaluation sets, each seed's rows."""
+
+    n_classes: int
+    eval_sets: dict[str, torch.Tensor]  # name -> row positions (on the device)
+    chance: dict[str, float]  # accuracy of the fit set's majority class on each evaluation set
+    seed_rows: list[tuple[torch.Tensor, torch.Tensor]]  # per seed: (fit rows, early-stopping rows)
+
+    def row(
+        self, seed: int, name: str, d: int, n_fit: int, n_stop: int, n_eval: int, acc: float, loss: float,
+        fit_acc: float,
+    ) -> dict:  # fmt: skip
+        """One row of :func:`probe_seeds` but for best_epoch and epochs_run."""
+        return {
+            "seed": seed,
+            "eval_split": name,
+            "n_features": d,
+            "n_classes": self.n_classes,
+            "n_fit": n_fit,
+            "n_stop": n_stop,
+            "n_eval": n_eval,
+            "accuracy": acc,
+            "loss": loss,
+            "chance": self.chance[name],
+            "fit_accuracy": fit_acc,
+        }
+
+
+def probe_plan(
+    y: np.ndarray,
+    fit_mask: np.ndarray,
+    eval_masks: Mapping[str, np.ndarray],
+    settings: ProbeSettings,
+    device: torch.device,
+) -> ProbePlan:
+    """The classes, evaluation sets and per-seed (stratified) fit and early-stopping rows of a
+    target ``y`` (N,) (-1 where undefined); ProbeError when there is nothing to fit."""
+    y = np.asarray(y, dtype=np.int64)
+    defined = y >= 0
+    fit_pos = np.flatnonzero(np.asarray(fit_mask, dtype=bool) & defined)
+    if len(fit_pos) < 2 or len(np.unique(y[fit_pos])) < 2:
+        raise ProbeError(
+            f"{len(fit_pos)} fit samples with {len(np.unique(y[fit_pos]))} distinct target(s): a probe "
+            "needs at least two samples of two targets."
+        )
+    n_classes = int(y[defined].max()) + 1
+    majority = int(np.bincount(y[fit_pos], minlength=n_classes).argmax())
+    eval_sets, chance = {}, {}
+    for name, mask in eval_masks.items():
+        ev = np.flatnonzero(np.asarray(mask, dtype=bool) & defined)
+        if len(ev):
+            eval_sets[name] = torch.as_tensor(ev, device=device)
+            chance[name] = float(np.mean(y[ev] == majority))
+    seed_rows = []
+    for seed in settings.seeds:
+        keep, held = stratified_split(y[fit_pos], settings.stop_fraction, seed)
+        seed_rows.append(
+            (torch.as_tensor(fit_pos[keep], device=device), torch.as_tensor(fit_pos[held], device=device))
+        )
+    return ProbePlan(n_classes, eval_sets, chance, seed_rows)
+
+
 def probe_seeds(
     x: torch.Tensor | np.ndarray,
     y: np.ndarray,
@@ -279,54 +342,29 @@ def probe_seeds(
     if device is None:
         device = x.device if isinstance(x, torch.Tensor) else "auto"
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    defined = y >= 0
-    fit_pos = np.flatnonzero(np.asarray(fit_mask, dtype=bool) & defined)
-    if len(fit_pos) < 2 or len(np.unique(y[fit_pos])) < 2:
-        raise ProbeError(
-            f"{len(fit_pos)} fit samples with {len(np.unique(y[fit_pos]))} distinct target(s): a probe "
-            "needs at least two samples of two targets."
-        )
-    n_classes = int(y[defined].max()) + 1
+    plan = probe_plan(y, fit_mask, eval_masks, settings, device)
     x_dev = torch.as_tensor(x).to(device)
     y_dev = torch.as_tensor(y).to(device)
-    majority = int(np.bincount(y[fit_pos], minlength=n_classes).argmax())
-    eval_sets, chance = {}, {}
-    for name, mask in eval_masks.items():
-        ev = np.flatnonzero(np.asarray(mask, dtype=bool) & defined)
-        if len(ev):
-            eval_sets[name] = torch.as_tensor(ev, device=device)
-            chance[name] = float(np.mean(y[ev] == majority))
     rows = []
     with cpu_threads(device, settings.cpu_threads):
-        for seed in settings.seeds:
-            keep, held = stratified_split(y[fit_pos], settings.stop_fraction, seed)
-            fit_idx = torch.as_tensor(fit_pos[keep], device=device)
-            stop_idx = torch.as_tensor(fit_pos[held], device=device)
+        for seed, (fit_idx, stop_idx) in zip(settings.seeds, plan.seed_rows, strict=True):
             probe = train_linear_probe(
-                x_dev[fit_idx], y_dev[fit_idx], x_dev[stop_idx], y_dev[stop_idx], n_classes, settings, seed
+                x_dev[fit_idx],
+                y_dev[fit_idx],
+                x_dev[stop_idx],
+                y_dev[stop_idx],
+                plan.n_classes,
+                settings,
+                seed,
             )
             fit_acc, _ = probe.evaluate(x_dev[fit_idx], y_dev[fit_idx])
-            for name, ev in eval_sets.items():
+            for name, ev in plan.eval_sets.items():
                 acc, loss = probe.evaluate(x_dev[ev], y_dev[ev])
-                rows.append(
-                    {
-                        "seed": seed,
-                        "eval_split": name,
-                        "n_features": int(x.shape[1]),
-                        "n_classes": n_classes,
-                        "n_fit": len(keep),
-                        "n_stop": len(held),
-                        "n_eval": len(ev),
-                        "accuracy": acc,
-                        "loss": loss,
-                        "chance": chance[name],
-                        "fit_accuracy": fit_acc,
-                        "best_epoch": probe.best_epoch,
-                        "epochs_run": probe.epochs_run,
-                        "metric": "accuracy",
-                    }
+                row = plan.row(
+                    seed, name, int(x.shape[1]), len(fit_idx), len(stop_idx), len(ev), acc, loss, fit_acc
                 )
-    return rows
+                rows.append(row | {"best_epoch": probe.best_epoch, "epochs_run": probe.epochs_run})
+    return [row | {"metric": "accuracy"} for row in rows]
 
 
 def probe_features(
@@ -366,39 +404,81 @@ def probe_features(
     splits = [s for s in ("train", "test") if s in features.splits]
     if "train" not in splits:
         raise ProbeError(f"{getattr(features, 'path', 'features')}: no train split; probes fit on it.")
-    n_train = len(holdout)
     holdout = np.asarray(holdout, dtype=bool)
-    rows = []
-    pairs = [(layer, r) for layer in layers for r in representations]
-    for layer, rep in progress_bar(pairs, desc="probes", disable=not progress):
-        arrays = [features.array(s, layer, rep) for s in splits]
-        if len(arrays[0]) != n_train:
-            raise ProbeError(
-                f"holdout mask has {n_train} entries but the train features {len(arrays[0])} rows; "
-                "they come from different data sets."
-            )
-        x_np = np.concatenate(arrays)
-        x = torch.as_tensor(x_np)
-        offsets = np.cumsum([0] + [len(a) for a in arrays])
-        in_split = {s: np.zeros(len(x), dtype=bool) for s in splits}
-        for s, lo, hi in zip(splits, offsets[:-1], offsets[1:], strict=True):
-            in_split[s][lo:hi] = True
-        fit_mask = in_split["train"].copy()
-        fit_mask[:n_train] &= ~holdout
-        hold_mask = in_split["train"].copy()
-        hold_mask[:n_train] &= holdout
-        eval_masks = {"holdout": hold_mask}
-        if "test" in splits:
-            eval_masks["test"] = in_split["test"]
+    found: dict[tuple[str, str, str], list[dict]] = {}
+    groups = [(rep, layers[i : i + settings.batch_layers]) for rep in representations
+              for i in range(0, len(layers), settings.batch_layers)]  # fmt: skip
+    for rep, group in progress_bar(groups, desc="probes", disable=not progress):
+        xs = [_layer_features(features, layer, rep, splits, len(holdout)) for layer in group]
+        offsets = np.cumsum([0, *xs[0][1]])
+        fit_mask, eval_masks = _masks(splits, offsets, holdout)
         for name, by_split in targets.items():
             y = _stacked_target(name, by_split, splits, offsets)
-            if np.issubdtype(y.dtype, np.floating):
-                found = ridge_seeds(x_np, y, fit_mask, eval_masks, settings)
-            else:
-                found = probe_seeds(x, y, fit_mask, eval_masks, settings, device)
-            for row in found:
-                rows.append({**(context or {}), "layer": layer, "representation": rep, "target": name, **row})
+            found.update(_probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device))
+    rows = [
+        {**(context or {}), "layer": layer, "representation": rep, "target": name, **row}
+        for layer in layers
+        for rep in representations
+        for name in targets
+        for row in found[(layer, rep, name)]
+    ]
     return pd.DataFrame(rows)
+
+
+def _layer_features(features: object, layer: str, rep: str, splits: list[str], n_train: int):
+    """(N, D) features of one layer and representation over the stacked splits, and each split's
+    number of rows."""
+    arrays = [features.array(s, layer, rep) for s in splits]
+    if len(arrays[0]) != n_train:
+        raise ProbeError(
+            f"holdout mask has {n_train} entries but the train features {len(arrays[0])} rows; "
+            "they come from different data sets."
+        )
+    return np.concatenate(arrays), [len(a) for a in arrays]
+
+
+def _masks(splits: list[str], offsets: np.ndarray, holdout: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Fit mask (train outside the holdout) and evaluation masks (holdout, test) of stacked splits."""
+    n_train = len(holdout)
+    in_split = {s: np.zeros(offsets[-1], dtype=bool) for s in splits}
+    for s, lo, hi in zip(splits, offsets[:-1], offsets[1:], strict=True):
+        in_split[s][lo:hi] = True
+    fit_mask = in_split["train"].copy()
+    fit_mask[:n_train] &= ~holdout
+    hold_mask = in_split["train"].copy()
+    hold_mask[:n_train] &= holdout
+    eval_masks = {"holdout": hold_mask}
+    if "test" in splits:
+        eval_masks["test"] = in_split["test"]
+    return fit_mask, eval_masks
+
+
+def _probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device) -> dict:
+    """Rows of one target for each layer of ``group``: the ridge probe of a float target layer by
+    layer; softmax probes of layers of one width fitted together (:mod:`epochlens.probes.batched`)
+    when ``settings.batch_layers`` > 1, else one at a time."""
+    out = {}
+    if np.issubdtype(y.dtype, np.floating):
+        for layer, (x_np, _) in zip(group, xs, strict=True):
+            out[(layer, rep, name)] = ridge_seeds(x_np, y, fit_mask, eval_masks, settings)
+        return out
+    device = resolve_device(device) if isinstance(device, str) or device is None else torch.device(device)
+    widths = {x_np.shape[1] for x_np, _ in xs}
+    if settings.batch_layers == 1 or len(widths) > 1:
+        for layer, (x_np, _) in zip(group, xs, strict=True):
+            out[(layer, rep, name)] = probe_seeds(
+                torch.as_tensor(x_np), y, fit_mask, eval_masks, settings, device
+            )
+        return out
+    from epochlens.probes.batched import batched_rows
+
+    x = torch.as_tensor(np.stack([x_np for x_np, _ in xs])).to(device)
+    use_amp, _ = _amp(device, settings.mixed_precision)
+    with cpu_threads(device, settings.batched_threads):
+        per_layer = batched_rows(x, y, fit_mask, eval_masks, settings, use_amp)
+    for layer, rows in zip(group, per_layer, strict=True):
+        out[(layer, rep, name)] = [row | {"metric": "accuracy"} for row in rows]
+    return out
 
 
 def _stacked_target(

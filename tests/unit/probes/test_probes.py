@@ -154,3 +154,56 @@ def test_bad_inputs_are_named(rng) -> None:
         probe_seeds(x, np.zeros(20, dtype=np.int64), np.ones(20, bool), {}, FAST, device="cpu")
     with pytest.raises(ProbeError, match="one entry per sample"):
         probe_seeds(x, y[:10], np.ones(20, bool), {}, FAST, device="cpu")
+
+
+def test_batched_probes_equal_one_at_a_time(rng) -> None:
+    """Layers x seeds fitted together (epochlens.probes.batched) give the probes fitted one at a
+    time: the same accuracies (within 0.01; here equal to 1e-4), best epochs and stopping epochs."""
+    from epochlens.probes.batched import batched_rows
+
+    n, d, k = 600, 12, 3
+    y = rng.integers(0, k, n)
+    centers = rng.normal(size=(k, d))
+    x = np.stack([(s * centers[y] + rng.normal(size=(n, d)) + 3).astype(np.float32) for s in (0.0, 0.4, 1.5)])
+    fit = np.arange(n) < 450
+    evals = {"holdout": ~fit, "fit": fit}
+    settings = ProbeSettings(seeds=(0, 3), max_epochs=40, patience=5, batch_size=64)
+    together = batched_rows(torch.as_tensor(x), y, fit, evals, settings)
+    for layer in range(len(x)):
+        alone = probe_seeds(torch.as_tensor(x[layer]), y, fit, evals, settings, "cpu")
+        assert len(alone) == len(together[layer]) == 4
+        for a, b in zip(alone, together[layer], strict=True):
+            assert (a["seed"], a["eval_split"], a["n_fit"], a["n_stop"]) == (
+                b["seed"],
+                b["eval_split"],
+                b["n_fit"],
+                b["n_stop"],
+            )
+            assert abs(a["accuracy"] - b["accuracy"]) < 1e-4 and abs(a["loss"] - b["loss"]) < 1e-3
+            assert (a["best_epoch"], a["epochs_run"]) == (b["best_epoch"], b["epochs_run"])
+    stopped = [row["epochs_run"] for rows in together for row in rows]
+    assert min(stopped) < 40  # early stopping happened for some probe while others went on
+    assert together[2][0]["accuracy"] > 0.9 > together[0][0]["accuracy"]
+
+
+def test_probe_features_batched_and_one_at_a_time_tables_agree(rng) -> None:
+    """A features file's table is the same with layers fitted together or one at a time (and a
+    representation of another width on its own)."""
+    x, y = separable(rng, n=160, d=6)
+    arrays = {}
+    for layer, noise in (("a", 0.5), ("b", 2.0), ("c", 8.0)):
+        z = (x + noise * rng.standard_normal(x.shape)).astype(np.float32)
+        for split, rows in (("train", slice(0, 120)), ("test", slice(120, None))):
+            arrays[(split, layer, "pooled")] = z[rows]
+            arrays[(split, layer, "stats")] = z[rows, :4]
+    feats = FakeFeatures(arrays)
+    targets = {"class": {"train": y[:120], "test": y[120:]}}
+    holdout = np.arange(120) < 20
+    tables = [
+        probe_features(feats, targets, holdout, ProbeSettings(seeds=(0, 1), max_epochs=15, batch_layers=b))
+        for b in (1, 2)
+    ]
+    scores = ["accuracy", "loss", "fit_accuracy"]
+    pd.testing.assert_frame_equal(tables[0].drop(columns=scores), tables[1].drop(columns=scores))
+    assert (tables[0]["accuracy"] - tables[1]["accuracy"]).abs().max() < 0.01
+    assert len(tables[0]) == 3 * 2 * 2 * 2  # layers x representations x seeds x eval splits
