@@ -38,9 +38,35 @@ def _metric_of(summary: pd.DataFrame, target: str) -> str:
     return str(found[0]) if len(found) else "accuracy"
 
 
+#: Beyond this many layers the heatmaps put the layers along x and a row per epoch.
+MANY_LAYERS = 24
+
+
+def _panel_matrix(sub: pd.DataFrame, value: str, layers: list, epochs: list[int], wide: bool) -> np.ndarray:
+    """One panel's cells: a chance row, then layers x epochs, or (``wide``) epochs x layers with
+    chance the same along each row's layers."""
+    score = sub.pivot_table(index="layer", columns="epoch", values=value, aggfunc="mean")
+    score = score.reindex(index=layers, columns=epochs).to_numpy(float)
+    chance = sub.groupby("epoch")["chance"].mean().reindex(epochs).to_numpy(float)
+    if wide:
+        return np.vstack(
+            [np.full((1, len(layers)), np.nanmean(chance) if np.isfinite(chance).any() else np.nan), score.T]
+        )
+    return np.vstack([chance[None, :], score])
+
+
+def _thin_layer_ticks(ax: plt.Axes, layers: list) -> None:
+    """About 32 layer labels along x, so that 128 stay readable."""
+    step = max(1, int(np.ceil(len(layers) / 32)))
+    ticks = list(range(0, len(layers), step))
+    ax.set_xticks(ticks, [str(layers[t]) for t in ticks], rotation=90, fontsize=6)
+
+
 def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout") -> plt.Figure:
     """Heatmaps of linear-probe scores, layer x epoch: one column of panels per target, one row
-    per representation, with the score of the constant guess (``chance``) as a top row.
+    per representation, with the score of the constant guess (``chance``) as a top row. Beyond
+    :data:`MANY_LAYERS` layers (e.g. 128 stored layers) each panel has the layers along x (every
+    few labelled) and a row per epoch, so the figure stays a page high.
 
     ``summary`` is :func:`epochlens.probes.summary.probe_summary`; cells are ``accuracy_mean``, or
     ``r2_mean`` for a target whose ``metric`` is r2 (a regression's ridge probe; its panels come
@@ -59,10 +85,14 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
     reps = list(pd.unique(summary["representation"]))
     layers = list(pd.unique(summary["layer"]))
     epochs = sorted(int(e) for e in summary["epoch"].unique())
-    rows = ["chance", *layers]
-    annotate = len(epochs) <= 12 and len(rows) <= 14
-    width = min(max(0.5 * len(epochs) + 1.6, 3.4), 9.0)
-    height = 0.32 * len(rows) + 1.0
+    wide = len(layers) > MANY_LAYERS  # layers along x, a row per epoch (e.g. 128 layers)
+    rows = ["chance", *([f"epoch {e}" for e in epochs] if wide else layers)]
+    columns = layers if wide else epochs
+    annotate = len(columns) <= 12 and len(rows) <= 14
+    if wide:
+        width, height = min(max(0.09 * len(layers) + 2.0, 6.0), 16.0), 0.3 * len(rows) + 1.1
+    else:
+        width, height = min(max(0.5 * len(epochs) + 1.6, 3.4), 9.0), 0.32 * len(rows) + 1.0
     fig, axes = plt.subplots(
         len(reps),
         len(targets),
@@ -77,12 +107,11 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
         cmap, metric_name = METRIC_STYLE.get(metric, ("viridis", metric))
         for i, rep in enumerate(reps):
             sub = ok[(ok["representation"] == rep) & (ok["target"] == target)]
-            score = sub.pivot_table(index="layer", columns="epoch", values=f"{metric}_mean", aggfunc="mean")
-            score = score.reindex(index=layers, columns=epochs)
-            chance = sub.groupby("epoch")["chance"].mean().reindex(epochs)
-            matrix = np.vstack([chance.to_numpy(float)[None, :], score.to_numpy(float)])
+            matrix = _panel_matrix(sub, f"{metric}_mean", layers, epochs, wide)
             ax = axes[i, j]
-            image = heatmap_panel(ax, matrix, rows, epochs, cmap, norm, "{:.2f}", annotate, j == 0)
+            image = heatmap_panel(ax, matrix, rows, columns, cmap, norm, "{:.2f}", annotate, j == 0)
+            if wide:
+                _thin_layer_ticks(ax, layers)
             images.setdefault(metric, [image, []])[1].append(ax)
             ax.axhline(0.5, color="w", lw=2)
             if i == 0:
@@ -90,7 +119,7 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
             if j == 0:
                 ax.set_ylabel(rep, fontsize=9)
             if i == len(reps) - 1:
-                ax.set_xlabel("checkpoint epoch", fontsize=8)
+                ax.set_xlabel("layer" if wide else "checkpoint epoch", fontsize=8)
     for metric, (image, metric_axes) in images.items():
         label = METRIC_STYLE.get(metric, (None, metric))[1]
         fig.colorbar(image, ax=metric_axes, shrink=0.8, label=f"{split} {label}")

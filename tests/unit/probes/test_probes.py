@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from matplotlib import pyplot as plt
 
 from epochlens.errors import ConfigError, ProbeError
 from epochlens.probes.linear import probe_features, probe_seeds, stratified_split, train_linear_probe
@@ -207,3 +208,30 @@ def test_probe_features_batched_and_one_at_a_time_tables_agree(rng) -> None:
     pd.testing.assert_frame_equal(tables[0].drop(columns=scores), tables[1].drop(columns=scores))
     assert (tables[0]["accuracy"] - tables[1]["accuracy"]).abs().max() < 0.01
     assert len(tables[0]) == 3 * 2 * 2 * 2  # layers x representations x seeds x eval splits
+
+
+def test_heatmap_of_128_layers_puts_layers_along_x(rng) -> None:
+    """128 layers x 9 representations: one panel per representation, layers along x (every 4th
+    labelled), a row per epoch under the chance row; a page, not metres, high."""
+    from epochlens.plotting.probes import plot_probe_accuracy
+
+    reps = ["mean", "max", "first", "last", "norms", "flat", "stats", "spectral", "pkg.mod:fn"]
+    layers = [f"layer_{i}" for i in range(128)]
+    summary = pd.DataFrame(
+        [
+            {"epoch": e, "layer": layer, "representation": r, "target": "class", "eval_split": "holdout",
+             "status": "ok", "accuracy_mean": rng.uniform(), "chance": 0.1, "n_indices": 1, "n_seeds": 10}
+            for r in reps for layer in layers for e in (1, 2)
+        ]
+    )  # fmt: skip
+    fig = plot_probe_accuracy(summary, "stored")
+    axes = [ax for ax in fig.axes if ax.get_ylabel() in reps]
+    assert [ax.get_ylabel() for ax in axes] == reps
+    image = axes[0].images[0].get_array()
+    assert image.shape == (3, 128)  # chance, epoch 1, epoch 2 x layers
+    np.testing.assert_allclose(
+        image[1, :3], summary.query("representation == 'mean' and epoch == 1")["accuracy_mean"][:3]
+    )
+    assert [t.get_text() for t in axes[0].get_xticklabels()][:3] == ["layer_0", "layer_4", "layer_8"]
+    assert axes[-1].get_xlabel() == "layer" and fig.get_size_inches()[1] < 25
+    plt.close(fig)
