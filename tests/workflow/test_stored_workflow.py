@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from wfutil import planned_jobs, snakemake, tiny_config, write_config
 from wfutil import tiny_run as make_tiny_run
 
@@ -154,3 +155,23 @@ def test_bad_stored_config_is_refused_at_dry_run(stored_run, tmp_path):
     assert proc.returncode != 0
     assert "runs.acts: checkpoints.source: activations has no model" in proc.stdout
     assert "runs.acts.curvature.enabled: false" in proc.stdout
+
+
+def test_the_example_config_plans_features_and_probes(stored_run, tmp_path):
+    """config/examples/stored_activations.yaml, its paths pointed at this test's snapshot and data."""
+    tiny, root = stored_run
+    cfg = yaml.safe_load((tiny.wf / "config" / "examples" / "stored_activations.yaml").read_text())
+    run = cfg["runs"]["vit_acts"]
+    run["data"] = {"source": "digits", "holdout_per_class": 5}
+    run["checkpoints"]["path"] = str(root / "snapshots" / "epoch_{epoch}")
+    run["features"]["project_path"] = str(tmp_path / "code")
+    (tmp_path / "code" / "myreps").mkdir(parents=True)
+    (tmp_path / "code" / "myreps" / "__init__.py").write_text("")
+    (tmp_path / "code" / "myreps" / "pooling.py").write_text(
+        "def attention_pool(act):\n    return act.flatten(1)\n"
+    )
+    jobs = planned_jobs(tiny.wf, tmp_path, configfile=write_config(tmp_path / "example.yaml", cfg))
+    assert jobs == {
+        "prepare_data": 1, "features_stored": 1, "probes_epoch": 1, "probe_tables": 1, "plot_probes": 1,
+        "class_order": 1, "all": 1,
+    }  # fmt: skip

@@ -87,6 +87,8 @@ ROW_COLUMNS = (
     "alpha",
 )
 RIDGE_ONLY_COLUMNS = ("n_outputs", "r2", "fit_r2", "alpha")
+#: Most bytes of features (float32) that one batched fit of several layers holds on its device.
+BATCHED_BYTES = 512 << 20
 
 # ---------------------------------------------------------------------------------------------
 # Training
@@ -472,12 +474,14 @@ def _probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device
         return out
     from epochlens.probes.batched import batched_rows
 
-    x = torch.as_tensor(np.stack([x_np for x_np, _ in xs])).to(device)
     use_amp, _ = _amp(device, settings.mixed_precision)
-    with cpu_threads(device, settings.batched_threads):
-        per_layer = batched_rows(x, y, fit_mask, eval_masks, settings, use_amp)
-    for layer, rows in zip(group, per_layer, strict=True):
-        out[(layer, rep, name)] = [row | {"metric": "accuracy"} for row in rows]
+    per_fit = max(1, BATCHED_BYTES // max(xs[0][0].nbytes, 1))  # layers held at once
+    for lo in range(0, len(group), per_fit):
+        x = torch.as_tensor(np.stack([x_np for x_np, _ in xs[lo : lo + per_fit]])).to(device)
+        with cpu_threads(device, settings.batched_threads):
+            per_layer = batched_rows(x, y, fit_mask, eval_masks, settings, use_amp)
+        for layer, rows in zip(group[lo : lo + per_fit], per_layer, strict=True):
+            out[(layer, rep, name)] = [row | {"metric": "accuracy"} for row in rows]
     return out
 
 

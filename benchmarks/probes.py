@@ -1,0 +1,269 @@
+"""Benchmark: probes on stored activations (seed 001: 128 layers x 10,000 samples x 768 dims, float16).
+
+Writes synthetic stored activations (a save_to_disk DatasetDict, one float16 column per layer, 80%
+train / 20% test; each sample's activation is its class's centre times a per-layer signal, plus unit
+noise) and prints one JSON object:
+
+* ``read``: reading every layer of the train split a layer at a time through
+  :class:`epochlens.features.stored.Snapshot` (Arrow zero-copy over the memory-mapped files, every
+  value touched) against a plain sequential ``readinto`` of the same Arrow files, interleaved (A B,
+  B A), best of ``--repeats``; ``warm``: from the page cache; ``cold``: each side after
+  ``posix_fadvise(DONTNEED)`` on the files (the disk's own speed, where the kernel drops them).
+  ``ratio`` = plain seconds / epochlens seconds (1.0: as fast as the plain read).
+* ``representations``: seconds per layer of each representation of ``--representations`` (all
+  rows of one layer, batches of 1024), the mean over ``--rep-layers`` layers.
+* ``probes``: the softmax probes of one representation (``mean``) of ``--probe-layers`` layers x
+  ``--seeds`` seeds fitted together (:mod:`epochlens.probes.batched`) against one at a time
+  (:func:`epochlens.probes.linear.probe_seeds`, the previous code) on ``--single-layers`` of those
+  layers: seconds per probe of each, their ratio, and the largest accuracy difference between the
+  two fits of the same (layer, seed).
+* ``projection``: the time for every layer x representation x seed at ``--samples`` and at 50,000
+  samples (read, representations and probes scaled linearly in samples from the measured rates).
+
+Usage (the full size needs ~2 GB of disk and about as much memory):
+    .venv/bin/python benchmarks/probes.py --layers 128 --samples 10000 --dims 768 --threads 1
+    .venv/bin/python benchmarks/probes.py --layers 16 --samples 2000 --dims 256 --threads 1  # smaller
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common
+import numpy as np
+import torch
+
+from epochlens.features import stored_representations as srep
+from epochlens.features.stored import Snapshot
+from epochlens.features.stored_settings import StoredFeatureSettings
+from epochlens.probes.batched import batched_rows
+from epochlens.probes.linear import probe_seeds
+from epochlens.probes.settings import ProbeSettings
+
+_BUFFER = bytearray(16 << 20)  # allocated once, outside the timings
+PARTS = ("read", "representations", "probes")
+REPS = ("mean", "max", "first", "last", "norms", "flat", "stats", "spectral")
+
+
+def options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=128)
+    p.add_argument("--samples", type=int, default=10_000)
+    p.add_argument("--dims", type=int, default=768)
+    p.add_argument("--tokens", type=int, default=1, help="activations (tokens, dims) per sample; 1: (dims,)")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--representations", nargs="+", default=list(REPS))
+    p.add_argument("--rep-layers", type=int, default=3)
+    p.add_argument("--probe-layers", type=int, default=8)
+    p.add_argument("--single-layers", type=int, default=2)
+    p.add_argument("--max-epochs", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
+    p.add_argument("--dir", default=None, help="where to write the activations (default: a temporary folder)")
+    return p
+
+
+def write_snapshot(folder: Path, args, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The synthetic snapshot (module doc); returns each split's labels."""
+    import datasets
+    import pyarrow as pa
+
+    n_train = int(0.8 * args.samples)
+    labels = rng.integers(0, args.classes, args.samples)
+    centres = rng.standard_normal((args.classes, args.tokens * args.dims)).astype(np.float32)
+    tables = {"train": {}, "test": {}}
+    for layer in range(args.layers):
+        signal = 0.05 + 0.3 * np.sin(np.pi * layer / max(args.layers - 1, 1))
+        x = (signal * centres[labels] + rng.standard_normal((args.samples, centres.shape[1]))).astype(
+            np.float16
+        )
+        for split, rows in (("train", slice(0, n_train)), ("test", slice(n_train, None))):
+            values = pa.array(x[rows].ravel())
+            column = pa.FixedSizeListArray.from_arrays(values, args.dims)
+            if args.tokens > 1:
+                column = pa.FixedSizeListArray.from_arrays(column, args.tokens)
+            tables[split][f"layer_{layer}"] = column
+    splits = {s: datasets.Dataset(pa.table(t)) for s, t in tables.items()}
+    datasets.DatasetDict(splits).save_to_disk(str(folder))
+    return {"train": labels[:n_train], "test": labels[n_train:]}
+
+
+def arrow_files(folder: Path) -> list[Path]:
+    return sorted((folder / "train").glob("*.arrow"))
+
+
+def drop_cache(files: list[Path]) -> None:
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_layers(folder: Path) -> int:
+    """Every train layer, a layer at a time, each piece's bytes copied out once (as ``readinto``
+    copies the plain read's)."""
+    snap = Snapshot(folder)
+    buffer = np.frombuffer(_BUFFER, dtype=np.uint8)
+    done = 0
+    for layer in snap.layers("train"):
+        for piece in snap.layer("train", layer).pieces:
+            flat = piece.reshape(-1).view(np.uint8)
+            for lo in range(0, len(flat), len(buffer)):
+                part = flat[lo : lo + len(buffer)]
+                buffer[: len(part)] = part
+                done += len(part)
+    return done
+
+
+def plain_read(files: list[Path]) -> int:
+    buffer = memoryview(_BUFFER)
+    done = 0
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buffer):
+                done += n
+    return done
+
+
+def bench_read(folder: Path, repeats: int, device: torch.device) -> dict:
+    files = arrow_files(folder)
+    size = sum(p.stat().st_size for p in files)
+    out = {"bytes": size}
+    for mode in ("warm", "cold"):
+        prep = (lambda: drop_cache(files)) if mode == "cold" else (lambda: None)
+        sides = {
+            "epochlens": lambda prep=prep: (prep(), read_layers(folder)),
+            "plain": lambda prep=prep: (prep(), plain_read(files)),
+        }
+        times, _, _ = _common.interleaved(sides, repeats, device)
+        out[mode] = {
+            "epochlens_gb_per_s": size / times["epochlens"] / 1e9,
+            "plain_gb_per_s": size / times["plain"] / 1e9,
+            "ratio": times["plain"] / times["epochlens"],
+        }
+    return out
+
+
+def bench_representations(folder: Path, args, n_train: int) -> dict:
+    settings = StoredFeatureSettings(representations=tuple(args.representations))
+    snap = Snapshot(folder)
+    out = {}
+    for name in args.representations:
+        fn = srep.resolve(name, settings)
+        seconds = []
+        for layer in snap.layers("train")[: args.rep_layers]:
+            array = snap.layer("train", layer)
+            t0 = time.perf_counter()
+            for lo in range(0, n_train, 1024):
+                batch = torch.from_numpy(
+                    np.ascontiguousarray(array.rows(lo, min(lo + 1024, n_train)), dtype=np.float32)
+                )
+                srep.checked(fn(batch), len(batch), None, layer, name, array.file)
+            seconds.append(time.perf_counter() - t0)
+        out[name] = float(np.mean(seconds))
+    return out
+
+
+def bench_probes(folder: Path, args, labels: dict) -> dict:
+    snap = Snapshot(folder)
+    mean = srep.TOKEN_BUILTINS["mean"]
+    xs = []
+    for layer in snap.layers("train")[: args.probe_layers]:
+        parts = [
+            mean(torch.from_numpy(np.asarray(snap.layer(s, layer).rows(0, len(labels[s])), dtype=np.float32)))
+            for s in ("train", "test")
+        ]
+        xs.append(torch.cat(parts).numpy())
+    x = np.stack(xs)
+    y = np.concatenate([labels["train"], labels["test"]])
+    n_train = len(labels["train"])
+    fit = np.arange(len(y)) < n_train
+    fit[: n_train // 10] = False  # the holdout: a tenth of the training samples
+    evals = {"holdout": (np.arange(len(y)) < n_train // 10), "test": ~(np.arange(len(y)) < n_train)}
+    settings = ProbeSettings(seeds=tuple(range(args.seeds)), max_epochs=args.max_epochs)
+    t0 = time.perf_counter()
+    together = batched_rows(torch.as_tensor(x), y, fit, evals, settings)
+    batched = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    alone = [
+        probe_seeds(torch.as_tensor(x[i]), y, fit, evals, settings, "cpu") for i in range(args.single_layers)
+    ]
+    single = time.perf_counter() - t0
+    diff = max(
+        abs(a["accuracy"] - b["accuracy"])
+        for i in range(args.single_layers)
+        for a, b in zip(alone[i], together[i], strict=True)
+    )
+    per_batched = batched / (args.probe_layers * args.seeds)
+    per_single = single / (args.single_layers * args.seeds)
+    epochs = [r["epochs_run"] for rows in together for r in rows]
+    holdout = [r["accuracy"] for rows in together for r in rows if r["eval_split"] == "holdout"]
+    return {
+        "probes_batched": args.probe_layers * args.seeds,
+        "probes_one_at_a_time": args.single_layers * args.seeds,
+        "seconds_per_probe_batched": per_batched,
+        "seconds_per_probe_one_at_a_time": per_single,
+        "speedup": per_single / per_batched,
+        "max_accuracy_difference": diff,
+        "epochs_run_mean": float(np.mean(epochs)),
+        "holdout_accuracy_range": [min(holdout), max(holdout)],
+    }
+
+
+def projection(args, read: dict, reps: dict, probes: dict) -> dict:
+    n_reps = len(args.representations)
+    base = {
+        "read_s": read["bytes"] / 0.8 / (read["cold"]["epochlens_gb_per_s"] * 1e9),  # train and test
+        "representations_s": sum(reps.values()) / 0.8 * args.layers,
+        "probes_s": probes["seconds_per_probe_batched"] * args.layers * n_reps * args.seeds,
+    }
+    out = {}
+    for samples in (args.samples, 50_000):
+        scale = samples / args.samples
+        parts = {k: v * scale for k, v in base.items()}
+        out[f"{samples}_samples"] = {**parts, "total_minutes": sum(parts.values()) / 60}
+    out["what"] = f"{args.layers} layers x {n_reps} representations x {args.seeds} seeds, linear in samples"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        folder = Path(tmp) / "snapshot"
+        t0 = time.perf_counter()
+        labels = write_snapshot(folder, args, rng)
+        print(f"wrote {folder} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        read = bench_read(folder, args.repeats, device) if "read" in args.parts else None
+        reps = (
+            bench_representations(folder, args, len(labels["train"]))
+            if "representations" in args.parts
+            else None
+        )
+        probes = bench_probes(folder, args, labels) if "probes" in args.parts else None
+    report = {
+        "size": {k: getattr(args, k) for k in ("layers", "samples", "dims", "tokens", "classes", "seeds")},
+        "read": read,
+        "representation_seconds_per_layer": reps,
+        "probes": probes,
+        "projection": projection(args, read, reps, probes) if read and reps and probes else None,
+        "environment": _common.environment(device),
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
