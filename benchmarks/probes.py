@@ -4,21 +4,24 @@ Writes synthetic stored activations (a save_to_disk DatasetDict, one float16 col
 train / 20% test; each sample's activation is its class's centre times a per-layer signal, plus unit
 noise) and prints one JSON object:
 
-* ``read``: reading every layer of the train split a layer at a time through
-  :class:`epochlens.features.stored.Snapshot` (Arrow zero-copy over the memory-mapped files, every
-  value touched) against a plain sequential ``readinto`` of the same Arrow files, interleaved (A B,
+* ``read``: reading every layer of the train split into memory a layer at a time through
+  :class:`epochlens.features.stored.Snapshot` (``pread`` of each column's buffers at the offsets
+  Arrow's memory-mapped metadata gives) against a plain sequential ``readinto`` of the same Arrow
+  files, interleaved (A B,
   B A), best of ``--repeats``; ``warm``: from the page cache; ``cold``: each side after
   ``posix_fadvise(DONTNEED)`` on the files (the disk's own speed, where the kernel drops them).
   ``ratio`` = plain seconds / epochlens seconds (1.0: as fast as the plain read).
 * ``representations``: seconds per layer of each representation of ``--representations`` (all
-  rows of one layer, batches of 1024), the mean over ``--rep-layers`` layers.
-* ``probes``: the softmax probes of one representation (``mean``) of ``--probe-layers`` layers x
+  train rows of one layer, batches of 1024), the mean over ``--rep-layers`` layers, and its width.
+* ``probes``: per representation of ``--probe-representations`` (default ``mean``, D wide, and
+  ``stats``, 6 wide), the softmax probes of ``--probe-layers`` layers x
   ``--seeds`` seeds fitted together (:mod:`epochlens.probes.batched`) against one at a time
-  (:func:`epochlens.probes.linear.probe_seeds`, the previous code) on ``--single-layers`` of those
-  layers: seconds per probe of each, their ratio, and the largest accuracy difference between the
-  two fits of the same (layer, seed).
+  (:func:`epochlens.probes.linear.probe_seeds`, the previous code), interleaved, best of
+  ``--repeats``: seconds per probe of each, their ratio, and the largest accuracy difference
+  between the two fits of the same (layer, seed).
 * ``projection``: the time for every layer x representation x seed at ``--samples`` and at 50,000
-  samples (read, representations and probes scaled linearly in samples from the measured rates).
+  samples (read, representations and probes scaled linearly in samples from the measured rates; a
+  representation's probes timed as those of the measured one of the nearest width).
 
 Usage (the full size needs ~2 GB of disk and about as much memory):
     .venv/bin/python benchmarks/probes.py --layers 128 --samples 10000 --dims 768 --threads 1
@@ -61,8 +64,8 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--representations", nargs="+", default=list(REPS))
     p.add_argument("--rep-layers", type=int, default=3)
-    p.add_argument("--probe-layers", type=int, default=8)
-    p.add_argument("--single-layers", type=int, default=2)
+    p.add_argument("--probe-representations", nargs="+", default=["mean", "stats"])
+    p.add_argument("--probe-layers", type=int, default=4)
     p.add_argument("--max-epochs", type=int, default=200)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
@@ -110,19 +113,9 @@ def drop_cache(files: list[Path]) -> None:
 
 
 def read_layers(folder: Path) -> int:
-    """Every train layer, a layer at a time, each piece's bytes copied out once (as ``readinto``
-    copies the plain read's)."""
+    """Every train layer into memory, a layer at a time, as the features job reads it."""
     snap = Snapshot(folder)
-    buffer = np.frombuffer(_BUFFER, dtype=np.uint8)
-    done = 0
-    for layer in snap.layers("train"):
-        for piece in snap.layer("train", layer).pieces:
-            flat = piece.reshape(-1).view(np.uint8)
-            for lo in range(0, len(flat), len(buffer)):
-                part = flat[lo : lo + len(buffer)]
-                buffer[: len(part)] = part
-                done += len(part)
-    return done
+    return sum(piece.nbytes for layer in snap.layers("train") for piece in snap.layer("train", layer).pieces)
 
 
 def plain_read(files: list[Path]) -> int:
@@ -160,27 +153,32 @@ def bench_representations(folder: Path, args, n_train: int) -> dict:
     out = {}
     for name in args.representations:
         fn = srep.resolve(name, settings)
-        seconds = []
+        seconds, width = [], 0
         for layer in snap.layers("train")[: args.rep_layers]:
             array = snap.layer("train", layer)
             t0 = time.perf_counter()
             for lo in range(0, n_train, 1024):
-                batch = torch.from_numpy(
-                    np.ascontiguousarray(array.rows(lo, min(lo + 1024, n_train)), dtype=np.float32)
-                )
-                srep.checked(fn(batch), len(batch), None, layer, name, array.file)
+                rows = array.rows(lo, min(lo + 1024, n_train))
+                batch = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+                width = srep.checked(fn(batch), len(batch), None, layer, name, array.file).shape[1]
             seconds.append(time.perf_counter() - t0)
-        out[name] = float(np.mean(seconds))
+        out[name] = {"seconds": float(np.mean(seconds)), "width": int(width)}
     return out
 
 
-def bench_probes(folder: Path, args, labels: dict) -> dict:
+def bench_probes(folder: Path, args, labels: dict, name: str) -> dict:
     snap = Snapshot(folder)
-    mean = srep.TOKEN_BUILTINS["mean"]
+    rep = srep.resolve(name, StoredFeatureSettings(representations=(name,)))
     xs = []
     for layer in snap.layers("train")[: args.probe_layers]:
         parts = [
-            mean(torch.from_numpy(np.asarray(snap.layer(s, layer).rows(0, len(labels[s])), dtype=np.float32)))
+            torch.as_tensor(
+                rep(
+                    torch.from_numpy(
+                        np.asarray(snap.layer(s, layer).rows(0, len(labels[s])), dtype=np.float32)
+                    )
+                )
+            )
             for s in ("train", "test")
         ]
         xs.append(torch.cat(parts).numpy())
@@ -191,26 +189,24 @@ def bench_probes(folder: Path, args, labels: dict) -> dict:
     fit[: n_train // 10] = False  # the holdout: a tenth of the training samples
     evals = {"holdout": (np.arange(len(y)) < n_train // 10), "test": ~(np.arange(len(y)) < n_train)}
     settings = ProbeSettings(seeds=tuple(range(args.seeds)), max_epochs=args.max_epochs)
-    t0 = time.perf_counter()
-    together = batched_rows(torch.as_tensor(x), y, fit, evals, settings)
-    batched = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    alone = [
-        probe_seeds(torch.as_tensor(x[i]), y, fit, evals, settings, "cpu") for i in range(args.single_layers)
-    ]
-    single = time.perf_counter() - t0
+    sides = {
+        "batched": lambda: batched_rows(torch.as_tensor(x), y, fit, evals, settings),
+        "one_at_a_time": lambda: [probe_seeds(torch.as_tensor(v), y, fit, evals, settings, "cpu") for v in x],
+    }
+    times, results, _ = _common.interleaved(sides, args.repeats, torch.device("cpu"))
+    together, alone = results["batched"], results["one_at_a_time"]
     diff = max(
         abs(a["accuracy"] - b["accuracy"])
-        for i in range(args.single_layers)
-        for a, b in zip(alone[i], together[i], strict=True)
+        for rows_a, rows_b in zip(alone, together, strict=True)
+        for a, b in zip(rows_a, rows_b, strict=True)
     )
-    per_batched = batched / (args.probe_layers * args.seeds)
-    per_single = single / (args.single_layers * args.seeds)
+    per_batched = times["batched"] / (len(x) * args.seeds)
+    per_single = times["one_at_a_time"] / (len(x) * args.seeds)
     epochs = [r["epochs_run"] for rows in together for r in rows]
     holdout = [r["accuracy"] for rows in together for r in rows if r["eval_split"] == "holdout"]
     return {
-        "probes_batched": args.probe_layers * args.seeds,
-        "probes_one_at_a_time": args.single_layers * args.seeds,
+        "n_features": int(x.shape[2]),
+        "probes": args.probe_layers * args.seeds,
         "seconds_per_probe_batched": per_batched,
         "seconds_per_probe_one_at_a_time": per_single,
         "speedup": per_single / per_batched,
@@ -221,18 +217,27 @@ def bench_probes(folder: Path, args, labels: dict) -> dict:
 
 
 def projection(args, read: dict, reps: dict, probes: dict) -> dict:
-    n_reps = len(args.representations)
+    """Every layer x representation x seed, each representation's probes timed as the measured
+    representation of the nearest width (log scale)."""
+
+    def per_probe(name: str) -> float:
+        width = reps[name]["width"]
+        nearest = min(probes, key=lambda r: abs(np.log(probes[r]["n_features"]) - np.log(width)))
+        return probes[nearest]["seconds_per_probe_batched"]
+
     base = {
-        "read_s": read["bytes"] / 0.8 / (read["cold"]["epochlens_gb_per_s"] * 1e9),  # train and test
-        "representations_s": sum(reps.values()) / 0.8 * args.layers,
-        "probes_s": probes["seconds_per_probe_batched"] * args.layers * n_reps * args.seeds,
+        "read_s": read["bytes"] / 0.8 / (read["warm"]["epochlens_gb_per_s"] * 1e9),  # train and test
+        "representations_s": sum(r["seconds"] for r in reps.values()) / 0.8 * args.layers,
+        "probes_s": sum(per_probe(name) for name in reps) * args.layers * args.seeds,
     }
     out = {}
     for samples in (args.samples, 50_000):
         scale = samples / args.samples
         parts = {k: v * scale for k, v in base.items()}
         out[f"{samples}_samples"] = {**parts, "total_minutes": sum(parts.values()) / 60}
-    out["what"] = f"{args.layers} layers x {n_reps} representations x {args.seeds} seeds, linear in samples"
+    out["what"] = (
+        f"{args.layers} layers x {len(reps)} representations x {args.seeds} seeds, linear in samples"
+    )
     return out
 
 
@@ -252,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
             if "representations" in args.parts
             else None
         )
-        probes = bench_probes(folder, args, labels) if "probes" in args.parts else None
+        probes = (
+            {name: bench_probes(folder, args, labels, name) for name in args.probe_representations}
+            if "probes" in args.parts
+            else None
+        )
     report = {
         "size": {k: getattr(args, k) for k in ("layers", "samples", "dims", "tokens", "classes", "seeds")},
         "read": read,
