@@ -195,7 +195,9 @@ def _epoch(x, y, fits, orders, state, mean, scale, layers, active, settings, amp
         xb = x[lay[:, None], rows[seed]]  # (A, B, D)
         yb = y[rows[seed]]  # (A, B)
         z = _logits(xb, w, b, mu, sd, amp)
-        grad_z = torch.softmax(z, 2)
+        # softmax written out: torch.softmax over a last dimension of ~10 took 6x as long on the CPU
+        grad_z = (z - z.amax(2, keepdim=True)).exp_()
+        grad_z /= grad_z.sum(2, keepdim=True)
         grad_z.scatter_add_(2, yb[:, :, None], torch.full_like(yb[:, :, None], -1, dtype=grad_z.dtype))
         grad_z /= yb.shape[1]
         with torch.autocast(device_type=xb.device.type, dtype=torch.bfloat16, enabled=amp):
