@@ -31,6 +31,10 @@ import torch.nn.functional as F
 from epochlens.errors import ProbeError
 from epochlens.probes.settings import ProbeSettings
 
+#: Most bytes of the mini-batches gathered in one step: beyond, the layers are fitted in several
+#: groups (16 layers x 10 seeds x 512 x 768 floats gathered per step ran no faster than one probe
+#: at a time on the CPU; 4 layers ran 1.9x faster, 16 layers of 6-8 features 10x).
+STEP_BYTES = 32 << 20
 BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as the one-at-a-time probe uses
 EPS = 1e-8
 
@@ -256,6 +260,15 @@ def batched_rows(
     plan = probe_plan(y, fit_mask, eval_masks, settings, x.device)
     y_dev = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(x.device)
     splits = [SeedSplit(fit, stop if len(stop) else fit) for fit, stop in plan.seed_rows]
+    step = len(settings.seeds) * settings.batch_size * x.shape[2] * 4  # bytes of a layer's mini-batches
+    per_fit = max(1, STEP_BYTES // step)
+    out = []
+    for lo in range(0, x.shape[0], per_fit):
+        out += _group_rows(x[lo : lo + per_fit], y_dev, splits, plan, settings, amp)
+    return out
+
+
+def _group_rows(x, y_dev, splits, plan, settings, amp) -> list[list[dict]]:
     fit = train_batched(x, y_dev, splits, settings.seeds, plan.n_classes, settings, amp)
     s = len(settings.seeds)
     out = []

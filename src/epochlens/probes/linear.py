@@ -464,7 +464,7 @@ def _probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device
         for layer, (x_np, _) in zip(group, xs, strict=True):
             out[(layer, rep, name)] = ridge_seeds(x_np, y, fit_mask, eval_masks, settings)
         return out
-    device = resolve_device(device) if isinstance(device, str) or device is None else torch.device(device)
+    device = resolve_device(device or "auto") if not isinstance(device, torch.device) else device
     widths = {x_np.shape[1] for x_np, _ in xs}
     if settings.batch_layers == 1 or len(widths) > 1:
         for layer, (x_np, _) in zip(group, xs, strict=True):
