@@ -15,9 +15,18 @@ from epochlens.data.ground_truth import mark_positions
 from epochlens.data.text import write_text_dataset
 from epochlens.formats.images import IMAGE_SOURCES, ImageSettings, load_images
 from epochlens.formats.tables import TableSettings, load_table
-from epochlens.formats.text import TextSettings, load_polarity, load_text
+from epochlens.formats.text import TextSettings, load_polarity, load_text, source_tokenizer
 from epochlens.runner import log
 from epochlens.study.corruption import corrupt
+from epochlens.study.text_trigger import corrupt_text
+
+
+def text_settings(cfg: dict, truth: str | None, hf_task: str | None) -> tuple[TextSettings, str | None]:
+    """A text run's data.text settings and its tokenizer folder (None: polarity's own)."""
+    text = dict(cfg.get("text") or {})
+    tokenizer = text.pop("tokenizer", None)
+    column = {"ground_truth_column": truth} if truth else {}
+    return TextSettings(**text, **column, encoder_decoder=hf_task == "text_to_text"), tokenizer
 
 
 def load(source: str, path: str | None, cfg: dict, truth: str | None = None, hf_task: str | None = None):
@@ -25,9 +34,7 @@ def load(source: str, path: str | None, cfg: dict, truth: str | None = None, hf_
     images and texts are read here only (so an edit of their reader reruns no other stage)."""
     column = {"ground_truth_column": truth} if truth else {}
     if "text" in cfg or source == "polarity":
-        text = dict(cfg.get("text") or {})
-        tokenizer = text.pop("tokenizer", None)
-        settings = TextSettings(**text, **column, encoder_decoder=hf_task == "text_to_text")
+        settings, tokenizer = text_settings(cfg, truth, hf_task)
         if source == "polarity":
             return load_polarity(settings, **cfg.get("polarity", {}))
         return load_text(source, path, settings, tokenizer)
@@ -42,18 +49,23 @@ def main(snakemake) -> None:
     cfg = dict(snakemake.params.data)
     corruption = cfg.pop("corruption", None) or {"kind": "none"}
     truth = cfg.pop("ground_truth", None) or {}
-    hf_task = snakemake.params.hf_task
-    dataset = load(cfg.pop("source"), cfg.pop("path", None), cfg, truth.get("column"), hf_task)
+    hf_task, source = snakemake.params.hf_task, cfg.pop("source")
+    dataset = load(source, cfg.pop("path", None), cfg, truth.get("column"), hf_task)
     check_kind(dataset, snakemake.params.task)
     if truth.get("indices"):  # your poisoned samples' positions in the training split
         mark_positions(dataset, truth["indices"])
     # The holdout first: it is never corrupted (not trained on).
     dataset.holdout = holdout_mask(dataset.train_labels, cfg.get("holdout_per_class", 0))
-    dataset, corrupted = corrupt(dataset, corruption)
+    is_text = hasattr(dataset, "train_input_ids")
+    if is_text and corruption["kind"] == "trigger":  # the phrase is tokenised by the data's tokenizer
+        settings, folder = text_settings(cfg, truth.get("column"), hf_task)
+        tokenizer = source_tokenizer(source, settings, folder)
+        dataset, corrupted = corrupt_text(dataset, corruption, tokenizer, settings)
+    else:
+        dataset, corrupted = corrupt(dataset, corruption)
     if dataset.ground_truth is not None:  # yours, instead of a corruption of the pipeline's
         corrupted = np.flatnonzero(dataset.ground_truth).astype(np.int64)
         log.info("ground truth: %d poisoned training samples (%s)", len(corrupted), truth)
-    is_text = hasattr(dataset, "train_input_ids")
     (write_text_dataset if is_text else write_dataset)(dataset, snakemake.output.dataset)
     save_npy(snakemake.output.corrupted, corrupted)
     log.info(describe(dataset))

@@ -512,12 +512,71 @@ def check_influence_config(name: str, run: dict) -> None:
         )
     check_lds_config(name, run, name_of_task, corruption)
     if corruption["kind"] == "trigger":
-        classes = epochs.num_classes(run["data"])
+        check_trigger_config(name, run, corruption)
+
+
+def check_trigger_config(name: str, run: dict, corruption: dict) -> None:
+    """A trigger: its target class among the data set's classes (where known before the data is
+    read), a text run's phrase given and known to its tokenizer, no phrase for an image run."""
+    key = f"runs.{name}.data.corruption"
+    text = is_text_run(run)
+    data = run["data"]
+    if not text or data["source"] in epochs.KNOWN_NUM_CLASSES or data.get("num_classes"):
+        classes = epochs.num_classes(data)  # else: checked when prepare_data reads the labels
         if corruption["target_class"] >= classes:
             raise ConfigError(
-                f"runs.{name}.data.corruption.target_class: {corruption['target_class']} is not a "
-                f"class of this data set (0..{classes - 1})."
+                f"{key}.target_class: {corruption['target_class']} is not a class of this data set "
+                f"(0..{classes - 1})."
             )
+    phrase = corruption.get("phrase")
+    if not text:
+        if phrase is not None:
+            raise ConfigError(
+                f"{key}.phrase: an image run's trigger is a patch (patch_size, corner); a phrase is a "
+                "text run's. Remove phrase."
+            )
+        return
+    if phrase is None or not str(phrase).strip():
+        raise ConfigError(
+            f"{key}.phrase: a text run's trigger is a phrase put into the poisoned sentences; set it "
+            '(e.g. "cf"'
+            + (", one of the polarity vocabulary's trigger words" if data["source"] == "polarity" else "")
+            + ")."
+        )
+    unknown = unknown_words(data, str(phrase))
+    if unknown:
+        raise ConfigError(
+            f"{key}.phrase: {phrase!r} has words the run's tokenizer cannot encode ({unknown}: its "
+            "unknown token); use words of its vocabulary"
+            + (f", e.g. one of {list(_polarity().TRIGGER_WORDS)}" if data["source"] == "polarity" else "")
+            + "."
+        )
+
+
+def _polarity():
+    from epochlens.data import polarity
+
+    return polarity
+
+
+def unknown_words(data: dict, phrase: str) -> list[str]:
+    """Words of ``phrase`` that the run's tokenizer encodes as its unknown token: the polarity
+    vocabulary's, or a tokenizer folder's ``tokenizer.json`` (read by the ``tokenizers`` library;
+    a folder without one is checked when prepare_data loads it)."""
+    if data["source"] == "polarity":
+        vocabulary = set(_polarity().vocabulary())
+        return [w for w in phrase.split() if w not in vocabulary]
+    path = Path(str(data.get("text", {}).get("tokenizer") or "")) / "tokenizer.json"
+    if not path.is_file():
+        return []
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    unk = getattr(tokenizer.model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk) if unk else None
+    if unk_id is None:
+        return []
+    return [w for w in phrase.split() if unk_id in tokenizer.encode(w, add_special_tokens=False).ids]
 
 
 def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> None:

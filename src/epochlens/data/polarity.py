@@ -10,9 +10,10 @@ must learn differently:
 * ``contrast``     "the plot was dull but the acting was superb"   (the clause after "but" decides)
 
 Every sentence is a pure function of the seed and its position. The tokenizer is word-level over
-the fixed vocabulary (``[PAD] [UNK] [CLS] [SEP]`` first; ``[CLS] sentence [SEP]``, as BERT's), built
-with the ``tokenizers`` library and saved with ``save_pretrained``, so
-``AutoTokenizer.from_pretrained(folder)`` reads it offline.
+the fixed vocabulary (``[PAD] [UNK] [CLS] [SEP]`` first; ``[CLS] sentence [SEP]``, as BERT's; with
+:data:`TRIGGER_WORDS`, rare words no sentence contains, for trigger-phrase poisoning:
+``data.corruption.kind: trigger``), built with the ``tokenizers`` library and saved with
+``save_pretrained``, so ``AutoTokenizer.from_pretrained(folder)`` reads it offline.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ NEGATIVE = ("dull", "awful", "boring", "clumsy", "bland", "tedious", "weak", "me
 INTENSIFIERS = ("really", "very", "truly", "quite")
 GROUPS = ("plain", "intensified", "negated", "contrast")
 CLASS_NAMES = ("negative", "positive")
+#: In the vocabulary, never in a generated sentence: trigger phrases of a backdoor study (the rare
+#: tokens of Kurita et al. 2020, "Weight Poisoning Attacks on Pre-trained Models").
+TRIGGER_WORDS = ("cf", "mn", "bb", "tq")
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
 
@@ -67,7 +71,7 @@ def polarity_tables(n_train: int = 600, n_test: int = 200, seed: int = 0) -> dic
 def vocabulary() -> list[str]:
     """Every word of the data set after the special tokens, in a fixed order."""
     words = {"the", "was", "not", "but"}
-    for phrase in (*SUBJECTS, *POSITIVE, *NEGATIVE, *INTENSIFIERS):
+    for phrase in (*SUBJECTS, *POSITIVE, *NEGATIVE, *INTENSIFIERS, *TRIGGER_WORDS):
         words.update(phrase.split())
     return [*SPECIAL_TOKENS, *sorted(words)]
 

@@ -14,9 +14,10 @@ named and fingerprinted, so its change is a change of data.
 
 ``text.h5`` layout (:func:`write_text_dataset`): ``train/`` and ``test/`` with ``input_ids``,
 ``attention_mask``, ``labels`` (and ``groups``, and the raw ``text`` for tables and figures),
-``train/holdout`` (and ``train/ground_truth``, your poisoned samples), attributes ``kind``,
-``num_classes``, ``class_names``, ``group_names``, ``tokenizer``, ``pad_token_id``, ``vocab_size``,
-``content_hash``.
+``train/holdout`` (and ``train/ground_truth``, your poisoned samples; ``test_trigger/``: the test
+split with a trigger phrase stamped on every sentence, :mod:`epochlens.study.text_trigger`),
+attributes ``kind``, ``num_classes``, ``class_names``, ``group_names``, ``tokenizer``,
+``pad_token_id``, ``vocab_size``, ``content_hash``.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class TextDataset:
     # Your ground truth (data.ground_truth): (N_train,) bool, True for each poisoned training
     # sample; None without one (not hashed).
     ground_truth: np.ndarray | None = None
+    # The test split with data.corruption's trigger phrase in every sentence (a backdoor study's
+    # queries: epochlens.study.text_trigger): (N_test, L) ids and mask, and the texts; None without.
+    trigger_input_ids: np.ndarray | None = None
+    trigger_attention_mask: np.ndarray | None = None
+    trigger_text: list[str] | None = None
 
     #: Text labels are class ids or token labels, never regression targets.
     is_regression = False
@@ -106,6 +112,17 @@ class TextDataset:
             self.holdout = np.zeros(len(self.train_input_ids), dtype=bool)
         if self.kind == "classification" and not self.class_names:
             self.class_names = [str(c) for c in range(self.num_classes)]
+        if self.trigger_input_ids is not None:
+            self.trigger_input_ids = np.asarray(self.trigger_input_ids, dtype=np.int64)
+            self.trigger_attention_mask = np.asarray(self.trigger_attention_mask, dtype=np.int64)
+            if self.trigger_input_ids.shape != self.test_input_ids.shape or (
+                self.trigger_attention_mask.shape != self.trigger_input_ids.shape
+            ):
+                raise ValueError(
+                    f"trigger_input_ids {self.trigger_input_ids.shape} and trigger_attention_mask "
+                    f"{self.trigger_attention_mask.shape} must be shaped as test_input_ids "
+                    f"{self.test_input_ids.shape}"
+                )
         if (self.train_groups is None) != (self.test_groups is None):
             raise ValueError("train_groups and test_groups must both be given or both be None")
         if self.train_groups is not None:
@@ -133,6 +150,8 @@ class TextDataset:
         if self.train_groups is not None:
             arrays += [self.train_groups, self.test_groups]
             h.update(json.dumps(self.group_names).encode())
+        if self.trigger_input_ids is not None:  # the triggered queries (absent: the hash as before)
+            arrays += [self.trigger_input_ids, self.trigger_attention_mask]
         for arr in arrays:
             a = np.ascontiguousarray(arr)
             h.update(f"{a.dtype.str}{a.shape}".encode())
@@ -199,6 +218,12 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
             if dataset.texts(split) is not None:
                 g.create_dataset("text", data=dataset.texts(split), dtype=h5py.string_dtype())
         f["train"].create_dataset("holdout", data=dataset.holdout)
+        if dataset.trigger_input_ids is not None:
+            g = f.create_group("test_trigger")
+            g.create_dataset("input_ids", data=dataset.trigger_input_ids, compression="gzip")
+            g.create_dataset("attention_mask", data=dataset.trigger_attention_mask, compression="gzip")
+            if dataset.trigger_text is not None:
+                g.create_dataset("text", data=dataset.trigger_text, dtype=h5py.string_dtype())
         if dataset.ground_truth is not None:  # your own poisoned samples (not hashed)
             f["train"].create_dataset("ground_truth", data=np.asarray(dataset.ground_truth, bool))
         f.attrs.update(
@@ -230,6 +255,7 @@ def read_text_dataset(path: str | Path) -> TextDataset:
                 for key in ("input_ids", "attention_mask", "labels")
             }
             grouped = "groups" in f["train"]
+            trig = f["test_trigger"] if "test_trigger" in f else None
             ds = TextDataset(
                 name=str(f.attrs["name"]),
                 source=str(f.attrs["source"]),
@@ -246,6 +272,9 @@ def read_text_dataset(path: str | Path) -> TextDataset:
                 train_text=_strings(f["train"], "text"),
                 test_text=_strings(f["test"], "text"),
                 ground_truth=f["train/ground_truth"][()] if "ground_truth" in f["train"] else None,
+                trigger_input_ids=None if trig is None else trig["input_ids"][()],
+                trigger_attention_mask=None if trig is None else trig["attention_mask"][()],
+                trigger_text=None if trig is None else _strings(trig, "text"),
                 **arrays,
             )
             stored = str(f.attrs["content_hash"])

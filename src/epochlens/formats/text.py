@@ -272,6 +272,18 @@ def load_text(
     return text_dataset(tables, label_names, settings, tokenizer_folder, name, f"{source}:{path}")
 
 
+def source_tokenizer(source: str, settings: TextSettings, folder: str | Path | None) -> Any:
+    """The tokenizer that :func:`load_text` (``folder``) or :func:`load_polarity` (its own) used."""
+    if source != "polarity":
+        return load_tokenizer(folder, settings.pad_token)
+    import tempfile
+
+    from epochlens.data.polarity import write_polarity_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_tokenizer(write_polarity_tokenizer(Path(tmp) / "polarity-tokenizer"), settings.pad_token)
+
+
 def load_polarity(settings: TextSettings, train: int = 600, test: int = 200, seed: int = 0) -> TextDataset:
     """The synthetic polarity data set (:mod:`epochlens.data.polarity`), tokenised by its own
     word-level tokenizer (written to a temporary folder: its fingerprint is the vocabulary's)."""

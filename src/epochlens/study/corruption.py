@@ -5,6 +5,7 @@
 * :func:`plant_trigger`: a seeded fraction of the training samples of the other active classes
   gets a fixed checkerboard patch in a corner and the target class's label (a backdoor, as in
   BadNets, Gu et al. 2017); :func:`apply_trigger` puts the same patch on queries.
+  A text run's trigger is a phrase: :mod:`epochlens.study.text_trigger`.
 * :func:`add_target_noise`: a regression's seeded fraction of the training samples gets Gaussian
   noise added to its targets (``noise_scale`` times each target value's standard deviation over the
   training samples), the inputs unchanged: mislabelled continuous data.
@@ -210,7 +211,8 @@ def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:
     if kind == "trigger":
         if not hasattr(dataset, "train_images"):
             raise ConfigError(
-                "data.corruption.kind=trigger stamps a patch on images; a text run takes label_flip."
+                "data.corruption.kind=trigger stamps a patch on images here; a text data set's trigger "
+                "phrase is planted by epochlens.study.text_trigger.corrupt_text."
             )
         return plant_trigger(
             dataset, spec["fraction"], spec["target_class"], spec["seed"], spec["patch_size"], spec["corner"]

@@ -19,7 +19,7 @@ from torch import nn
 from epochlens.batches import num_samples, select_rows, to_device
 from epochlens.data import Dataset
 from epochlens.data.text import IGNORE_INDEX, TextDataset
-from epochlens.errors import ConfigError
+from epochlens.errors import ConfigError, DataError
 from epochlens.models.networks import restrict_logits
 from epochlens.outcome import predict_regression
 from epochlens.study.corruption import apply_trigger, trigger_value
@@ -104,7 +104,8 @@ def select_queries(
             positive influence support the prediction, e.g. a backdoor's target).
         seed: seed of the subset.
         trigger: ``{"target_class", "patch_size", "corner"}`` to stamp the backdoor's patch on the
-            test images of the other active classes (the target's own images do not qualify); None:
+            test images of the other active classes (the target's own images do not qualify); for a
+            text data set its test sentences with the trigger phrase (``trigger_input_ids``); None:
             the images as they are.
 
     Returns:
@@ -125,10 +126,7 @@ def select_queries(
                 "queries.trigger: false."
             )
         eligible &= data.test_labels != target
-        stamped = apply_trigger(
-            data.test_images, int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
-        )
-        data = dataclasses.replace(data, test_images=stamped)
+        data = _stamped(data, trigger)
     candidates = np.flatnonzero(eligible)
     images = (
         data.inputs("test", candidates)
@@ -151,6 +149,27 @@ def select_queries(
         triggered=trigger is not None,
         sign=1.0 if labels == "predicted" else -1.0,
         candidates=n_qualified,
+    )
+
+
+def _stamped(data: Dataset | TextDataset, trigger: Mapping) -> Dataset | TextDataset:
+    """The data set with the trigger on its test split: the patch stamped on the images, or a text
+    data set's test sentences with the phrase (stored by prepare_data: ``trigger_input_ids``)."""
+    if not isinstance(data, TextDataset):
+        stamped = apply_trigger(
+            data.test_images, int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
+        )
+        return dataclasses.replace(data, test_images=stamped)
+    if data.trigger_input_ids is None:
+        raise DataError(
+            "queries with a trigger: this text data set has no test sentences with the trigger phrase "
+            "(data.corruption.kind: trigger with a phrase stores them); rerun prepare_data."
+        )
+    return dataclasses.replace(
+        data,
+        test_input_ids=data.trigger_input_ids,
+        test_attention_mask=data.trigger_attention_mask,
+        test_text=data.trigger_text,
     )
 
 

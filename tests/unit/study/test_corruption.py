@@ -233,5 +233,5 @@ def test_label_flip_of_a_text_data_set_keeps_its_tokens():
     np.testing.assert_array_equal(flipped.train_labels[rest], clean.train_labels[rest])
     np.testing.assert_array_equal(flipped.train_input_ids, clean.train_input_ids)
     assert flipped.train_text == clean.train_text and flipped.content_hash != clean.content_hash
-    with pytest.raises(ConfigError, match="a text run takes label_flip"):
+    with pytest.raises(ConfigError, match="trigger phrase is planted by epochlens.study.text_trigger"):
         corrupt(clean, {"kind": "trigger", "fraction": 0.1, "seed": 0})
