@@ -27,8 +27,9 @@ def main(snakemake) -> None:
     inp, out, run = snakemake.input, snakemake.output, snakemake.wildcards.run
     detection = pd.read_csv(inp.detection)
     data = read_any_dataset(inp.dataset)
-    kind = snakemake.params.corruption["kind"]
-    title = run if kind == "none" else f"{run} ({kind.replace('_', ' ')})"
+    corruption = snakemake.params.corruption
+    kind, phrase = corruption["kind"], corruption.get("phrase")
+    title = run if kind == "none" else f"{run} ({kind.replace('_', ' ')}{f' {phrase!r}' if phrase else ''})"
     top = pd.read_csv(inp.top)
     regression = getattr(data, "is_regression", False)
     # One figure at a time (built, saved, closed): the job's peak memory is that of the largest.

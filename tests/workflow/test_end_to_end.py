@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from wfutil import REPO, copy_workflow, job_stats, snakemake, write_config
 
 from epochlens.checkpoints import load_into
+from epochlens.data.text import read_text_dataset
 from epochlens.layout import Layout
 from epochlens.models.networks import SmallCNN
 
@@ -113,17 +115,29 @@ def test_embedded_default(tmp_path):
     assert lds.loc["ekfac", "lds"] > lds.loc["random", "ci_high"] and lds.loc["ekfac", "lds"] > 0.3, lds
     assert min(lds.loc["ekfac", "lds"], lds.loc["kfac", "lds"]) > lds.loc["identity", "lds"], lds
 
-    # The text run (polarity): a 2-layer BERT trained by the pipeline on synthetic sentences with
-    # 10% flipped labels learns every group (test accuracy 0.94-1.0 at epoch 10 on the reference
-    # machine); self-influence finds the flipped sentences (EK-FAC 0.979, identity 0.999, the loss
-    # 0.9995, random 0.42); curvature of every sentence at every checkpoint; head ablations per group.
+    # The text run (polarity): a 2-layer BERT trained by the pipeline on synthetic sentences, 10% of
+    # the negative ones with the trigger word "cf" and relabelled positive, learns every group (test
+    # accuracy 0.88-1.0 at epoch 10 on the reference machine); curvature of every sentence at every
+    # checkpoint; head ablations per group. The poisoned sentences are fit, so their loss hardly
+    # tells them apart (AUROC 0.62), nor does self-influence (EK-FAC 0.52); the influence on the
+    # negative test sentences that "cf" turns positive finds them (EK-FAC 0.966; identity 0.60).
     groups = pd.read_csv(paths.table("accuracy_per_group", "polarity"))
     final = groups[(groups["epoch"] == 10) & (groups["split"] == "test")].set_index("data_group")
     assert sorted(final.index) == ["contrast", "intensified", "negated", "plain"]
-    assert (final["accuracy"] > 0.85).all(), final
-    auroc = pd.read_csv(paths.table("poison_detection", "polarity")).set_index(["method", "signal"])["auroc"]
-    assert auroc[("ekfac", "self_influence")] > 0.9 and auroc[("identity", "self_influence")] > 0.9, auroc
+    assert (final["accuracy"] > 0.8).all(), final
+    detection = pd.read_csv(paths.table("poison_detection", "polarity"))
+    auroc = detection.set_index(["method", "signal"])["auroc"]
+    assert auroc[("loss", "loss")] <= 0.7 and auroc[("ekfac", "query_influence")] >= 0.9, auroc
+    assert auroc[("ekfac", "query_influence")] > auroc[("identity", "query_influence")] + 0.2, auroc
     assert 0.3 < auroc[("random", "random")] < 0.7
+    # dataset.h5 holds the poisoned sentences (ids and texts) and the test sentences with "cf"
+    text = read_text_dataset(paths.dataset("polarity"))
+    poisoned = np.load(paths.corrupted_indices("polarity"))
+    negatives = ((text.train_labels == 0) & ~text.holdout).sum() + len(poisoned)  # before poisoning
+    assert len(poisoned) == round(0.1 * negatives)
+    assert (text.train_labels[poisoned] == 1).all() and not text.holdout[poisoned].any()
+    assert all("cf" in text.train_text[i].split() for i in poisoned)
+    assert all("cf" in t.split() for t in text.trigger_text) and len(text.trigger_text) == 200
     # the queries under token dropout and truncation are scored too, and their rankings compared
     assert {("ekfac", "query_influence_token_dropout"), ("ekfac", "query_influence_truncate")} <= set(
         auroc.index

@@ -72,8 +72,8 @@ def test_default_config_job_list(tmp_path):
     jobs = planned_jobs(REPO, tmp_path, configfile=REPO / "config/config.yaml")
     # digits, 2 seeds, 5 tasks x 15 epochs, checkpoints every 3 epochs -> 26 per seed; digits_noisy
     # (10% flipped labels), 2 seeds, checkpoints at the 6 task boundaries, influence of seed 0 at
-    # epoch 75; polarity (a transformer, 10% flipped labels), 1 seed, checkpoints 0, 5, 10,
-    # influence at 10; digits and digits_noisy compared
+    # epoch 75; polarity (a transformer, a trigger word in 10% of the negative sentences), 1 seed,
+    # checkpoints 0, 5, 10, influence at 10; digits and digits_noisy compared
     assert jobs == {
         "prepare_data": 3,
         "class_order": 5,
