@@ -117,7 +117,10 @@ def plant_text_trigger(
         (poisoned data set, sorted int64 positions of the poisoned training sentences).
     """
     if dataset.kind != "classification":
-        raise ConfigError(f"{KEY}.kind: trigger relabels sentences; a causal LM's samples have no class.")
+        raise ConfigError(
+            f"{KEY}.kind: trigger relabels sentences; a causal LM's or text-to-text model's samples "
+            "have no class."
+        )
     if dataset.train_text is None or dataset.test_text is None:
         raise DataError(
             f"{KEY}.kind: trigger edits the raw texts, and this data set was stored without them."
