@@ -49,9 +49,11 @@ def write_tokenizer(folder: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    from epochlens.data.polarity import SPECIAL_TOKENS, vocabulary
+    from epochlens.data.polarity import SPECIAL_TOKENS, TRIGGER_WORDS, vocabulary
 
-    words = ["<pad>", "</s>", "<unk>", *[w for w in vocabulary() if w not in SPECIAL_TOKENS]]
+    # the words of the sentences (not the trigger words, which none of them uses)
+    skip = {*SPECIAL_TOKENS, *TRIGGER_WORDS}
+    words = ["<pad>", "</s>", "<unk>", *[w for w in vocabulary() if w not in skip]]
     words += [w for w in ("positive", "negative") if w not in words]
     core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
