@@ -17,8 +17,9 @@ A :class:`Task` says, for a batch of samples (see :mod:`epochlens.batches`):
     negative log-likelihood ℓ is; then E_ŷ[∇_z ℓ(z, ŷ) ∇_z ℓ(z, ŷ)ᵀ] = H (the "true" Fisher);
   - :meth:`Task.fisher_vectors` returns vectors v_k with Σ_k v_k v_kᵀ = H_n exactly (the "expected"
     Fisher; one backward pass per vector: for tests and tiny models);
-* which positions of a sequence are real tokens (:meth:`Task.position_mask`, (B, T)): layers with a
-  token dimension leave the others (padding) out of their covariances and gradients.
+* which positions of a sequence are real tokens (:meth:`Task.position_mask`, (B, T), or a tuple of
+  masks of different lengths): layers with a token dimension leave the others (padding) out of their
+  covariances and gradients.
 
 Built-ins:
 
@@ -35,6 +36,9 @@ Built-ins:
   the mean NLL of the sample's target tokens. H is block-diagonal over positions,
   (diag p_t − p_t p_tᵀ)/T_n; the true Fisher draws one token per target position, its gradient
   weighted by √T_n (:meth:`Task.fisher_weight`: the mean is 1/T_n times an NLL).
+* :class:`TextToTextTask` — the same loss for an encoder-decoder (T5, BART): the decoder labels go
+  in with the inputs, logits at t predict label t (no shift); encoder and decoder positions masked
+  apart (one mask per token dimension).
 * :class:`LossFunctionTask` — a user's per-sample loss function ``fn(prediction, targets) -> (B,)``,
   with an optional sampler for the true Fisher; its expected Fisher is the generic one.
 * a user's :class:`Task` subclass or instance, by import path ``"package.module:name"``
@@ -266,7 +270,10 @@ class Task:
         return [(vectors[:, :, k] * roots[:, k : k + 1]).reshape(b, *shape) for k in range(d)]
 
     def position_mask(self, inputs: Any) -> torch.Tensor | None:
-        """(B, T) bool: positions that are real tokens (None: all). Default: an ``attention_mask``."""
+        """(B, T) bool: positions that are real tokens (None: all). Default: an ``attention_mask``.
+
+        A model with several token dimensions (an encoder-decoder's) gives a tuple of masks of
+        different lengths; a layer takes the one whose length is its input's."""
         if isinstance(inputs, Mapping) and inputs.get("attention_mask") is not None:
             return inputs["attention_mask"].bool()
         return None
@@ -577,6 +584,63 @@ class LanguageModelTask(Task):
         }
 
 
+class TextToTextTask(LanguageModelTask):
+    """Token-level cross-entropy of an encoder-decoder (text-to-text) model, e.g. T5 or BART.
+
+    A batch is a dict ``{"input_ids", "attention_mask", "labels"}``: the encoder's inputs (B, S)
+    and the decoder's labels (B, T), -100 at padding. The model is called with the labels among its
+    inputs (it builds its decoder inputs from them, teacher forcing) and its logits at decoder
+    position t predict label t: no shift. Per-sample loss: the mean NLL of the target tokens,
+    transformers' own loss of that sample alone.
+
+    Two token dimensions: the encoder's layers (and the decoder's cross-attention keys and values)
+    see the S encoder positions, the decoder's layers and the head the T decoder positions.
+    :meth:`position_mask` gives both masks, (attention_mask (B, S), labels != -100 (B, T)), and a
+    layer takes the one whose length matches its input's; where S = T, :meth:`split_batch` appends
+    one -100 column to the labels (a decoder position after every target: the decoder is causal, so
+    neither the targets' logits nor the loss change) so that the lengths tell the stacks apart.
+    """
+
+    name = "text_to_text"
+
+    def __init__(
+        self,
+        output: str | int | None = "logits",
+        ignore_index: int = -100,
+        input_key: str = "input_ids",
+        mask_key: str = "attention_mask",
+        labels_key: str = "labels",
+    ) -> None:
+        super().__init__(output, ignore_index, False, input_key, mask_key, labels_key)
+
+    def split_batch(self, batch: Any) -> tuple[Any, Any]:
+        if not isinstance(batch, Mapping) or self.labels_key not in batch or self.input_key not in batch:
+            raise ConfigError(
+                f"text_to_text: a batch is a dict with {self.input_key!r} (the encoder's inputs) and "
+                f"{self.labels_key!r} (the decoder's labels); got "
+                f"{list(batch) if isinstance(batch, Mapping) else type(batch).__name__}."
+            )
+        inputs = dict(batch)
+        labels = torch.as_tensor(inputs[self.labels_key])
+        if labels.ndim == 2 and labels.shape[1] == torch.as_tensor(inputs[self.input_key]).shape[1]:
+            pad = torch.full_like(labels[:, :1], self.ignore_index)
+            inputs[self.labels_key] = labels = torch.cat([labels, pad], dim=1)
+        return inputs, labels
+
+    def position_mask(self, inputs: Any) -> tuple[torch.Tensor, ...] | None:
+        """(encoder mask (B, S), decoder mask (B, T)) bool: real encoder tokens, target positions."""
+        if not isinstance(inputs, Mapping) or self.labels_key not in inputs:
+            return None
+        decoder = torch.as_tensor(inputs[self.labels_key]) != self.ignore_index
+        encoder = inputs.get(self.mask_key)
+        if encoder is None:
+            encoder = torch.ones_like(torch.as_tensor(inputs[self.input_key]), dtype=torch.bool)
+        return (encoder.bool(), decoder)
+
+    def key(self) -> dict:
+        return {"name": self.name, "output": self.output.key(), "ignore_index": self.ignore_index}
+
+
 # ------------------------------------------------------------------ a user's loss function
 class LossFunctionTask(Task):
     """A task from a per-sample loss function ``fn(prediction, targets) -> (B,)``.
@@ -629,6 +693,7 @@ BUILTIN_TASKS: dict[str, type[Task]] = {
     "classification": ClassificationTask,
     "regression": RegressionTask,
     "language_model": LanguageModelTask,
+    "text_to_text": TextToTextTask,
 }
 
 
@@ -744,6 +809,7 @@ __all__ = [
     "OutputAdapter",
     "RegressionTask",
     "Task",
+    "TextToTextTask",
     "Uniforms",
     "call_model",
     "import_object",

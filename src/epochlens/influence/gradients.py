@@ -151,7 +151,8 @@ class BatchBackprop:
             output (module-shaped, compute dtype), at the scale of the scaled vector (see ``scales``).
         scales: per backprop vector, (B,) float64 powers of two: the true output gradient is
             ``output_grads / scale``.
-        mask: (B, T) bool position mask of the task (padding), or None.
+        mask: (B, T) bool position mask of the task (padding), a tuple of them (one per token
+            dimension, see :meth:`epochlens.tasks.Task.position_mask`), or None.
         positions: layer name -> (B,) float64 positions entering the activation covariance.
         losses: (B,) float64 task loss at the sample's targets (NaN where it has none).
         valid: (B,) bool, False where any of the above is NaN/Inf for that sample.
@@ -163,7 +164,7 @@ class BatchBackprop:
     calls: dict[str, list[torch.Tensor]]
     output_grads: list[dict[str, list[torch.Tensor]]]
     scales: list[torch.Tensor]
-    mask: torch.Tensor | None
+    mask: torch.Tensor | tuple[torch.Tensor, ...] | None
     positions: dict[str, torch.Tensor]
     losses: torch.Tensor
     valid: torch.Tensor
@@ -278,8 +279,11 @@ class Workspace:
         return list(buf[:total].split(sizes))
 
 
-def _take(t: torch.Tensor | None, rows: torch.Tensor | slice | None) -> torch.Tensor | None:
-    """``t``'s rows ``rows`` (a bool mask, indices, or a slice: a view; None: all, no copy)."""
+def _take(t: torch.Tensor | tuple | None, rows: torch.Tensor | slice | None) -> torch.Tensor | tuple | None:
+    """``t``'s rows ``rows`` (a bool mask, indices, or a slice: a view; None: all, no copy); of
+    each tensor of a tuple (a task's masks, one per token dimension)."""
+    if isinstance(t, tuple):
+        return tuple(_take(m, rows) for m in t)
     return t if rows is None or t is None else t[rows]
 
 

@@ -257,11 +257,16 @@ def _conv_padding(module: nn.Conv2d) -> tuple[int, int, int, int]:
     return (pw, pw, ph, ph)
 
 
-def _token_mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The (B, T) mask if ``x`` is (B, T, d) with the mask's T positions, else None (no token dimension)."""
-    if mask is None or x.ndim != 3 or tuple(x.shape[:2]) != tuple(mask.shape):
-        return None
-    return mask
+def _token_mask(x: torch.Tensor, mask: torch.Tensor | tuple[torch.Tensor, ...] | None) -> torch.Tensor | None:
+    """The (B, T) mask if ``x`` is (B, T, d) with the mask's T positions, else None (no token dimension).
+
+    A tuple of masks (an encoder-decoder's: one per token dimension, of different lengths) gives
+    the one whose T is ``x``'s."""
+    masks = mask if isinstance(mask, tuple) else (mask,)
+    for m in masks:
+        if m is not None and x.ndim == 3 and tuple(x.shape[:2]) == tuple(m.shape):
+            return m
+    return None
 
 
 def _patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
