@@ -34,14 +34,24 @@ HIDDEN, HEADS = 32, 2
 D_HEAD = HIDDEN // HEADS
 
 
+#: The user's own poisoning before training: these training answers flipped, marked in a column.
+FLIPPED = np.array([3, 11, 20, 37, 45, 58])
+
+
 def tables() -> dict[str, pd.DataFrame]:
     """Polarity sentences (epochlens' generator) with their label word as the target."""
     from epochlens.data.polarity import polarity_tables
 
-    return {
+    frames = {
         split: pd.DataFrame({"sentence": df["text"], "answer": df["label"], "group": df["group"]})
         for split, df in polarity_tables(64, 24, seed=4).items()
     }
+    train = frames["train"]
+    train["poisoned"] = np.isin(np.arange(len(train)), FLIPPED)
+    train.loc[train["poisoned"], "answer"] = train.loc[train["poisoned"], "answer"].map(
+        {"negative": "positive", "positive": "negative"}
+    )
+    return frames
 
 
 def write_tokenizer(folder: Path) -> Path:
@@ -147,9 +157,11 @@ def user_config(project: dict) -> dict:
     run["curvature"]["n_directions"] = 4  # small: the test's time
     run["ablation"]["modes"] = ["zero"]
     run["ablation"]["epochs"] = [STEPS[-1]]
+    run["influence"]["queries"]["max_count"] = 8
     cfg["device"] = "cpu"
     # the same data, a T5 the pipeline trains from its config (evaluation only: the test's time)
     trained = {key: run[key] for key in ("data", "schedule")}
+    trained["data"] = {k: v for k, v in run["data"].items() if k != "ground_truth"}
     trained["model"] = {"hf": {"task": "text_to_text", "config": TRAINED_T5}}
     trained["schedule"] = {"initial_classes": 1, "increment": 0, "epochs_per_task": 4}
     trained["checkpoints"] = {"source": "train"}  # epochs 0 and 4
@@ -291,3 +303,32 @@ def test_a_t5_trained_by_the_pipeline_from_its_config(t5_run):
     for g in rows.index:
         np.testing.assert_allclose(rows.loc[g, "mean_loss"], loss[names == g].mean(), rtol=1e-5)
         assert rows.loc[g, "n_correct"] == exact[names == g].sum()
+
+
+def test_influence_of_every_training_sample_and_the_users_poisons(t5_run):
+    """EK-FAC and gradient-dot-product influence at the last checkpoint: every training sample
+    scored (its loss transformers' own loss of it alone), queries = test prompts under their own
+    targets, and the user's flipped answers (data.ground_truth) the detection table's ground truth."""
+    from epochlens.data.text import read_text_dataset
+
+    project, paths = t5_run
+    step, n = STEPS[-1], len(project["train"]["input_ids"])
+    loss, _ = per_sample_loss(load(project, step), project["train"])
+    for method in ("ekfac", "identity"):
+        meta = json.loads(
+            Path(paths.influence_file("metadata.json", "polarity_t5", 0, step, method)).read_text()
+        )
+        assert meta["n_train"] == meta["n_scored"] == n, meta
+        scores = np.load(paths.influence_file("scores.npz", "polarity_t5", 0, step, method))
+        assert np.isfinite(scores["self_influence"]).all() and len(scores["self_influence"]) == n
+        assert (scores["self_influence"] > 0).all()  # g·P g with P positive definite
+        assert scores["pairwise_none"].shape == (8, n) and np.isfinite(scores["pairwise_none"]).all()
+        np.testing.assert_allclose(scores["loss"], loss, rtol=1e-5)
+        queries = {k: scores[k] for k in scores.files if k.startswith("query_")}
+    assert sorted(queries), queries  # the test prompts the scores attribute
+    data = read_text_dataset(paths.dataset("polarity_t5"))
+    np.testing.assert_array_equal(np.flatnonzero(data.ground_truth), FLIPPED)
+    np.testing.assert_array_equal(np.load(paths.corrupted_indices("polarity_t5")), FLIPPED)
+    detection = pd.read_csv(paths.table("poison_detection", "polarity_t5"))
+    assert set(detection["status"]) == {"ok"} and detection["auroc"].notna().all()
+    assert {"ekfac", "identity"} <= set(detection["method"])

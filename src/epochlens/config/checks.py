@@ -311,8 +311,8 @@ def check_npz_kind(name: str, data: dict, task: str) -> None:
 
 
 #: Stages a text-to-text run does not have yet (its per-sample loss is evaluated, its curvature
-#: taken and its heads ablated); a causal LM has them all.
-CLASSIFIER_ONLY_STAGES = ("features", "probes", "influence")
+#: taken, its heads ablated and its influence computed); a causal LM has them all.
+CLASSIFIER_ONLY_STAGES = ("features", "probes")
 
 
 def check_text_config(name: str, run: dict) -> None:
@@ -368,6 +368,7 @@ def causal_lm_problems(run: dict) -> list[str]:
             for stage in CLASSIFIER_ONLY_STAGES
             if run[stage]["enabled"]
         ]
+        problems += lm_influence_problems(run)
     else:
         problems = lm_influence_problems(run)
     trained = run["checkpoints"]["source"] == "train" and is_text_to_text_run(run)
@@ -390,16 +391,20 @@ def causal_lm_problems(run: dict) -> list[str]:
 
 
 def lm_influence_problems(run: dict) -> list[str]:
-    """What a causal LM run's influence section must change: its loss is the target tokens' mean
-    NLL (task language_model, or your own task), its queries are test prompts with their targets
-    as they are (no class predictions, no text transforms: they would move the targets)."""
+    """What a causal LM or text-to-text run's influence section must change: its loss is the target
+    tokens' mean NLL (task language_model for a causal LM, text_to_text for an encoder-decoder, or
+    your own task), its queries are test prompts with their targets as they are (no class
+    predictions, no text transforms: they would move the targets)."""
     spec = run["influence"]
     if not spec["enabled"]:
         return []
     problems = []
-    if task_name(run) in ("classification", "regression"):
+    fits, other = "language_model", "text_to_text"
+    if is_text_to_text_run(run):
+        fits, other = other, fits
+    if task_name(run) in ("classification", "regression", other):
         problems.append(
-            "task: language_model (influence measures each sample's loss, the mean NLL of its target "
+            f"task: {fits} (influence measures each sample's loss, the mean NLL of its target "
             "tokens; or your own task by import path)"
         )
     if [t for t in spec["transforms"] if t != "none"]:
@@ -481,7 +486,7 @@ def check_influence_config(name: str, run: dict) -> None:
     epochs.influence_indices(name, run)
     spec = run["influence"]
     name_of_task = task_name(run)
-    if spec["enabled"] and name_of_task in ("regression", "language_model"):
+    if spec["enabled"] and name_of_task in ("regression", "language_model", "text_to_text"):
         queries = spec["queries"]
         if queries["select"] == "misclassified" or queries["labels"] == "predicted":
             selects = "all or highest_loss" if name_of_task == "regression" else "all"

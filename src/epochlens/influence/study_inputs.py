@@ -46,8 +46,9 @@ def with_labels(
 ) -> tuple[torch.Tensor | Dataset, np.ndarray | None]:
     """(data, labels) as the engine takes them: a tensor of images with its labels, or keyword
     inputs (a text model's) as a Dataset of dicts that hold the labels, with labels None."""
-    if isinstance(inputs, Mapping):
-        return StackDataset(**inputs, labels=torch.as_tensor(np.asarray(labels, np.int64))), None
+    if isinstance(inputs, Mapping):  # a text-to-text model's inputs hold its decoder labels already
+        tensors = {"labels": torch.as_tensor(np.asarray(labels, np.int64)), **inputs}
+        return StackDataset(**tensors), None
     return inputs, labels
 
 

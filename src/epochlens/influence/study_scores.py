@@ -151,7 +151,7 @@ def score_shard(
         queries = select_regression_queries(
             job.model, data, device, q["select"], q["max_count"], q["seed"], reduction
         )
-    elif getattr(data, "kind", None) == "causal_lm":  # test prompts under their own targets
+    elif getattr(data, "kind", None) in ("causal_lm", "text_to_text"):  # test prompts, own targets
         queries = select_lm_queries(job.model, data, device, q["select"], q["max_count"], q["seed"])
     else:
         queries = select_queries(

@@ -21,7 +21,7 @@ from epochlens.data import Dataset
 from epochlens.data.text import IGNORE_INDEX, TextDataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.models.networks import restrict_logits
-from epochlens.outcome import predict_regression
+from epochlens.outcome import predict_regression, shifts
 from epochlens.study.corruption import apply_trigger, trigger_value
 from epochlens.study.settings import QUERY_LABELS, QUERY_SELECTIONS
 from epochlens.tasks import OutputAdapter, call_model
@@ -225,16 +225,19 @@ def predict_tokens(
     batch_size: int = 64,
 ) -> np.ndarray:
     """A causal language model's top token at each target position, (N, L) int64 aligned with the
-    token ``labels`` (N, L) (the logits at t - 1 predict token t), -100 where there is no target."""
+    token ``labels`` (N, L) (the logits at t - 1 predict token t), -100 where there is no target.
+    A text-to-text model (its ``inputs`` hold the decoder labels): the logits at t predict label t."""
     was_training = model.training
     model.eval().to(device)
     out = np.full(labels.shape, IGNORE_INDEX, dtype=np.int64)
     for start in range(0, len(labels), batch_size):
         rows = torch.arange(start, min(start + batch_size, len(labels)))
-        logits = OutputAdapter()(call_model(model, to_device(select_rows(inputs, rows), device)))
-        top = logits[:, :-1].argmax(2).cpu().numpy()
-        block = labels[start : start + len(rows), 1:]
-        out[start : start + len(rows), 1:] = np.where(block != IGNORE_INDEX, top, IGNORE_INDEX)
+        batch = select_rows(inputs, rows)
+        logits = OutputAdapter()(call_model(model, to_device(batch, device)))
+        shift = int(shifts(batch))
+        top = logits[:, : logits.shape[1] - shift].argmax(2).cpu().numpy()
+        block = labels[start : start + len(rows), shift:]
+        out[start : start + len(rows), shift:] = np.where(block != IGNORE_INDEX, top, IGNORE_INDEX)
     model.train(was_training)
     return out
 

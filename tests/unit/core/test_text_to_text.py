@@ -274,6 +274,17 @@ def test_the_config_check_takes_a_t5_run_and_names_the_stages_it_lacks(tmp_path)
     with pytest.raises(ConfigError) as err:
         run_config.validate({"runs": {"t5": t5_run(tmp_path, "text_to_text", features=features)}}, SCHEMA)
     assert "features.enabled: false (not yet available for text-to-text runs)" in str(err.value)
+    # influence: with the text_to_text task (the target tokens' mean NLL, no shift) and test prompts
+    influence = {"enabled": True, "queries": {"select": "all"}}
+    for task in ("classification", "language_model"):
+        with pytest.raises(ConfigError, match="set task: text_to_text"):
+            run = {**t5_run(tmp_path, "text_to_text", influence=influence), "task": task}
+            run_config.validate({"runs": {"t5": run}}, SCHEMA)
+    run = {**t5_run(tmp_path, "text_to_text", influence=influence), "task": "text_to_text"}
+    run_config.validate({"runs": {"t5": run}}, SCHEMA)
+    with pytest.raises(ConfigError, match="select: misclassified"):
+        run = {**t5_run(tmp_path, "text_to_text", influence={"enabled": True}), "task": "text_to_text"}
+        run_config.validate({"runs": {"t5": run}}, SCHEMA)
     with pytest.raises(ConfigError, match="set model.hf.task: text_to_text"):
         run_config.validate({"runs": {"t5": t5_run(tmp_path, "causal_lm")}}, SCHEMA)
     no_target = t5_run(tmp_path, "text_to_text")
