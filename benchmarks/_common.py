@@ -29,10 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from epochlens.device import resolve_device  # noqa: E402
 
 MODELS = ("small_cnn", "resnet18_lop")
-#: Tiny Hugging Face sequence classifiers built from a config (nothing downloaded): see :func:`text_model`.
-TEXT_MODELS = ("tiny_bert", "tiny_gpt2")
-#: Their vocabulary (token 0 is padding) and the padded length of every sequence.
+#: Tiny Hugging Face models built from a config (nothing downloaded): see :func:`text_model`; the
+#: sequence classifiers and a text-to-text T5 (:data:`SEQ2SEQ_MODELS`, task text_to_text).
+TEXT_MODELS = ("tiny_bert", "tiny_gpt2", "tiny_t5")
+SEQ2SEQ_MODELS = ("tiny_t5",)
+#: Their vocabulary (token 0 is padding, 1 T5's eos) and the padded length of every sequence.
 TEXT_VOCAB, TEXT_LENGTH = 100, 24
+#: The longest target of the text-to-text model (tokens, its eos included).
+TARGET_LENGTH = 6
 
 
 def parser(doc: str, repeats: int = 2, more_models: tuple[str, ...] = ()) -> argparse.ArgumentParser:
@@ -97,6 +101,21 @@ def text_model(name: str) -> torch.nn.Module:
             **sizes,
         )
         return transformers.GPT2ForSequenceClassification(config).eval()
+    if name == "tiny_t5":  # a text-to-text model: the same sizes, encoder and decoder of 2 blocks
+        config = transformers.T5Config(
+            vocab_size=TEXT_VOCAB,
+            d_model=32,
+            d_kv=16,
+            d_ff=64,
+            num_layers=2,
+            num_heads=2,
+            dropout_rate=0.0,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+            attn_implementation="eager",
+        )
+        return transformers.T5ForConditionalGeneration(config).eval()
     raise ValueError(f"unknown text model {name!r}; known: {', '.join(TEXT_MODELS)}")
 
 
@@ -107,6 +126,16 @@ def token_batch(n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
     mask = (torch.arange(TEXT_LENGTH)[None, :] < lengths[:, None]).long()
     ids = torch.randint(1, TEXT_VOCAB, (n, TEXT_LENGTH), generator=generator) * mask
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def target_batch(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` random targets of 1..TARGET_LENGTH tokens (ids 2..TEXT_VOCAB-1, then eos 1), padded with
+    -100 to TARGET_LENGTH: a text-to-text model's decoder labels (n, TARGET_LENGTH) int64."""
+    lengths = torch.randint(1, TARGET_LENGTH + 1, (n,), generator=generator)
+    ids = torch.randint(2, TEXT_VOCAB, (n, TARGET_LENGTH), generator=generator)
+    positions = torch.arange(TARGET_LENGTH)[None, :]
+    ids = torch.where(positions == lengths[:, None] - 1, torch.ones_like(ids), ids)
+    return torch.where(positions < lengths[:, None], ids, torch.full_like(ids, -100))
 
 
 def environment(device: torch.device) -> dict:

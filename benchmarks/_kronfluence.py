@@ -11,8 +11,9 @@ inputs and labels, active classes; a text model's inputs are dicts of ``input_id
 ``{"stage", "seconds", "peak_mib"}``. Scores are written to WORKDIR as ``kf_self.npy`` (N,) and
 ``kf_pairwise.npy`` (Q, N). The model and the data are those epochlens scores, built by the same
 ``epochlens.models.networks.build_model`` (the library's source is put on the path), or for
-``tiny_bert`` / ``tiny_gpt2`` by ``_common.text_model`` (needs ``transformers`` here; GPT-2's Conv1D
-layers become the equal nn.Linear, see :func:`conv1d_as_linear`).
+``tiny_bert`` / ``tiny_gpt2`` / ``tiny_t5`` by ``_common.text_model`` (needs ``transformers`` here;
+GPT-2's Conv1D layers become the equal nn.Linear, see :func:`conv1d_as_linear`; the T5's loss is
+:class:`TextToText`'s).
 """
 
 from __future__ import annotations
@@ -78,6 +79,46 @@ class ActiveClassification(Task):
         return batch["attention_mask"] if isinstance(batch, Mapping) else None
 
 
+class TextToText(Task):
+    """A text-to-text model's loss, as epochlens's TextToTextTask: per sample the mean NLL of its
+    target tokens (the decoder labels, -100 ignored, no shift), summed over the batch (kronfluence's
+    convention); the measurement is the query's loss. Masks per module: the encoder's layers and
+    cross-attention's k and v see the encoder positions (attention mask), the other decoder layers
+    and the head the decoder positions (labels != -100), as epochlens masks them."""
+
+    def __init__(self, model: nn.Module) -> None:
+        names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        self.encoder_side = [
+            n
+            for n in names
+            if n.startswith("encoder.") or n.endswith(("EncDecAttention.k", "EncDecAttention.v"))
+        ]
+        self.decoder_side = [n for n in names if n not in self.encoder_side]
+
+    @staticmethod
+    def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        valid = labels != -100
+        nll = F.cross_entropy(logits.transpose(1, 2), labels.masked_fill(~valid, 0), reduction="none")
+        return ((nll * valid).sum(1) / valid.sum(1)).sum()
+
+    def compute_train_loss(self, batch, model, sample: bool = False) -> torch.Tensor:
+        logits = model(**batch).logits
+        labels = batch["labels"]
+        if sample:
+            with torch.no_grad():
+                probs = torch.softmax(logits.detach(), dim=-1)
+                drawn = torch.multinomial(probs.flatten(0, 1), num_samples=1).view_as(labels)
+                labels = torch.where(labels != -100, drawn, labels)
+        return self._loss(logits, labels)
+
+    def compute_measurement(self, batch, model) -> torch.Tensor:
+        return self._loss(model(**batch).logits, batch["labels"])
+
+    def get_attention_mask(self, batch):
+        encoder, decoder = batch["attention_mask"], (batch["labels"] != -100).long()
+        return {**{n: encoder for n in self.encoder_side}, **{n: decoder for n in self.decoder_side}}
+
+
 def conv1d_as_linear(model: nn.Module) -> nn.Module:
     """GPT-2's ``Conv1D`` layers (y = x W + b, W stored (in, out)) replaced by the equal ``nn.Linear``
     (weight Wᵀ): kronfluence 1.0.1 tracks only Linear and Conv2d (its own GPT-2 examples do the same).
@@ -98,8 +139,8 @@ def conv1d_as_linear(model: nn.Module) -> nn.Module:
 
 def _dataset(inputs: dict, x: str, y: str):
     labels = torch.as_tensor(inputs[y])
-    if isinstance(inputs[x], Mapping):
-        return StackDataset(**inputs[x], labels=labels)
+    if isinstance(inputs[x], Mapping):  # a text-to-text model's inputs hold its decoder labels
+        return StackDataset(**{"labels": labels, **inputs[x]})
     return TensorDataset(inputs[x], labels)
 
 
@@ -125,7 +166,8 @@ def main() -> int:
         model = build_model(inputs["model"], inputs["num_classes"], inputs["x"].shape[1])
         model.load_state_dict(inputs["state_dict"])
     model = model.to(device).eval()
-    task = ActiveClassification(inputs["active"])
+    seq2seq = inputs["model"] in _common.SEQ2SEQ_MODELS
+    task = TextToText(model) if seq2seq else ActiveClassification(inputs["active"])
     model = prepare_model(model, task)
     train = _dataset(inputs, "x", "y")
     queries = _dataset(inputs, "xq", "yq")

@@ -1,5 +1,5 @@
 """Benchmark: time per stage of the influence engine on the digits SmallCNN and the LoP ResNet-18, or
-on a tiny transformer (``--model tiny_bert`` / ``tiny_gpt2``).
+on a tiny transformer (``--model tiny_bert`` / ``tiny_gpt2`` / ``tiny_t5``).
 
 Stages: covariances (one forward/backward pass over the training samples, float64 sums),
 eigendecomposition (of every layer's A and S), corrections (EK-FAC's second pass, or the diagonal),
@@ -15,7 +15,11 @@ built from a config, 2 layers, 2 heads, hidden 32, intermediate 64, vocabulary 1
 downloaded) score random token sequences of 4..24 real tokens right-padded to 24, with their
 attention masks, as a text run does (a Dataset of dicts holding the labels, classification over both
 classes). Tracked: every nn.Linear (those of attention and MLP with a token dimension, padding
-masked; BERT's pooler and classifier; GPT-2's score head) and GPT-2's Conv1D.
+masked; BERT's pooler and classifier; GPT-2's score head) and GPT-2's Conv1D. ``tiny_t5`` is a
+text-to-text T5 of the same sizes (encoder and decoder of 2 blocks, d_kv 16; its head tied to the
+shared embedding) under the text_to_text task: random prompts as above, random decoder labels of
+1..6 tokens ending with eos (1), -100 padding; every nn.Linear of encoder, decoder and head tracked,
+encoder layers and cross-attention's k/v masked by the attention mask, the rest by labels != -100.
 
 Usage (on a machine shared with other jobs, --threads 1 keeps their load out of the timings):
     .venv/bin/python benchmarks/influence.py --model small_cnn --n-train 256 --n-query 16 --json
@@ -80,6 +84,7 @@ from epochlens.influence.factors import (
 )
 from epochlens.influence.study_inputs import with_labels
 from epochlens.models.networks import build_model
+from epochlens.tasks import TextToTextTask
 
 # (in_channels, side, num_classes, active classes) of the benchmark input per model.
 SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}
@@ -95,6 +100,9 @@ def _inputs(name: str, args: argparse.Namespace) -> dict:
         model, num_classes, n_active = _common.text_model(name), 2, 2
         x = _common.token_batch(args.n_train, gen)
         xq = _common.token_batch(args.n_query, gen)
+        if name in _common.SEQ2SEQ_MODELS:  # the decoder's labels go in with the inputs
+            x["labels"] = _common.target_batch(args.n_train, gen)
+            xq["labels"] = _common.target_batch(args.n_query, gen)
     else:
         channels, side, num_classes, n_active = SHAPES[name]
         model = build_model(name, num_classes, channels).eval()
@@ -128,13 +136,20 @@ def _data(inputs: dict) -> tuple:
     (y and yq None), as a text run's influence jobs pass them."""
     x, y = with_labels(inputs["x"], inputs["y"])
     xq, yq = with_labels(inputs["xq"], inputs["yq"])
-    return x, y, xq, yq, inputs["active"]
+    seq2seq = inputs["model"] in _common.SEQ2SEQ_MODELS  # its task has no classes
+    return x, y, xq, yq, None if seq2seq else inputs["active"]
+
+
+def _task(name: str) -> TextToTextTask | None:
+    """The text-to-text task for a text-to-text model; None (classification) for the others."""
+    return TextToTextTask() if name in _common.SEQ2SEQ_MODELS else None
 
 
 def bench_once(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     inputs = _inputs(name, args)
     model = _model(inputs, device)
     x, y, xq, yq, active = _data(inputs)
+    task = _task(name)
     settings = InfluenceSettings(
         method=args.method,
         fisher=args.fisher,
@@ -144,12 +159,15 @@ def bench_once(name: str, args: argparse.Namespace, device: torch.device) -> dic
         query_batch_size=args.query_batch_size,
         precondition_dtype=args.precondition_dtype,
     )
-    t_fit, factors = _common.timed(lambda: fit_factors(model, x, y, active, settings, device=device), device)
+    t_fit, factors = _common.timed(
+        lambda: fit_factors(model, x, y, active, settings, device=device, task=task), device
+    )
     t_self, selfs = _common.timed(
-        lambda: self_influence(model, factors, x, y, active, settings, device=device), device
+        lambda: self_influence(model, factors, x, y, active, settings, device=device, task=task), device
     )
     t_pair, pair = _common.timed(
-        lambda: pairwise_influence(model, factors, x, y, xq, yq, active, settings, device=device), device
+        lambda: pairwise_influence(model, factors, x, y, xq, yq, active, settings, device=device, task=task),
+        device,
     )
     diag = pair.diagnostics
     dims = [max(lf.in_dim, lf.out_dim) for lf in factors.layers.values()]
@@ -264,6 +282,7 @@ def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.devic
     inputs = _inputs(name, args)
     model = _model(inputs, device)
     x, y, xq, yq, active = _data(inputs)
+    task = _task(name)
     params = sum(lf.out_dim * lf.in_dim for lf in empty_factors(model, InfluenceSettings()).layers.values())
     # Room for exactly kf_query_batch_size preconditioned query gradients (float64), as kronfluence.
     memory_gb = (args.kf_query_batch_size + 0.5) * params * 8 / 2**30
@@ -279,21 +298,23 @@ def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.devic
     state: dict = {}
 
     def covariance():
-        state["sums"] = covariance_sums(model, x, y, active, settings, device=device)
+        state["sums"] = covariance_sums(model, x, y, active, settings, device=device, task=task)
 
     def eigen():
         state["factors"] = eigendecompose(empty_factors(model, settings), state["sums"], settings, device)
 
     def corrections():
-        sums = correction_sums(model, state["factors"], x, y, active, settings, device=device)
+        sums = correction_sums(model, state["factors"], x, y, active, settings, device=device, task=task)
         apply_corrections(state["factors"], sums)
 
     def self_scores():
-        state["self"] = self_influence(model, state["factors"], x, y, active, settings, device=device)
+        state["self"] = self_influence(
+            model, state["factors"], x, y, active, settings, device=device, task=task
+        )
 
     def pairwise():
         state["pairwise"] = pairwise_influence(
-            model, state["factors"], x, y, xq, yq, active, settings, device=device
+            model, state["factors"], x, y, xq, yq, active, settings, device=device, task=task
         )
 
     ours = {
