@@ -44,6 +44,7 @@ SLOWEST_FIRST = (
     "unit/influence/test_influence_exact.py",
     "unit/influence/test_influence_robust.py",
     "unit/influence/test_influence_causal_lm.py",
+    "unit/influence/test_influence_text_to_text.py",
     "workflow/test_train_resume.py",
 )
 
