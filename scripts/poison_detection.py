@@ -24,8 +24,10 @@ def main(snakemake) -> None:
             "no corrupted training images known (neither data.corruption nor data.ground_truth): the "
             "detection table's AUROC is empty, its status says why"
         )
-    # Not the images: a table job stays light. A causal LM's token labels: class 0 (no classes).
-    labels = sample_classes(read_labels(inp.dataset, "train").labels)
+    # Not the images: a table job stays light. A causal LM's token labels: class 0 (no classes); a
+    # regression's float targets as they are (the top-ranked table's target column).
+    labels = read_labels(inp.dataset, "train").labels
+    labels = labels if np.issubdtype(labels.dtype, np.floating) else sample_classes(labels)
     study = p.study
     tables = detection_tables(
         snakemake.wildcards.run, p.jobs, inp.scores, inp.diagnostics, corrupted, labels,

@@ -45,7 +45,11 @@ def test_gpu_rules_get_the_device_and_the_others_the_cpu(rules, profile):
     plan = {r.rule: r for r in plan_devices(rules, settings, "cuda")}
     assert {name for name, r in plan.items() if r.gpus} == GPU_RULES
     assert {name for name, r in plan.items() if r.device == "cuda"} == GPU_RULES
-    assert {name for name, r in plan.items() if r.device == "cpu"} == {"evaluate_checkpoint", "probes_epoch"}
+    assert {name for name, r in plan.items() if r.device == "cpu"} == {
+        "evaluate_checkpoint",
+        "probes_epoch",
+        "features_stored",  # representations of stored activations: no model, CPU
+    }
     tables_and_plots = {name for name in plan if name.startswith("plot_") or name.endswith("_tables")}
     assert all(plan[name].device is None for name in tables_and_plots)  # no torch device
     assert settings.cluster == (profile == "profiles/slurm")

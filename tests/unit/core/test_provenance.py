@@ -91,6 +91,7 @@ OWN = {
     "curvature_epoch": {"curvature"},
     "curvature_tables": {"curvature"},
     "features_epoch": {"features"},
+    "features_stored": {"features"},  # the user's stored activations: no model
     "probes_epoch": {"features", "probes"},
     "probe_tables": {"probes"},
     "ablation_epoch": {"ablation"},
