@@ -318,26 +318,46 @@ def write_feature_file(
     what a kind of data adds, e.g. a text run's tokenizer)."""
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         write_splits(f, path, data, settings, batches)
-        attrs = dict(
-            format=FORMAT,
-            cache_key=cache_key(checkpoint_sha256, dkey, settings.spec()),
-            checkpoint_sha256=checkpoint_sha256,
-            data_key=dkey,
-            data_content_hash=data.content_hash,
-            spec=json.dumps(settings.spec(), sort_keys=True),
-            layers=json.dumps(layers),
-            splits=json.dumps(list(settings.splits)),
-            dtype=settings.dtype,
-            model_class=type(model).__name__,
-            device=str(run_device),
-            compute_seconds=time.perf_counter() - t0,
-            created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            epochlens_version=epochlens.__version__,
-            torch_version=str(torch.__version__),
+        attrs = file_attrs(
+            data, settings, checkpoint_sha256, dkey, layers, type(model).__name__, str(run_device), t0, extra
         )
-        attrs.update(extra)
-        attrs["representations"] = json.dumps(list(attrs["representations"]))
         f.attrs.update(attrs)
+
+
+def file_attrs(
+    data,
+    settings,
+    checkpoint_sha256: str,
+    dkey: str,
+    layers: list[str],
+    model_class: str,
+    device: str,
+    t0: float,
+    extra: Mapping,
+) -> dict:
+    """The attributes of a features file that its cache check and readers use, for a model's
+    features or stored activations alike (``extra``: format_version, representations and what a
+    kind of data or source adds)."""
+    attrs = dict(
+        format=FORMAT,
+        cache_key=cache_key(checkpoint_sha256, dkey, settings.spec()),
+        checkpoint_sha256=checkpoint_sha256,
+        data_key=dkey,
+        data_content_hash=data.content_hash,
+        spec=json.dumps(settings.spec(), sort_keys=True),
+        layers=json.dumps(layers),
+        splits=json.dumps(list(settings.splits)),
+        dtype=settings.dtype,
+        model_class=model_class,
+        device=device,
+        compute_seconds=time.perf_counter() - t0,
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        epochlens_version=epochlens.__version__,
+        torch_version=str(torch.__version__),
+    )
+    attrs.update(extra)
+    attrs["representations"] = json.dumps(list(attrs["representations"]))
+    return attrs
 
 
 def write_splits(

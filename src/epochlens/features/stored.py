@@ -32,18 +32,16 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 import h5py
 import numpy as np
 import torch
 
-import epochlens
 from epochlens.atomic import atomic_path
 from epochlens.errors import FeatureError
 from epochlens.features import stored_representations as srep
-from epochlens.features.cache import FORMAT, CacheResult, cache_key, cached_or_written
+from epochlens.features.cache import CacheResult, cached_or_written, file_attrs
 from epochlens.features.stored_settings import StoredFeatureSettings
 from epochlens.progress import progress_bar
 
@@ -434,29 +432,15 @@ def _check_range(values: np.ndarray, store: np.dtype, layer: str, name: str, fil
 
 
 def _file_attrs(snapshot, data, settings, layers, fingerprint, t0) -> dict:
-    dkey = stored_data_key(data.content_hash)
-    return dict(
-        format=FORMAT,
+    extra = dict(
         format_version=settings.spec()["format_version"],
         kind="stored",
-        cache_key=cache_key(fingerprint, dkey, settings.spec()),
-        checkpoint_sha256=fingerprint,
-        data_key=dkey,
-        data_content_hash=data.content_hash,
-        spec=json.dumps(settings.spec(), sort_keys=True),
-        layers=json.dumps(layers),
-        representations=json.dumps(list(settings.representations)),
-        splits=json.dumps(list(settings.splits)),
-        dtype=settings.dtype,
+        representations=settings.representations,
         snapshot=str(snapshot.folder),
         snapshot_format=snapshot.format,
-        model_class="",
-        device="cpu",
-        compute_seconds=time.perf_counter() - t0,
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        epochlens_version=epochlens.__version__,
-        torch_version=str(torch.__version__),
     )
+    dkey = stored_data_key(data.content_hash)
+    return file_attrs(data, settings, fingerprint, dkey, layers, "", "cpu", t0, extra)
 
 
 def load_or_build(
