@@ -10,7 +10,9 @@ the mean of transformers' own loss of each test sample alone (labels = its targe
 exact match is every target token the model's top choice; zeroing an encoder self-attention, a
 decoder self-attention and a cross-attention head equals the model with that head's input columns
 of the output projection ``o`` set to zero; every training sample has its curvature at every
-checkpoint, whose loss is transformers' own loss of that sample alone.
+checkpoint, whose loss is transformers' own loss of that sample alone. The example's second run, a
+T5 the pipeline trains from its config, has its evaluation checked the same way and its LDS (a few
+retrainings on halves of the data) a finite correlation for each influence method.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.workflow]
 STEPS = (15, 30)  # the Trainer's checkpoints: every 15 steps of 30
 HIDDEN, HEADS = 32, 2
 D_HEAD = HIDDEN // HEADS
+LDS_SUBSETS = 4  # the pipeline-trained T5's LDS retrainings
 
 
 #: The user's own poisoning before training: these training answers flipped, marked in a column.
@@ -159,16 +162,16 @@ def user_config(project: dict) -> dict:
     run["ablation"]["epochs"] = [STEPS[-1]]
     run["influence"]["queries"]["max_count"] = 8
     cfg["device"] = "cpu"
-    # the same data, a T5 the pipeline trains from its config (evaluation only: the test's time)
-    trained = {key: run[key] for key in ("data", "schedule")}
-    trained["data"] = {k: v for k, v in run["data"].items() if k != "ground_truth"}
-    trained["model"] = {"hf": {"task": "text_to_text", "config": TRAINED_T5}}
-    trained["schedule"] = {"initial_classes": 1, "increment": 0, "epochs_per_task": 4}
-    trained["checkpoints"] = {"source": "train"}  # epochs 0 and 4
-    trained["epochs"] = [4]  # evaluated: the last
-    trained["train"] = {"optimizer": "adamw", "lr": 0.005, "weight_decay": 0.0, "batch_size": 16}
-    off = ("curvature", "features", "probes", "ablation", "influence")
-    cfg["runs"]["trained_t5"] = {**trained, **{stage: {"enabled": False} for stage in off}}
+    # the example's T5 the pipeline trains from its config (polarity_t5_lds): its LDS (4 retrainings
+    # on halves of the data, 8 queries), evaluated at the last epoch only (the test's time)
+    trained = cfg["runs"].pop("polarity_t5_lds")
+    assert trained["model"]["hf"]["config"] == TRAINED_T5  # what the tests below rebuild
+    trained["data"]["path"] = str(project["data"])
+    trained["data"]["text"]["tokenizer"] = str(project["tokenizer"])
+    trained["epochs"] = [4]
+    trained["influence"]["queries"]["max_count"] = 8
+    trained["influence"]["lds"].update(subsets=LDS_SUBSETS, bootstrap=100)
+    cfg["runs"]["trained_t5"] = trained
     return cfg
 
 
@@ -332,3 +335,27 @@ def test_influence_of_every_training_sample_and_the_users_poisons(t5_run):
     detection = pd.read_csv(paths.table("poison_detection", "polarity_t5"))
     assert set(detection["status"]) == {"ok"} and detection["auroc"].notna().all()
     assert {"ekfac", "identity"} <= set(detection["method"])
+
+
+def test_lds_of_the_t5_trained_by_the_pipeline(t5_run):
+    """influence.lds on the pipeline's T5: 4 retrainings on half the training samples, each
+    measuring every test sample's target-token loss; the LDS table has a finite correlation and
+    interval for each method and the random reference, over the same 8 queries as the scores."""
+    project, paths = t5_run
+    parts = np.load(paths.lds_part("trained_t5", 0, 4, 0, 1))
+    n_train, n_test = len(project["train"]["input_ids"]), len(project["test"]["input_ids"])
+    assert parts["test_losses"].shape == (LDS_SUBSETS, n_test) and np.isfinite(parts["test_losses"]).all()
+    assert (parts["masks"].sum(1) == n_train // 2).all() and "log_probs" not in parts.files
+    # the retrainings differ from each other: the losses vary over the subsets for every query
+    assert (parts["test_losses"].std(0) > 0).all()
+    lds = pd.read_csv(paths.table("lds", "trained_t5")).set_index("method")
+    assert set(lds.index) == {"ekfac", "identity", "random"}
+    for column in ("lds", "ci_low", "ci_high"):
+        assert np.isfinite(lds[column]).all(), column
+    assert (lds["n_queries"] == 8).all() and (lds["n_subsets"] == LDS_SUBSETS).all()
+    assert (lds["ci_low"] <= lds["lds"]).all() and (lds["lds"] <= lds["ci_high"]).all()
+    queries = pd.read_csv(paths.table("lds_queries", "trained_t5"))
+    assert len(queries) == 3 * 8 and np.isfinite(queries["spearman"]).all()
+    scores = np.load(paths.influence_file("scores.npz", "trained_t5", 0, 4, "ekfac"))
+    assert sorted(set(queries["test_index"])) == sorted(scores["query_test_indices"])
+    assert Path(paths.figure("lds", "png", "trained_t5")).is_file()

@@ -609,9 +609,15 @@ def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> 
             "the pipeline trains classifiers only; a regression's LDS retrains with your training "
             "command (checkpoints.source: command with {subset} and {data})"
         )
-    elif task_name not in ("classification", "regression"):
+    elif task_name == "text_to_text" and source == "command":
         problems.append(
-            f"it measures classification or regression losses; task {task_name} is not supported yet"
+            "a text-to-text run's LDS retrains with the pipeline's recipe, not a training command: "
+            "train it by the pipeline (checkpoints.source: train, model.hf.config)"
+        )
+    elif task_name not in ("classification", "regression", "text_to_text"):
+        problems.append(
+            f"it measures classification, regression or text-to-text losses; task {task_name} is not "
+            "supported yet"
         )
     if "none" not in spec["transforms"]:
         problems.append("it correlates the untransformed queries' scores; add none to influence.transforms")

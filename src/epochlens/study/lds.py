@@ -24,10 +24,11 @@ Retraining is noisy (SGD, early stopping), so even exact scores stay below 1; wh
 compares is the methods on the same retrainings.
 
 What is measured after each retraining (:class:`Retrainings`): a classifier's log-probabilities of
-every test sample over the active classes (a query's loss: −log p of its label), or a regression's
-per-sample loss of every test sample under its own target (``test_losses``, the task's squared
-error; a query's loss: that of its test sample). Both are losses, lower when the training helped
-the query, so the sign convention above holds for either.
+every test sample over the active classes (a query's loss: −log p of its label), or the per-sample
+loss of every test sample under its own target (``test_losses``; a query's loss: that of its test
+sample): a regression's squared error, a text-to-text model's mean NLL of the target tokens (the
+loss its influence task scores). All are losses, lower when the training helped the query, so the
+sign convention above holds for each.
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ def query_losses(
 
 
 def regression_query_losses(test_losses: np.ndarray, test_indices: np.ndarray) -> np.ndarray:
-    """(M, Q) losses of a regression's queries after each retraining: the per-sample losses
-    (M, N_test) of their test samples (each query is a test sample under its own target)."""
+    """(M, Q) losses of a regression's (or a text-to-text model's) queries after each retraining:
+    the per-sample losses (M, N_test) of their test samples (each query is a test sample under its
+    own target)."""
     return np.asarray(test_losses, np.float64)[:, np.asarray(test_indices, np.int64)]
 
 
@@ -165,8 +167,8 @@ def regression_query_losses(test_losses: np.ndarray, test_indices: np.ndarray) -
 class Retrainings:
     """One checkpoint's retrainings (its ``lds_retrain`` parts, in subset order): the subsets
     ``masks`` (M, N) bool and what was measured after each: a classifier's test ``log_probs``
-    (M, N_test, A) over its ``active_classes`` (A,), or a regression's ``test_losses``
-    (M, N_test), each test sample's loss under its own target."""
+    (M, N_test, A) over its ``active_classes`` (A,), or a regression's or a text-to-text model's
+    ``test_losses`` (M, N_test), each test sample's loss under its own target."""
 
     masks: np.ndarray
     log_probs: np.ndarray | None = None
@@ -250,7 +252,8 @@ def _queries(method: str, epoch: int, index: int, test_indices: np.ndarray, r: L
 
 def read_parts(paths: list[str]) -> Retrainings:
     """One checkpoint's retraining parts (``lds_retrain`` outputs), in subset order: a
-    classifier's (``log_probs``, ``active_classes``) or a regression's (``test_losses``)."""
+    classifier's (``log_probs``, ``active_classes``) or a regression's or text-to-text model's
+    (``test_losses``)."""
     ids, masks, measured, active, kind = [], [], [], None, None
     for path in paths:
         with np.load(path) as part:

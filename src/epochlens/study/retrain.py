@@ -1,6 +1,6 @@
-"""Retraining on subsets of the training samples (images, or a text classifier's sentences), for
-the linear datamodeling score (:mod:`epochlens.study.lds`): what the workflow's ``lds_retrain``
-jobs do.
+"""Retraining on subsets of the training samples (images, a text classifier's sentences, or a
+text-to-text model's prompts and targets), for the linear datamodeling score
+(:mod:`epochlens.study.lds`): what the workflow's ``lds_retrain`` jobs do.
 
 Each subset is trained from scratch with the run's own recipe (:func:`epochlens.training.
 train_incremental`: the same initial weights, seed, schedule, learning rates, early stopping on
@@ -9,8 +9,11 @@ the holdout), with the training samples outside the subset removed, up to the an
 and trained for the epochs in between only (the affordable choice for a large run: what the
 scores are asked to predict is then the last stretch of training); the model of the analysed
 epoch then gives the log-probabilities of every test image over the classes active at that
-epoch, from which the tables job reads each query's loss. With every image kept, a retraining is
-the run's own training, checkpoint for checkpoint (test).
+epoch, from which the tables job reads each query's loss, or, for a text-to-text model (token
+labels, no classes), every test sample's loss under its own target: the mean NLL of its target
+tokens, the per-sample loss of the evaluation and of the influence task
+(:func:`test_sequence_losses`). With every sample kept, a retraining is the run's own training,
+checkpoint for checkpoint (tests).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from epochlens.data import Dataset
 from epochlens.data.text import TextDataset
 from epochlens.layout import epoch_name
 from epochlens.models.networks import restrict_logits
+from epochlens.outcome import sequence_outcome, shifts
 from epochlens.schedule import ClassSchedule
 from epochlens.tasks import call_model
 from epochlens.training import TrainSettings, train_incremental
@@ -38,12 +42,30 @@ from epochlens.training import TrainSettings, train_incremental
 log = logging.getLogger("epochlens")
 
 
+#: A text data set's fields with one row per training sample (:func:`subset_data` keeps rows).
+_TRAIN_ROWS = ("train_input_ids", "train_attention_mask", "train_labels", "holdout", "train_groups",
+               "train_text", "ground_truth")  # fmt: skip
+
+
 def subset_data(data: Dataset | TextDataset, keep: np.ndarray) -> Dataset | TextDataset:
     """``data`` with the training samples outside ``keep`` (N,) bool taken out of training: their
-    label becomes -1, a class no task has (the holdout is kept: it drives early stopping)."""
+    label becomes -1, a class no task has (the holdout is kept: it drives early stopping). Token
+    labels (a sequence model's targets) have no class to mark: those samples' rows are removed
+    from the training split instead, which trains on the same samples in the same batches (the
+    order is drawn over the samples trained on)."""
     keep = np.asarray(keep, dtype=bool)
-    if keep.shape != data.train_labels.shape:
+    if keep.shape != data.train_labels.shape[:1]:
         raise ValueError(f"subset mask of shape {keep.shape} for {len(data.train_labels)} training samples")
+    if isinstance(data, TextDataset) and data.token_labels:
+        rows = keep | data.holdout
+        kept = {}
+        for name in _TRAIN_ROWS:
+            value = getattr(data, name)
+            if value is not None:
+                kept[name] = (
+                    [value[i] for i in np.flatnonzero(rows)] if isinstance(value, list) else value[rows]
+                )
+        return dataclasses.replace(data, **kept)
     labels = np.where(keep | data.holdout, data.train_labels, -1)
     return dataclasses.replace(data, train_labels=labels)
 
@@ -90,6 +112,35 @@ def test_log_probs(
     return torch.cat(parts).float().cpu().numpy()
 
 
+@torch.no_grad()
+def test_sequence_losses(
+    model: nn.Module, data: TextDataset, device: torch.device, batch_size: int = 256
+) -> np.ndarray:
+    """(N_test,) float64 loss of every test sample under its own target: the mean negative
+    log-likelihood of its target tokens (:func:`epochlens.outcome.sequence_outcome`; a text-to-text
+    model is given its decoder labels with its inputs, a causal LM's logits are shifted), what
+    transformers' ``model(..., labels=labels).loss`` is for that sample alone."""
+    model.eval().to(device)
+    x, labels = data.inputs("test"), torch.as_tensor(data.test_labels)
+    parts = []
+    for s in range(0, len(labels), batch_size):
+        rows = torch.arange(s, min(s + batch_size, len(labels)))
+        batch = to_device(select_rows(x, rows), device)
+        parts.append(sequence_outcome(call_model(model, batch), labels[rows], shift=shifts(batch))[1].cpu())
+    return torch.cat(parts).numpy() if parts else np.zeros(0)
+
+
+def test_measure(
+    data: Dataset | TextDataset, active: np.ndarray, device: torch.device
+) -> Callable[[nn.Module], np.ndarray]:
+    """What a retrained model is measured by: a classifier's test log-probabilities (N_test, A)
+    over the ``active`` classes (:func:`test_log_probs`), or, for token labels, each test sample's
+    loss under its own target (N_test,) (:func:`test_sequence_losses`)."""
+    if isinstance(data, TextDataset) and data.token_labels:
+        return lambda model: test_sequence_losses(model, data, device)
+    return lambda model: test_log_probs(model, data, active, device)
+
+
 def retrain_subsets(
     build_model: Callable[[], nn.Module],
     data: Dataset | TextDataset,
@@ -102,8 +153,9 @@ def retrain_subsets(
     scratch: str | Path | None = None,
     start: tuple[int, Mapping[str, torch.Tensor]] | None = None,
 ) -> np.ndarray:
-    """Retrain on each subset ``masks`` (m, N) and return the test log-probabilities (m, N_test, A)
-    of the model at ``epoch`` over the classes active then.
+    """Retrain on each subset ``masks`` (m, N) and return what the model at ``epoch`` gives
+    (:func:`test_measure`): the test log-probabilities (m, N_test, A) over the classes active
+    then, or for token labels each test sample's loss (m, N_test).
 
     Args:
         build_model: a fresh model with the run's initial weights (the same seed as the run).
@@ -121,6 +173,7 @@ def retrain_subsets(
     if start is not None and not 0 <= start[0] < epoch:
         raise ValueError(f"a warm start at epoch {start[0]} must come before the analysed epoch {epoch}")
     active = schedule.active_classes(epoch)
+    measure = test_measure(data, active, device)
     out = []
     for k, keep in enumerate(np.asarray(masks, dtype=bool)):
         began = time.perf_counter()
@@ -133,12 +186,16 @@ def retrain_subsets(
             )  # fmt: skip
             state = torch.load(Path(tmp) / f"{epoch_name(epoch)}.pt", map_location=device, weights_only=True)
         model.load_state_dict(state)
-        out.append(test_log_probs(model, data, active, device))
+        out.append(measure(model))
         log.info(
             "subset %d of %d: %d training samples, retrained in %.1f s",
             k + 1, len(masks), int(keep.sum()), time.perf_counter() - began,
         )  # fmt: skip
-    return np.stack(out) if out else np.zeros((0, len(data.test_labels), len(active)), np.float32)
+    if out:
+        return np.stack(out)
+    if isinstance(data, TextDataset) and data.token_labels:
+        return np.zeros((0, len(data.test_labels)))
+    return np.zeros((0, len(data.test_labels), len(active)), np.float32)
 
 
 def retrain_part(
@@ -157,8 +214,9 @@ def retrain_part(
 ) -> dict[str, np.ndarray]:
     """Part ``part`` of ``parts`` of the retrainings of ``influence.lds`` (``lds``: subsets,
     fraction, seed; ``start`` as :func:`retrain_subsets`): the contents of its
-    ``retrain_{k}-of-{P}.npz``: ``subset_ids`` (m,),
-    ``masks`` (m, N) bool, ``log_probs`` (m, N_test, A) float32, ``active_classes`` (A,)."""
+    ``retrain_{k}-of-{P}.npz``: ``subset_ids`` (m,), ``masks`` (m, N) bool, and
+    ``log_probs`` (m, N_test, A) float32 with ``active_classes`` (A,), or for token labels (a
+    text-to-text model's) ``test_losses`` (m, N_test) float64, as a regression's parts hold them."""
     eligible = ~data.holdout
     masks = subset_masks(eligible, lds["subsets"], lds["fraction"], lds["seed"])
     ids = part_subsets(lds["subsets"], part, parts)
@@ -167,12 +225,14 @@ def retrain_part(
         ids.tolist(), lds["subsets"], epoch, part + 1, parts, 100 * lds["fraction"], int(eligible.sum()),
         "from scratch" if start is None else f"from the run's epoch {start[0]}",
     )  # fmt: skip
-    log_probs = retrain_subsets(
+    measured = retrain_subsets(
         build_model, data, schedule, settings, epoch, masks[ids], save_every, device, scratch, start
     )
+    arrays = {"subset_ids": ids.astype(np.int64), "masks": masks[ids]}
+    if isinstance(data, TextDataset) and data.token_labels:
+        return {**arrays, "test_losses": measured.astype(np.float64)}
     return {
-        "subset_ids": ids.astype(np.int64),
-        "masks": masks[ids],
-        "log_probs": log_probs,
+        **arrays,
+        "log_probs": measured,
         "active_classes": schedule.active_classes(epoch).astype(np.int64),
     }

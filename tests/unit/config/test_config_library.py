@@ -354,6 +354,39 @@ def test_lds_of_a_text_classifier_trained_by_the_pipeline():
         run_config.validate({"runs": {"pol": folder}}, SCHEMA)
 
 
+@pytest.mark.parametrize(
+    ("task", "source", "match"),
+    [
+        ("text_to_text", "train", None),
+        ("text_to_text", "folder", "it retrains the run with the pipeline's recipe"),
+        ("text_to_text", "command", "a text-to-text run's LDS retrains with the pipeline's recipe, not a"),
+        (
+            "language_model",
+            "train",
+            "it measures classification, regression or text-to-text losses; task language_model is not",
+        ),
+    ],
+)
+def test_lds_of_a_text_to_text_run_trained_by_the_pipeline(task, source, match):
+    """A text-to-text run's LDS: retrained by the pipeline's recipe (checkpoints.source: train), its
+    queries' target-token losses measured; a run read from a folder, or a causal LM, is refused."""
+    from epochlens.config.checks import check_lds_config
+
+    lds = {"enabled": True, "subsets": 4, "fraction": 0.5, "parts": 1, "start": "scratch"}
+    influence = {"enabled": True, "lds": lds, "transforms": ["none"], "queries": {"trigger": None}}
+    checkpoints = {
+        "source": source,
+        "command": "python train.py {subset} {data} {output}",
+        "path": "{output}",
+    }
+    run = {"influence": influence, "checkpoints": checkpoints, "model": {"hf": {"task": "text_to_text"}}}
+    if match is None:
+        check_lds_config("t5", run, task, {"kind": "none"})
+        return
+    with pytest.raises(ConfigError, match=f"runs.t5.influence.lds: {match}"):
+        check_lds_config("t5", run, task, {"kind": "none"})
+
+
 def test_a_user_text_file_needs_its_text_section_and_path():
     run = text_run(data={"source": "jsonl", "path": "texts.jsonl"})
     with pytest.raises(ConfigError, match="text"):
