@@ -4,7 +4,9 @@ Every attention layer of the transformers our users run ends with an output proj
 *input* is the concatenation of its heads' outputs, (batch, tokens, heads x head_dim): BERT's
 ``attention.output.dense``, GPT-2's ``attn.c_proj`` (a ``Conv1D``), Llama/Mistral/Qwen's
 ``self_attn.o_proj``, DistilBERT's ``attention.out_lin``, T5's ``SelfAttention.o`` (encoder and
-decoder self-attention) and ``EncDecAttention.o`` (the decoder's cross-attention). Head h is the
+decoder self-attention) and ``EncDecAttention.o`` (the decoder's cross-attention), BART's (and
+mBART's, Pegasus', Marian's) ``self_attn.out_proj`` (encoder and decoder self-attention) and
+``encoder_attn.out_proj`` (cross-attention). Head h is the
 slice ``h * head_dim : (h + 1) * head_dim`` of that input; a forward pre-hook on the projection
 replaces it before it is mixed:
 
@@ -13,7 +15,8 @@ replaces it before it is mixed:
   accumulated in float64), so a head whose output is constant over the data changes nothing.
 
 MLP neuron groups work the same way on the input of the MLP's down projection (BERT's
-``output.dense``, GPT-2's ``mlp.c_proj``, Llama's ``mlp.down_proj``, T5's ``DenseReluDense.wo``):
+``output.dense``, GPT-2's ``mlp.c_proj``, Llama's ``mlp.down_proj``, T5's ``DenseReluDense.wo``,
+BART's ``fc2``):
 ``groups`` contiguous ranges of its intermediate neurons.
 
 :func:`head_sites` and :func:`mlp_sites` find them by module name; :func:`ablated_units` applies
@@ -51,9 +54,15 @@ HEAD_PROJECTIONS = (
     "attention.out_lin",
     "SelfAttention.o",
     "EncDecAttention.o",
+    "self_attn.out_proj",
+    "encoder_attn.out_proj",
 )
 #: Name endings of the MLP down projections (input: the intermediate neurons).
-MLP_PROJECTIONS = ("output.dense", "mlp.c_proj", "mlp.down_proj", "DenseReluDense.wo", "ffn.lin2")
+MLP_PROJECTIONS = ("output.dense", "mlp.c_proj", "mlp.down_proj", "DenseReluDense.wo", "ffn.lin2", ".fc2")
+#: Config keys of the heads per layer: one for every layer, or (BART-family) the encoder's and the
+#: decoder's (a decoder site is one with ``decoder`` in its name: its self- and cross-attention).
+HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "num_heads")
+SIDE_HEAD_COUNT_KEYS = {"encoder": "encoder_attention_heads", "decoder": "decoder_attention_heads"}
 
 
 @dataclass(frozen=True)
@@ -89,19 +98,10 @@ def _sites(
 def head_sites(model: nn.Module, num_heads: int | None = None) -> list[UnitSlice]:
     """Every head of every attention layer, in layer order: (site, layer, "head h", slice).
 
-    ``num_heads``: heads per layer (default: ``model.config``'s ``num_attention_heads``, ``n_head``
-    or ``num_heads``)."""
-    config = getattr(model, "config", None)
-    heads = num_heads or next(
-        (
-            getattr(config, k)
-            for k in ("num_attention_heads", "n_head", "num_heads")
-            if getattr(config, k, None)
-        ),
-        None,
-    )
-    if not heads:
-        raise ConfigError("head ablation needs the number of heads per layer (the model's config has none)")
+    ``num_heads``: heads per layer (default: ``model.config``'s ``encoder_attention_heads`` and
+    ``decoder_attention_heads`` for an encoder-decoder that has both (BART: they may differ),
+    else its ``num_attention_heads``, ``n_head`` or ``num_heads``)."""
+    heads_of = _head_counts(getattr(model, "config", None), num_heads)
     sites = _sites(model, HEAD_PROJECTIONS)
     if not sites:
         raise LayerError(
@@ -110,12 +110,25 @@ def head_sites(model: nn.Module, num_heads: int | None = None) -> list[UnitSlice
         )
     out = []
     for layer, (name, module) in enumerate(sites):
-        width = _in_features(module)
+        width, heads = _in_features(module), heads_of(name)
         if width % heads:
             raise LayerError(f"{name}: {width} input features do not split into {heads} heads")
         d = width // heads
         out += [UnitSlice(name, layer, f"head {h}", h * d, (h + 1) * d) for h in range(heads)]
     return out
+
+
+def _head_counts(config: object, num_heads: int | None):
+    """Heads per layer as a function of the attention site's name (see :func:`head_sites`)."""
+    if num_heads:
+        return lambda name: num_heads
+    sides = {side: getattr(config, key, None) for side, key in SIDE_HEAD_COUNT_KEYS.items()}
+    if all(sides.values()):
+        return lambda name: sides["decoder" if "decoder" in name else "encoder"]
+    heads = next((getattr(config, k) for k in HEAD_COUNT_KEYS if getattr(config, k, None)), None)
+    if not heads:
+        raise ConfigError("head ablation needs the number of heads per layer (the model's config has none)")
+    return lambda name: heads
 
 
 def mlp_sites(model: nn.Module, groups: int) -> list[UnitSlice]:

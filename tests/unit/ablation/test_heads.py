@@ -167,3 +167,57 @@ def test_bfloat16_head_ablations_are_close_to_float32():
     }
     np.testing.assert_allclose(tables["bfloat16"]["loss"], tables["float32"]["loss"], atol=0.03)
     assert not np.array_equal(tables["bfloat16"]["loss"], tables["float32"]["loss"])
+
+
+def tiny_bart() -> torch.nn.Module:
+    """A tiny BART (text_to_text) built from its config, in float64: 2 encoder heads of 8 features,
+    4 decoder heads of 4 (self- and cross-attention), returning its logits."""
+    config = {"model_type": "bart", "d_model": D, "encoder_layers": LAYERS, "decoder_layers": LAYERS,
+              "encoder_attention_heads": 2, "decoder_attention_heads": 4, "encoder_ffn_dim": 32,
+              "decoder_ffn_dim": 24, "max_position_embeddings": 16, "dropout": 0.0, "attention_dropout": 0.0,
+              "activation_dropout": 0.0, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3,
+              "decoder_start_token_id": 3, "forced_eos_token_id": 3}  # fmt: skip
+    model = build_hf_model(config, "text_to_text", None, 0, seed=1, vocab_size=VOCAB).double().eval()
+    attach_output_adapter(model, "logits")
+    return model
+
+
+@pytest.mark.parametrize(
+    ("site", "head", "width"),
+    [
+        ("model.encoder.layers.1.self_attn.out_proj", 1, 8),  # encoder self-attention
+        ("model.decoder.layers.0.self_attn.out_proj", 2, 4),  # decoder self-attention
+        ("model.decoder.layers.1.encoder_attn.out_proj", 3, 4),  # cross-attention
+    ],
+)
+def test_bart_heads_of_encoder_decoder_and_cross_attention_are_their_out_proj_columns(site, head, width):
+    """BART's heads (its encoder and decoder may have different numbers): ablating one by the
+    pipeline's hook equals zeroing that head's input columns of ``out_proj``; the MLP groups are
+    ``fc2``'s inputs."""
+    from epochlens.outcome import IGNORE_INDEX, sequence_outcome
+
+    model, x = tiny_bart(), batch()
+    labels = torch.tensor([[4, 5, 3], [6, 3, IGNORE_INDEX], [7, 8, 3], [9, 3, IGNORE_INDEX], [4, 4, 3]])
+    x = {**x, "labels": labels}  # BART builds its decoder inputs from them (shifted right)
+    units = head_sites(model)
+    names = [u.site for u in units]
+    assert names.count("model.encoder.layers.0.self_attn.out_proj") == 2
+    assert names.count("model.decoder.layers.1.self_attn.out_proj") == 4
+    assert names.count("model.decoder.layers.0.encoder_attn.out_proj") == 4
+    assert len(units) == LAYERS * (2 + 4 + 4)
+    unit = next(u for u in units if u.site == site and u.name == f"head {head}")
+    assert (unit.start, unit.stop) == (head * width, (head + 1) * width)
+    with torch.no_grad():
+        base = model(**x)
+        with ablated_units(model, unit, "zero"):
+            got = model(**x)
+        want = zero_columns(model, site, unit.start, unit.stop)(**x)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert (got - base).abs().max() > 1e-6  # the head matters: the check can fail
+    loss_got, loss_want = (sequence_outcome(z, labels, shift=False)[1] for z in (got, want))
+    torch.testing.assert_close(loss_got, loss_want, rtol=1e-12, atol=0)
+    mlp = mlp_sites(model, 2)
+    assert {u.site for u in mlp} == {f"model.{side}.layers.{k}.fc2" for side in ("encoder", "decoder")
+                                     for k in range(LAYERS)}  # fmt: skip
+    widths = {side: max(u.stop for u in mlp if side in u.site) for side in ("encoder", "decoder")}
+    assert widths == {"encoder": 32, "decoder": 24}  # each side's ffn width
