@@ -277,15 +277,20 @@ def explicit_task_quantities(
     return out
 
 
-def exact_task_scores(ex: dict, dampings: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exact pairwise (Q, N) (queries, or the training set itself), self (N,) with per-layer damping."""
+def exact_task_scores(
+    ex: dict, dampings: dict[str, float], block_diagonal: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact pairwise (Q, N) (queries, or the training set itself), self (N,) with per-layer damping:
+    the block-diagonal GGN (each tracked layer's own block, what the Kronecker methods approximate)
+    or, with ``block_diagonal=False``, the full GGN with its cross-layer terms."""
     ggn = ex["ggn"].clone()
     mask = torch.zeros_like(ggn, dtype=torch.bool)
     lam = torch.zeros(ggn.shape[0], dtype=ggn.dtype)
     for name, sl in ex["slices"].items():
         mask[sl, sl] = True
         lam[sl] = dampings[name]
-    ggn = torch.where(mask, ggn, torch.zeros_like(ggn))
+    if block_diagonal:
+        ggn = torch.where(mask, ggn, torch.zeros_like(ggn))
     solved = torch.linalg.solve(ggn + torch.diag(lam), ex["grads"].T)  # (P, N)
     queries = ex.get("query_grads", ex["grads"])
     pair = queries @ solved

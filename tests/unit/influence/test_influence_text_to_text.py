@@ -15,9 +15,17 @@ block-diagonal over the tracked layers, with the damping the engine reports per 
 * On generic prompts and targets (different lengths, padding of both encoder and decoder) EK-FAC is
   an approximation (K-FAC's independence of layer inputs and output gradients across samples and
   positions): at the pipeline's damping (0.1, relative) it ranks the samples' self-influence as the
-  exact inverse GGN does (ρ ≥ 0.95) and the query-train pairs with ρ ≥ 0.8, closer than K-FAC. At
-  low damping (1e-3) the ranks drift further (self ρ 0.90 for 30 samples, 0.94 for 120), as the
-  directions of small curvature, where the approximation is worst, weigh more.
+  exact block-diagonal inverse GGN does (ρ ≥ 0.95) and the query-train pairs with ρ ≥ 0.8, closer
+  than K-FAC. At low damping (1e-3) the ranks drift further (self ρ 0.90 for 30 samples, 0.94 for
+  120), as the directions of small curvature, where the approximation is worst, weigh more.
+* Where the gap is: not the cross-layer terms. The reference is already block-diagonal (measured
+  ρ 0.975 self, 0.85-0.92 per query at damping 0.1); against the full GGN EK-FAC is further off
+  (0.90, 0.39-0.65), as is the exact block-diagonal inverse itself (0.95, 0.39-0.73): dropping the
+  cross-layer terms costs rank agreement here, and EK-FAC is closer to what it approximates (each
+  layer's block) than to the full GGN (tested). Within each layer the Kronecker approximation is
+  the gap: each of the 17 layers scored alone against its own exact block reaches self ρ 0.90-0.99
+  (queries down to 0.0 for the encoder's q), and even one Linear softmax layer with one position
+  per sample (test_influence_exact.py's 40-sample case) has self ρ 0.97 at damping 0.1.
 * Padding is left out of both stacks' covariances: the scores do not change when encoder and
   decoder get extra padding columns (the encoder's length then equals the decoder's: the task
   tells them apart by appending one ignored label).
@@ -143,14 +151,24 @@ def test_ekfac_ranks_as_the_exact_inverse_ggn_on_generic_prompts_and_targets():
     for method in ("ekfac", "kfac"):
         _, pair, selfs = scores(model, task, train, queries, method, damping=0.1)
         exact_pair, exact_self, _ = exact_task_scores(ex, dampings_of(pair.diagnostics))
-        rho[method] = (
-            spearmanr(selfs.scores, exact_self).statistic,
-            min(spearmanr(p, e).statistic for p, e in zip(pair.scores, exact_pair, strict=True)),
-        )
+        rho[method] = ranks(pair.scores, selfs.scores, exact_pair, exact_self)
         err[method] = np.abs(selfs.scores - exact_self).mean() / np.abs(exact_self).mean()
+        if method == "ekfac":  # against the full GGN, cross-layer terms included: further off
+            full_pair, full_self, _ = exact_task_scores(
+                ex, dampings_of(pair.diagnostics), block_diagonal=False
+            )
+            rho["ekfac_full"] = ranks(pair.scores, selfs.scores, full_pair, full_self)
     # measured: EK-FAC ρ 0.975 (self), 0.85 (worst of 4 queries); at damping 1e-3, 0.90 and 0.25
     assert rho["ekfac"][0] >= 0.95 and rho["ekfac"][1] >= 0.8, rho
     assert rho["ekfac"][0] > rho["kfac"][0] and err["ekfac"] < err["kfac"], (rho, err)
+    # measured against the full GGN: 0.90 (self), 0.39 (worst query)
+    assert rho["ekfac_full"][0] < rho["ekfac"][0] and rho["ekfac_full"][1] < rho["ekfac"][1], rho
+
+
+def ranks(pair, selfs, exact_pair, exact_self) -> tuple[float, float]:
+    """(Spearman ρ of the self-influence, the worst query's ρ) against an exact reference."""
+    worst = min(spearmanr(p, e).statistic for p, e in zip(pair, exact_pair, strict=True))
+    return spearmanr(selfs, exact_self).statistic, worst
 
 
 def test_padding_of_encoder_and_decoder_changes_no_score():
