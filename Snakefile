@@ -8,6 +8,7 @@
 #                   -> evaluate_checkpoint (one job per index x epoch) -> accuracy_tables -> plots
 #                   -> curvature_shard (index x epoch x shard) -> curvature_epoch (merge)
 #                   -> features_epoch (index x epoch) -> probes_epoch -> probe_tables -> plot_probes
+#                   (stored activations: features_stored -> probes_stored, index x epoch x representation)
 #                   -> ablation_epoch (index x epoch) -> ablation_tables -> plot_ablation
 #                   -> influence_factors, influence_scores (index x epoch x method)
 #                      -> poison_detection -> plot_influence

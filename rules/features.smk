@@ -36,9 +36,11 @@ rule features_epoch:
         "../scripts/features_epoch.py"
 
 
-# A run of stored activations (checkpoints.source: activations): the same features file, built
-# from the user's snapshot folder (one per epoch) a layer at a time, with no model
-# (epochlens.features.stored); editing a user representation's files reruns these jobs.
+# A run of stored activations (checkpoints.source: activations): one features file per
+# (snapshot, representation), in the same file format, built from the user's snapshot folder a
+# layer at a time with no model (epochlens.features.stored). A representation is its own job, so
+# editing a user representation's files (its input here) or its settings reruns that
+# representation's features and probes only, never the others'.
 rule features_stored:
     input:
         dataset=rules.prepare_data.output.dataset,
@@ -46,13 +48,18 @@ rule features_stored:
         representation_code=get_stored_code,
         code=get_code("features_stored.py"),
     output:
-        features=layout.features(),
+        features=layout.stored_features(),
     log:
-        layout.log("features", index="{index}", epoch="{epoch}"),
+        layout.log(
+            "features", index="{index}", epoch="{epoch}", name="{representation}"
+        ),
     benchmark:
-        layout.benchmark("features", index="{index}", epoch="{epoch}")
+        layout.benchmark(
+            "features", index="{index}", epoch="{epoch}", name="{representation}"
+        )
     wildcard_constraints:
         run=runs_pattern(stored=True),
+        representation=r"[A-Za-z_][A-Za-z0-9_.-]*",
     conda:
         "../envs/epochlens.yaml"
     envmodules:

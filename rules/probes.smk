@@ -20,6 +20,39 @@ rule probes_epoch:
         layout.log("probes", index="{index}", epoch="{epoch}"),
     benchmark:
         layout.benchmark("probes", index="{index}", epoch="{epoch}")
+    wildcard_constraints:
+        run=runs_pattern(stored=False),
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        probes=get_probe_params,
+        schedule=config_provider("schedule"),
+    script:
+        "../scripts/probes_epoch.py"
+
+
+# A run of stored activations: the probes of one representation of one snapshot, on its own
+# features file (rules/features.smk), so editing one representation reruns its probes only; the
+# same script and table format as probes_epoch.
+rule probes_stored:
+    input:
+        features=rules.features_stored.output.features,
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        curvature=get_probe_curvature,
+        code=get_code("probes_epoch.py"),
+    output:
+        table=layout.stored_probe_table(),
+    log:
+        layout.log("probes", index="{index}", epoch="{epoch}", name="{representation}"),
+    benchmark:
+        layout.benchmark(
+            "probes", index="{index}", epoch="{epoch}", name="{representation}"
+        )
+    wildcard_constraints:
+        run=runs_pattern(stored=True),
     conda:
         "../envs/epochlens.yaml"
     envmodules:

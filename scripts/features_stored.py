@@ -1,8 +1,8 @@
-"""Rule features_stored: the features file of one snapshot of stored activations (a run with
-checkpoints.source: activations), built a layer at a time with no model.
+"""Rule features_stored: one representation's features file of one snapshot of stored activations
+(a run with checkpoints.source: activations), built a layer at a time with no model.
 
 By hand, from the run's working directory:
-    python scripts/features_stored.py run=acts index=0 epoch=0003
+    python scripts/features_stored.py run=acts index=0 epoch=0003 representation=mean
 """
 
 from _helpers import execution, run_script

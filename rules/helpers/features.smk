@@ -4,6 +4,7 @@ import re
 
 from epochlens.config.checks import is_text_run
 from epochlens.features.text_settings import text_feature_params
+from epochlens.layout import representation_name
 
 
 @cache
@@ -20,13 +21,35 @@ def get_feature_params(wildcards):
     return run_config.feature_params(run)
 
 
+def is_stored(run):
+    """Whether ``run``'s features come from stored activations (one job per representation)."""
+    return run_config.is_stored_run(config["runs"][run])
+
+
+def per_representation(run, path, epochs):
+    """``path(run, index, epoch, representation)`` for every index of a stored run, each of
+    ``epochs`` and each of its representations: the unit of work of a run of stored activations.
+    """
+    return [
+        path(run, index, epoch, representation)
+        for index in config["runs"][run]["indices"]
+        for epoch in epochs
+        for representation in run_config.stored_representations(config["runs"][run])
+    ]
+
+
+def feature_files(run):
+    """The features files of ``run``: one per checkpoint, or per (snapshot, representation) of a run
+    of stored activations."""
+    epochs = get_feature_epochs(run)
+    if is_stored(run):
+        return per_representation(run, layout.stored_features, epochs)
+    return per_checkpoint(run, layout.features, epochs)
+
+
 def feature_targets():
     """Every features file of every run."""
-    return [
-        path
-        for run in config["runs"]
-        for path in per_checkpoint(run, layout.features, get_feature_epochs(run))
-    ]
+    return [path for run in config["runs"] for path in feature_files(run)]
 
 
 def runs_pattern(stored):
@@ -47,9 +70,18 @@ def get_snapshot(wildcards):
     )
 
 
+def get_representation(wildcards):
+    """The representation of a stored run's job, from its file name (layout.representation_file)."""
+    return representation_name(wildcards.representation)
+
+
 def get_stored_feature_params(wildcards):
-    return run_config.stored_feature_params(get_run(wildcards))
+    """The spec of one representation's features (that representation only)."""
+    return run_config.stored_feature_params(
+        get_run(wildcards), get_representation(wildcards)
+    )
 
 
 def get_stored_code(wildcards):
-    return run_config.stored_code(get_run(wildcards))
+    """A user representation's source files: inputs of its own features jobs only."""
+    return run_config.stored_code(get_run(wildcards), get_representation(wildcards))

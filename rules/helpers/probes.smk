@@ -25,9 +25,17 @@ def get_probe_curvature(wildcards):
     ]
 
 
+def probe_tables_of(run):
+    """The per-epoch probe tables of ``run`` that probe_tables gathers: one per checkpoint, or one
+    per (snapshot, representation) of a run of stored activations."""
+    epochs = get_probe_epochs(run)
+    if is_stored(run):
+        return per_representation(run, layout.stored_probe_table, epochs)
+    return per_checkpoint(run, layout.probe_table, epochs)
+
+
 def get_run_probe_tables(wildcards):
-    run = wildcards.run
-    return per_checkpoint(run, layout.probe_table, get_probe_epochs(run))
+    return probe_tables_of(wildcards.run)
 
 
 def probe_figures():
@@ -45,7 +53,7 @@ def probe_targets():
         path
         for run in config["runs"]
         if get_probe_epochs(run)
-        for path in per_checkpoint(run, layout.probe_table, get_probe_epochs(run))
+        for path in probe_tables_of(run)
         + [layout.table("probes", run)]
         + layout.figures("probe_accuracy", run)
     ]

@@ -13,6 +13,8 @@
         eval/epoch_{E}.csv
         curvature/epoch_{E}/per_image_{key}.npy, metadata.json, shards/shard_{k}-of-{S}.npz
         features/epoch_{E}.h5, probes/epoch_{E}.csv, ablation/epoch_{E}.csv
+        features/epoch_{E}/{representation}.h5, probes/epoch_{E}/{representation}.csv
+                                                  a run of stored activations: one per representation
         influence/epoch_{E}/{method}/factors.pt, factor_diagnostics.csv, scores.npz, ...,
           shards/{covariances,corrections}_{k}-of-{S}.pt, shards/scores_{k}-of-{S}.npz
         influence/epoch_{E}/lds/retrain_{k}-of-{P}.npz
@@ -56,6 +58,18 @@ def index_name(index: Val) -> str:
 def shard_name(shard: Val = "{shard}", nshards: Val = "{nshards}") -> str:
     """``shard_{k}-of-{S}``: shard k of S of one epoch's curvature."""
     return f"shard_{shard}-of-{nshards}"
+
+
+def representation_file(name: str) -> str:
+    """A representation's name as a file name: a user function ``package.module:function`` as
+    ``package.module-function`` (``-`` is in no Python name, so the name comes back unchanged by
+    :func:`representation_name`); a built-in as itself; a wildcard stays a wildcard."""
+    return name if _is_wildcard(name) else name.replace(":", "-")
+
+
+def representation_name(file_name: str) -> str:
+    """The representation whose file name is ``file_name`` (:func:`representation_file`)."""
+    return file_name.replace("-", ":", 1)
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,10 @@ class Layout:
     def _epoch_file(self, folder: str, ext: str, run, index, epoch) -> str:
         return f"{self.index_dir(run, index)}/{folder}/{epoch_name(epoch)}.{ext}"
 
+    def _representation_file(self, folder: str, ext: str, run, index, epoch, representation) -> str:
+        name = representation_file(representation)
+        return f"{self.index_dir(run, index)}/{folder}/{epoch_name(epoch)}/{name}.{ext}"
+
     def checkpoint(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         """A checkpoint the pipeline trained (a bare state_dict)."""
         return self._epoch_file("checkpoints", "pt", run, index, epoch)
@@ -178,6 +196,27 @@ class Layout:
 
     def probe_table(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         return self._epoch_file("probes", "csv", run, index, epoch)
+
+    def stored_features(
+        self,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        representation: str = "{representation}",
+    ) -> str:
+        """A run of stored activations: one representation's features of one snapshot (the
+        :meth:`features` file format, that representation only), so that each is rebuilt alone."""
+        return self._representation_file("features", "h5", run, index, epoch, representation)
+
+    def stored_probe_table(
+        self,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        representation: str = "{representation}",
+    ) -> str:
+        """A run of stored activations: the probe table of one representation of one snapshot."""
+        return self._representation_file("probes", "csv", run, index, epoch, representation)
 
     def ablation_table(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         return self._epoch_file("ablation", "csv", run, index, epoch)

@@ -48,6 +48,7 @@ def test_gpu_rules_get_the_device_and_the_others_the_cpu(rules, profile):
     assert {name for name, r in plan.items() if r.device == "cpu"} == {
         "evaluate_checkpoint",
         "probes_epoch",
+        "probes_stored",  # the probes of one representation of stored activations
         "features_stored",  # representations of stored activations: no model, CPU
     }
     tables_and_plots = {name for name in plan if name.startswith("plot_") or name.endswith("_tables")}

@@ -4,10 +4,14 @@ The tiny run (digits, random SmallCNN checkpoints) probed at epoch 2 from its mo
 run whose features come from that checkpoint's block activations, written by the test's own
 forward hooks into a save_to_disk DatasetDict (rows shuffled, aligned back by an id column): both
 give the same probe table. The stored run also has a user representation
-(``userreps.reps:top2``); editing its file reruns that run's features and probes only.
+(``userreps.reps:top2``). Each representation of a stored run is its own features file and probe
+table: editing the user representation's file reruns its features and probes only (a version that
+returns NaN fails naming the layer and the file), and every other representation's files stay.
 """
 
 from __future__ import annotations
+
+import re
 
 import datasets
 import numpy as np
@@ -29,8 +33,9 @@ EPOCH = 2
 LAYERS = ("block1", "block2", "block3")
 PROBES = {"seeds": [0, 1], "max_epochs": 20}
 OFF = {"enabled": False}
-USER_REP = "userreps.reps:top2"
-REPS_CODE = "import torch\n\n\ndef top2(act):\n    return act.flatten(1).topk({k}, dim=1).values\n"
+STORED_REPS = ("pooled", "stats", "spectral", "userreps.reps:top2")
+USER_REP = STORED_REPS[-1]
+REPS_CODE = "import torch\n\n\ndef top2(act):\n    return act.flatten(1).topk({k}, dim=1).values{tail}\n"
 
 
 def write_snapshot(ckpt, data, folder) -> None:
@@ -77,7 +82,7 @@ def stored_config(ckpts, snapshots, project) -> dict:
             "id_column": "idx",
         },
         "features": {
-            "representations": ["pooled", "stats", "spectral", USER_REP],
+            "representations": list(STORED_REPS),
             "project_path": str(project),
         },
         "probes": PROBES,
@@ -96,7 +101,7 @@ def stored_run(tmp_path_factory):
     )
     (root / "project" / "userreps").mkdir(parents=True)
     (root / "project" / "userreps" / "__init__.py").write_text("")
-    (root / "project" / "userreps" / "reps.py").write_text(REPS_CODE.format(k=2))
+    (root / "project" / "userreps" / "reps.py").write_text(REPS_CODE.format(k=2, tail=""))
     model_only = stored_config(tiny.ckpts, root / "snapshots", root / "project")
     del model_only["runs"]["acts"]  # its snapshot is written from the model run's data below
     snakemake(tiny.wf, tiny.work, "features", configfile=write_config(root / "model.yaml", model_only))
@@ -106,43 +111,80 @@ def stored_run(tmp_path_factory):
     return tiny, root
 
 
+def stored_files(work) -> dict:
+    """{representation: (features file, probe table)} of the stored run's snapshot."""
+    return {
+        rep: (
+            work / RESULTS.stored_features("acts", 0, EPOCH, rep),
+            work / RESULTS.stored_probe_table("acts", 0, EPOCH, rep),
+        )
+        for rep in STORED_REPS
+    }
+
+
 def test_same_features_and_probe_table_as_the_model(stored_run):
     tiny, _ = stored_run
     model = FeatureSet(tiny.work / RESULTS.features("tiny", 0, EPOCH))
-    stored = FeatureSet(tiny.work / RESULTS.features("acts", 0, EPOCH))
-    assert stored.layers == list(LAYERS) and stored.representations == [
-        "pooled",
-        "stats",
-        "spectral",
-        USER_REP,
-    ]
-    assert stored.attrs["kind"] == "stored" and stored.attrs["snapshot_format"] == "save_to_disk"
+    files = stored_files(tiny.work)
+    assert files[USER_REP][0].name == "userreps.reps-top2.h5"  # one file per representation
+    stored = {rep: FeatureSet(features) for rep, (features, _) in files.items()}
+    for rep, fs in stored.items():
+        assert fs.layers == list(LAYERS) and fs.representations == [rep]
+        assert fs.attrs["kind"] == "stored" and fs.attrs["snapshot_format"] == "save_to_disk"
     for split in ("train", "test"):
-        np.testing.assert_array_equal(stored.labels(split), model.labels(split))
         for layer in LAYERS:
             for rep in model.representations:
+                np.testing.assert_array_equal(stored[rep].labels(split), model.labels(split))
                 np.testing.assert_allclose(
-                    stored.array(split, layer, rep), model.array(split, layer, rep), rtol=1e-5, atol=1e-6
+                    stored[rep].array(split, layer, rep), model.array(split, layer, rep), rtol=1e-5, atol=1e-6
                 )
-            top = stored.array(split, layer, USER_REP)
+            top = stored[USER_REP].array(split, layer, USER_REP)
             assert top.shape[1] == 2 and (top[:, 0] >= top[:, 1]).all()
+    keys = ["layer", "representation", "target", "seed", "eval_split"]
     a = pd.read_csv(tiny.work / RESULTS.probe_table("tiny", 0, EPOCH)).drop(columns="run")
-    b = pd.read_csv(tiny.work / RESULTS.probe_table("acts", 0, EPOCH)).drop(columns="run")
-    b = b[b["representation"] != USER_REP].reset_index(drop=True)
+    b = pd.concat([pd.read_csv(table) for _, table in files.values()]).drop(columns="run")
+    assert set(b["representation"]) == set(STORED_REPS)
+    b = b[b["representation"] != USER_REP]
+    a, b = (t.sort_values(keys).reset_index(drop=True) for t in (a, b))
     assert len(a) == len(b) > 0
     pd.testing.assert_frame_equal(a, b, check_exact=False, atol=0.01)
-    assert (tiny.work / RESULTS.table("probes", "acts")).exists()
+    summary = pd.read_csv(tiny.work / RESULTS.table("probes", "acts"))
+    assert set(summary["representation"]) == set(STORED_REPS)  # probe_tables gathers every file
     # no model: no evaluation job, no checkpoint read for the stored run
     assert not (tiny.work / RESULTS.eval_table("acts", 0, EPOCH)).exists()
 
 
 def test_editing_a_user_representation_reruns_its_features_and_probes_only(stored_run):
     tiny, root = stored_run
-    (root / "project" / "userreps" / "reps.py").write_text(REPS_CODE.format(k=3))
+    files = stored_files(tiny.work)
+    kept = [p for rep in STORED_REPS[:-1] for p in files[rep]]
+    kept.append(tiny.work / RESULTS.features("tiny", 0, EPOCH))
+    others = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept}
+    code = root / "project" / "userreps" / "reps.py"
+    # a version that returns NaN: its job fails naming the layer and the file; nothing else is lost
+    code.write_text(REPS_CODE.format(k=2, tail=" * float('nan')"))
+    failed = snakemake(tiny.wf, tiny.work, "probes", configfile=tiny.cfg, check=False)
+    assert failed.returncode != 0
+    assert f"layer 'block1', representation '{USER_REP}'" in failed.stdout and "non-finite" in failed.stdout
+    assert "snapshots/epoch_2/train" in failed.stdout
+    code.write_text(REPS_CODE.format(k=3, tail=""))
     jobs = planned_jobs(tiny.wf, tiny.work, "probes", configfile=tiny.cfg)
-    assert jobs == {"features_stored": 1, "probes_epoch": 1, "probe_tables": 1, "plot_probes": 1, "probes": 1}
+    assert jobs == {
+        "features_stored": 1,
+        "probes_stored": 1,
+        "probe_tables": 1,
+        "plot_probes": 1,
+        "probes": 1,
+    }
     out = snakemake(tiny.wf, tiny.work, "--dry-run", "probes", configfile=tiny.cfg).stdout
-    assert "run=acts" in out and "run=tiny" not in out
+    planned = set(re.findall(r"representation=([^,\s]+)", out))
+    assert planned == {"userreps.reps-top2"} and "run=tiny" not in out
+    snakemake(tiny.wf, tiny.work, "probes", configfile=tiny.cfg)
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in others} == others  # untouched
+    top = FeatureSet(files[USER_REP][0]).array("test", "block2", USER_REP)
+    assert top.shape[1] == 3 and (top[:, 1] >= top[:, 2]).all()
+    assert set(pd.read_csv(files[USER_REP][1])["representation"]) == {USER_REP}
+    assert planned_jobs(tiny.wf, tiny.work, "probes", configfile=tiny.cfg) == {}
 
 
 def test_bad_stored_config_is_refused_at_dry_run(stored_run, tmp_path):
@@ -172,6 +214,6 @@ def test_the_example_config_plans_features_and_probes(stored_run, tmp_path):
     )
     jobs = planned_jobs(tiny.wf, tmp_path, configfile=write_config(tmp_path / "example.yaml", cfg))
     assert jobs == {
-        "prepare_data": 1, "features_stored": 1, "probes_epoch": 1, "probe_tables": 1, "plot_probes": 1,
+        "prepare_data": 1, "features_stored": 8, "probes_stored": 8, "probe_tables": 1, "plot_probes": 1,
         "class_order": 1, "all": 1,
     }  # fmt: skip

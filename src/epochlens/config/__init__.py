@@ -70,6 +70,7 @@ from epochlens.config.results import (
     run_params,
     stored_code,
     stored_feature_params,
+    stored_representations,
 )
 from epochlens.config.schema import explain_config_errors, fill_defaults
 from epochlens.schedule import NO_SCHEDULE
@@ -137,6 +138,7 @@ __all__ = [
     "section_epochs",
     "stored_code",
     "stored_feature_params",
+    "stored_representations",
     "task_name",
     "tracin_epochs",
     "validate",

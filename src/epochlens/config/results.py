@@ -19,6 +19,7 @@ from epochlens.ablation.settings import AblationSettings
 from epochlens.config import epochs
 from epochlens.config.checks import has_token_labels, is_regression_run
 from epochlens.curvature.settings import CurvatureSettings
+from epochlens.errors import ConfigError
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
 from epochlens.outcome import regression_reduction
@@ -125,22 +126,35 @@ def feature_params(run: Mapping) -> dict:
     return params
 
 
-def stored_feature_params(run: Mapping) -> dict:
-    """A run of stored activations: the :class:`StoredFeatureSettings` its features depend on
-    (the cache key's spec), each user representation with the hash of its source files."""
+def stored_representations(run: Mapping) -> list[str]:
+    """The representations of a run of stored activations (each its own features and probe jobs)."""
+    return list(run["features"]["representations"])
+
+
+def _stored_representation(run: Mapping, representation: str) -> str:
+    if representation not in stored_representations(run):
+        raise ConfigError(
+            f"representation {representation!r} is not in features.representations "
+            f"{stored_representations(run)}; ask for one of those."
+        )
+    return representation
+
+
+def stored_feature_params(run: Mapping, representation: str) -> dict:
+    """The :class:`StoredFeatureSettings` of one representation's features of a run of stored
+    activations (the cache key's spec): that representation only, a user function with the hash of
+    its source files, so that editing it changes this representation's params and no other's."""
     from epochlens.features.stored_settings import is_user_representation
     from epochlens.formats.factory import FactorySpec, factory_fingerprint
 
     spec, ckpt = run["features"], run["checkpoints"]
-    reps = list(spec["representations"])
-    code = {
-        r: factory_fingerprint(FactorySpec(factory=r, project_path=spec.get("project_path")))
-        for r in reps
-        if is_user_representation(r)
-    }
+    rep = _stored_representation(run, representation)
+    code = {}
+    if is_user_representation(rep):
+        code[rep] = factory_fingerprint(FactorySpec(factory=rep, project_path=spec.get("project_path")))
     return {
         "layers": spec["layers"],
-        "representations": reps,
+        "representations": [rep],
         "file_format": ckpt["format"],
         "id_column": ckpt["id_column"],
         "project_path": spec.get("project_path"),
@@ -151,20 +165,16 @@ def stored_feature_params(run: Mapping) -> dict:
     }
 
 
-def stored_code(run: Mapping) -> list[str]:
-    """The user's representation source files (inputs of the features jobs of a stored run)."""
+def stored_code(run: Mapping, representation: str) -> list[str]:
+    """A user representation's source files (inputs of its own features jobs); none for a built-in."""
     from epochlens.features.stored_settings import is_user_representation
     from epochlens.formats.factory import FactorySpec, factory_sources
 
-    spec = run["features"]
-    return sorted(
-        {
-            str(p)
-            for r in spec["representations"]
-            if is_user_representation(r)
-            for p in factory_sources(FactorySpec(factory=r, project_path=spec.get("project_path")))
-        }
-    )
+    rep = _stored_representation(run, representation)
+    if not is_user_representation(rep):
+        return []
+    spec = FactorySpec(factory=rep, project_path=run["features"].get("project_path"))
+    return sorted(str(p) for p in factory_sources(spec))
 
 
 def probe_params(run: Mapping) -> dict:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from epochlens.layout import RESULTS, Layout, epoch_name, index_name, shard_name
+from epochlens.layout import (
+    RESULTS,
+    Layout,
+    epoch_name,
+    index_name,
+    representation_file,
+    representation_name,
+    shard_name,
+)
 
 
 def test_paths_of_one_checkpoint_are_the_documented_ones():
@@ -73,3 +81,14 @@ def test_an_epoch_is_formatted_once_whatever_its_spelling(epoch):
 def test_other_roots_and_large_epochs():
     assert Layout("/data/out").dataset("r") == "/data/out/r/data/dataset.h5"
     assert epoch_name(12345) == "epoch_12345" and index_name("3") == "index-3"
+
+
+@pytest.mark.parametrize("name", ["mean", "spectral", "userreps.reps:top2", "a.b_c.d:f.g"])
+def test_a_stored_run_has_a_file_per_representation_named_back_to_it(name):
+    file = representation_file(name)
+    assert ":" not in file and representation_name(file) == name
+    assert RESULTS.stored_features("r", 0, 3, name) == f"results/r/index-0/features/epoch_0003/{file}.h5"
+    assert RESULTS.stored_probe_table("r", 0, 3, name) == f"results/r/index-0/probes/epoch_0003/{file}.csv"
+    assert RESULTS.stored_features() == (
+        "results/{run}/index-{index}/features/epoch_{epoch}/{representation}.h5"
+    )
