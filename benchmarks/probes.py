@@ -26,6 +26,7 @@ noise) and prints one JSON object:
 Usage (the full size needs ~2 GB of disk and about as much memory):
     .venv/bin/python benchmarks/probes.py --layers 128 --samples 10000 --dims 768 --threads 1
     .venv/bin/python benchmarks/probes.py --layers 16 --samples 2000 --dims 256 --threads 1  # smaller
+    .venv/bin/python benchmarks/probes.py --parts read --formats save_to_disk npy safetensors parquet
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -52,6 +54,7 @@ from epochlens.probes.settings import ProbeSettings
 _BUFFER = bytearray(16 << 20)  # allocated once, outside the timings
 PARTS = ("read", "representations", "probes")
 REPS = ("mean", "max", "first", "last", "norms", "flat", "stats", "spectral")
+FORMATS = ("save_to_disk", "npy", "safetensors", "parquet")
 
 
 def options() -> argparse.ArgumentParser:
@@ -70,6 +73,7 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
+    p.add_argument("--formats", nargs="+", choices=FORMATS, default=["save_to_disk"], help="read: layouts")
     p.add_argument("--dir", default=None, help="where to write the activations (default: a temporary folder)")
     return p
 
@@ -99,8 +103,36 @@ def write_snapshot(folder: Path, args, rng: np.random.Generator) -> dict[str, np
     return {"train": labels[:n_train], "test": labels[n_train:]}
 
 
-def arrow_files(folder: Path) -> list[Path]:
-    return sorted((folder / "train").glob("*.arrow"))
+def copy_as(folder: Path, fmt: str, dest: Path) -> Path:
+    """The train split of the save_to_disk snapshot ``folder`` in layout ``fmt`` (a layer at a time
+    for npy and safetensors; parquet: the Arrow table written as it is, default compression)."""
+    if fmt == "save_to_disk":
+        return folder
+    split = dest / "train"
+    split.mkdir(parents=True)
+    if fmt == "parquet":
+        import datasets
+        import pyarrow.parquet as pq
+
+        pq.write_table(datasets.load_from_disk(str(folder / "train")).data.table, split / "part-0.parquet")
+        return dest
+    from safetensors.numpy import save_file
+
+    snap = Snapshot(folder)
+    for layer in snap.layers("train"):
+        values = snap.layer("train", layer).rows(0, len(snap.layer("train", layer)))
+        if fmt == "npy":
+            np.save(split / f"{layer}.npy", values)
+        else:
+            save_file({"x": np.ascontiguousarray(values)}, str(split / f"{layer}.safetensors"))
+    return dest
+
+
+def split_files(folder: Path) -> list[Path]:
+    """The train split's files (the plain read's): Arrow, parquet, npy or safetensors."""
+    return sorted(
+        p for p in (folder / "train").iterdir() if p.suffix in (".arrow", ".parquet", ".npy", ".safetensors")
+    )
 
 
 def drop_cache(files: list[Path]) -> None:
@@ -112,10 +144,15 @@ def drop_cache(files: list[Path]) -> None:
             os.close(fd)
 
 
-def read_layers(folder: Path) -> int:
-    """Every train layer into memory, a layer at a time, as the features job reads it."""
-    snap = Snapshot(folder)
-    return sum(piece.nbytes for layer in snap.layers("train") for piece in snap.layer("train", layer).pieces)
+def read_layers(folder: Path, fmt: str = "auto") -> int:
+    """Every train layer into memory, a layer at a time, as the features job reads it (a piece not
+    yet in memory, a safetensors slice, is read here)."""
+    snap = Snapshot(folder, fmt)
+    done = 0
+    for layer in snap.layers("train"):
+        for piece in snap.layer("train", layer).pieces:
+            done += (piece if isinstance(piece, np.ndarray) else piece[: len(piece)]).nbytes
+    return done
 
 
 def plain_read(files: list[Path]) -> int:
@@ -128,14 +165,14 @@ def plain_read(files: list[Path]) -> int:
     return done
 
 
-def bench_read(folder: Path, repeats: int, device: torch.device) -> dict:
-    files = arrow_files(folder)
+def bench_read(folder: Path, fmt: str, repeats: int, device: torch.device) -> dict:
+    files = split_files(folder)
     size = sum(p.stat().st_size for p in files)
     out = {"bytes": size}
     for mode in ("warm", "cold"):
         prep = (lambda: drop_cache(files)) if mode == "cold" else (lambda: None)
         sides = {
-            "epochlens": lambda prep=prep: (prep(), read_layers(folder)),
+            "epochlens": lambda prep=prep: (prep(), read_layers(folder, fmt)),
             "plain": lambda prep=prep: (prep(), plain_read(files)),
         }
         times, _, _ = _common.interleaved(sides, repeats, device)
@@ -225,6 +262,7 @@ def projection(args, read: dict, reps: dict, probes: dict) -> dict:
         nearest = min(probes, key=lambda r: abs(np.log(probes[r]["n_features"]) - np.log(width)))
         return probes[nearest]["seconds_per_probe_batched"]
 
+    read = read[args.formats[0]]  # the first format's read
     base = {
         "read_s": read["bytes"] / 0.8 / (read["warm"]["epochlens_gb_per_s"] * 1e9),  # train and test
         "representations_s": sum(r["seconds"] for r in reps.values()) / 0.8 * args.layers,
@@ -251,7 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         labels = write_snapshot(folder, args, rng)
         print(f"wrote {folder} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        read = bench_read(folder, args.repeats, device) if "read" in args.parts else None
+        read = None
+        if "read" in args.parts:
+            read = {}
+            for fmt in args.formats:
+                copy = copy_as(folder, fmt, Path(tmp) / fmt)
+                read[fmt] = bench_read(copy, fmt, args.repeats, device)
+                if copy != folder:
+                    shutil.rmtree(copy)
         reps = (
             bench_representations(folder, args, len(labels["train"]))
             if "representations" in args.parts

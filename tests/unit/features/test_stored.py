@@ -19,7 +19,7 @@ from epochlens.features import representations as reps
 from epochlens.features import stored_representations as srep
 from epochlens.features.cache import FeatureSet
 from epochlens.features.settings import RepresentationSettings
-from epochlens.features.stored import Snapshot, layer_features, load_or_build
+from epochlens.features.stored import Snapshot, arrow_numpy, layer_features, load_or_build
 from epochlens.features.stored_settings import StoredFeatureSettings
 
 N = {"train": 9, "test": 5}
@@ -186,3 +186,36 @@ def test_ragged_rows_and_bad_settings_are_refused(tmp_path):
         Snapshot(tmp_path / "snap").layer("train", "layer_0")
     with pytest.raises(ConfigError, match="neither built-ins"):
         StoredFeatureSettings(representations=("median",))
+
+
+@pytest.mark.parametrize("kind", ["list", "large_list", "fixed_size_list"])
+def test_arrow_rows_of_a_sliced_nested_column_are_its_values(kind):
+    """Values sliced to the rows' range (no flatten): a slice of a chunk gives its own rows."""
+    x = np.arange(7 * 4 * 3, dtype=np.float32).reshape(7, 4, 3)
+    make = {
+        "list": lambda v, w: pa.ListArray.from_arrays(np.arange(0, len(v) + 1, w, dtype=np.int32), v),
+        "large_list": lambda v, w: pa.LargeListArray.from_arrays(np.arange(0, len(v) + 1, w), v),
+        "fixed_size_list": lambda v, w: pa.FixedSizeListArray.from_arrays(v, w),
+    }[kind]
+    column = make(make(pa.array(x.ravel()), 3), 4)
+    np.testing.assert_array_equal(arrow_numpy(column.slice(2, 4), "where"), x[2:6])
+    np.testing.assert_array_equal(arrow_numpy(column, "where"), x)
+
+
+def test_npy_layers_are_read_into_one_reused_buffer_and_fortran_arrays_still_read(tmp_path):
+    acts = activations()
+    write(tmp_path / "snap", "npy", acts)
+    snap = Snapshot(tmp_path / "snap", "npy", None)
+    first = snap.layer("train", "layer_0").rows(0, N["train"])
+    np.testing.assert_array_equal(first, acts["train"]["layer_0"])
+    second = snap.layer("train", "layer_1").rows(0, N["train"])
+    np.testing.assert_array_equal(second, acts["train"]["layer_1"])
+    assert np.shares_memory(first, second)  # the next layer reuses the buffer
+    np.save(tmp_path / "snap" / "test" / "layer_0.npy", np.asfortranarray(acts["test"]["layer_0"]))
+    fortran = Snapshot(tmp_path / "snap", "npy", None).layer("test", "layer_0").rows(0, N["test"])
+    np.testing.assert_array_equal(fortran, acts["test"]["layer_0"])
+    (tmp_path / "snap" / "test" / "layer_1.npy").write_bytes(
+        (tmp_path / "snap" / "test" / "layer_1.npy").read_bytes()[:-10]
+    )
+    with pytest.raises(FeatureError, match=r"layer_1\.npy \(layer 'layer_1'\): the file is truncated"):
+        snap.layer("test", "layer_1")
