@@ -149,20 +149,20 @@ def stored_feature_params(run: Mapping, representation: str) -> dict:
 
     spec, ckpt = run["features"], run["checkpoints"]
     rep = _stored_representation(run, representation)
-    code = {}
-    if is_user_representation(rep):
-        code[rep] = factory_fingerprint(FactorySpec(factory=rep, project_path=spec.get("project_path")))
-    return {
+    params = {
         "layers": spec["layers"],
         "representations": [rep],
         "file_format": ckpt["format"],
         "id_column": ckpt["id_column"],
-        "project_path": spec.get("project_path"),
-        "spectral_k": spec["spectral_k"],
-        "spectral_method": spec["spectral_method"],
         "dtype": spec["dtype"],
-        "user_code": code,
     }
+    if is_user_representation(rep):  # where it is imported from, and its source files' hash
+        params["project_path"] = spec.get("project_path")
+        factory = FactorySpec(factory=rep, project_path=spec.get("project_path"))
+        params["user_code"] = {rep: factory_fingerprint(factory)}
+    if rep == "spectral":  # the settings of spectral only: changing them reruns no other
+        params.update(spectral_k=spec["spectral_k"], spectral_method=spec["spectral_method"])
+    return params
 
 
 def stored_code(run: Mapping, representation: str) -> list[str]:

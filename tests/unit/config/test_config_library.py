@@ -512,3 +512,44 @@ def test_a_regressions_influence_queries_and_transforms(tmp_path):
     classifier = tiny_run(influence={"enabled": True, "queries": {"select": "highest_loss"}})
     with pytest.raises(ConfigError, match="highest_loss is a regression's"):
         _validate(classifier)
+
+
+def test_each_stored_representation_has_its_own_params_and_code(tmp_path):
+    """A run of stored activations: a job per representation, whose params and code inputs change
+    only with what changes that representation (its function's files, spectral's settings)."""
+    (tmp_path / "code" / "myreps").mkdir(parents=True)
+    (tmp_path / "code" / "myreps" / "__init__.py").write_text("")
+    source = tmp_path / "code" / "myreps" / "pool.py"
+    source.write_text("def top(act):\n    return act.flatten(1)\n")
+    (tmp_path / "acts" / "step_1").mkdir(parents=True)
+    stored = {
+        "data": {"source": "digits", "holdout_per_class": 5},
+        "schedule": "none",
+        "checkpoints": {"source": "activations", "path": str(tmp_path / "acts" / "step_{epoch}")},
+        "features": {
+            "representations": ["mean", "spectral", "myreps.pool:top"],
+            "project_path": str(tmp_path / "code"),
+        },
+        "curvature": {"enabled": False},
+        "ablation": {"enabled": False},
+        "influence": {"enabled": False},
+    }
+    run = run_config.validate({"runs": {"acts": stored}}, SCHEMA)["runs"]["acts"]
+    reps = run_config.stored_representations(run)
+    assert reps == ["mean", "spectral", "myreps.pool:top"]
+
+    def params(r):
+        return {rep: run_config.stored_feature_params(r, rep) for rep in reps}
+
+    before = params(run)
+    assert all(p["representations"] == [rep] for rep, p in before.items())
+    assert "user_code" not in before["mean"] and "spectral_k" not in before["mean"]
+    assert run_config.stored_code(run, "mean") == [] and run_config.stored_code(run, "spectral") == []
+    assert str(source) in run_config.stored_code(run, "myreps.pool:top")
+    source.write_text("def top(act):\n    return act.flatten(1)[:, :2]\n")
+    edited = params(run)
+    assert [rep for rep in reps if edited[rep] != before[rep]] == ["myreps.pool:top"]
+    run["features"]["spectral_k"] = 3
+    assert [rep for rep in reps if params(run)[rep] != edited[rep]] == ["spectral"]
+    with pytest.raises(ConfigError, match="representation 'max' is not in features.representations"):
+        run_config.stored_feature_params(run, "max")
