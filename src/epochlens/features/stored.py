@@ -415,6 +415,11 @@ def layer_features(
 ) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
     """Every representation (n, d) float32 of one layer of ``split``, and its per-sample shape."""
     array = snapshot.layer(split, layer)
+    if not array.shape:
+        raise FeatureError(
+            f"{array.file}: one number per row, not activations (N, *shape); list the layers in "
+            "features.layers (or name this column in checkpoints.id_column if it holds the ids)."
+        )
     if len(array) != n:
         raise FeatureError(
             f"{array.file}: {len(array)} rows, but the run's {split} split has {n} samples; store one "

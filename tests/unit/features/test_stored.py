@@ -219,3 +219,33 @@ def test_npy_layers_are_read_into_one_reused_buffer_and_fortran_arrays_still_rea
     )
     with pytest.raises(FeatureError, match=r"layer_1\.npy \(layer 'layer_1'\): the file is truncated"):
         snap.layer("test", "layer_1")
+
+
+@pytest.mark.parametrize("fmt", ["save_to_disk", "parquet", "npy", "safetensors"])
+def test_a_snapshot_with_fewer_rows_or_no_such_layer_keeps_the_cached_file(tmp_path, fmt):
+    """Every layout: the error names the layer and its file, and the features file built before
+    from the complete snapshot keeps its bytes."""
+    acts = activations()
+    write(tmp_path / "good", fmt, acts)
+    out = tmp_path / "epoch_0001.h5"
+    settings = StoredFeatureSettings(representations=("mean",), layers=["layer_0", "layer_1"])
+    load_or_build(out, tmp_path / "good", labels(), settings)
+    before = out.read_bytes()
+    if fmt == "save_to_disk":  # its idx column, not named as the id column: not a layer
+        every = dataclasses.replace(settings, layers=None)
+        with pytest.raises(FeatureError, match=r"\(layer 'idx'\): one number per row, not activations"):
+            load_or_build(out, tmp_path / "good", labels(), every)
+    short = {s: {k: v[:-1] if s == "test" else v for k, v in a.items()} for s, a in acts.items()}
+    ids = {s: np.arange(len(a["layer_0"])) for s, a in short.items()} if fmt == "save_to_disk" else None
+    write(tmp_path / "short", fmt, short, ids)
+    with pytest.raises(FeatureError) as err:
+        load_or_build(out, tmp_path / "short", labels(), settings)
+    assert "(layer 'layer_0')" in str(err.value) and "4 rows, but the run's test split has 5" in str(
+        err.value
+    )
+    assert str(tmp_path / "short" / "test") in str(err.value)
+    missing = dataclasses.replace(settings, layers=["layer_0", "layer_2"])
+    with pytest.raises(FeatureError, match=r"no layer\(s\) \['layer_2'\]") as err:
+        load_or_build(out, tmp_path / "good", labels(), missing)
+    assert str(tmp_path / "good" / "train") in str(err.value)
+    assert out.read_bytes() == before
