@@ -144,14 +144,15 @@ def drop_cache(files: list[Path]) -> None:
             os.close(fd)
 
 
-def read_layers(folder: Path, fmt: str = "auto") -> int:
-    """Every train layer into memory, a layer at a time, as the features job reads it (a piece not
-    yet in memory, a safetensors slice, is read here)."""
+def read_layers(folder: Path, fmt: str = "auto", batch: int = 1024) -> int:
+    """Every train layer into memory, a layer at a time, in the features job's batches of rows
+    (``LayerArray.rows``: a view of a layer already read, a safetensors slice read here)."""
     snap = Snapshot(folder, fmt)
     done = 0
     for layer in snap.layers("train"):
-        for piece in snap.layer("train", layer).pieces:
-            done += (piece if isinstance(piece, np.ndarray) else piece[: len(piece)]).nbytes
+        array = snap.layer("train", layer)
+        for lo in range(0, len(array), batch):
+            done += array.rows(lo, min(lo + batch, len(array))).nbytes
     return done
 
 

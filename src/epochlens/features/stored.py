@@ -150,8 +150,16 @@ class Snapshot:
         self.id_column = id_column
         self._tables: dict[str, object] = {}
         self._buffers: dict[str, ReusedBuffer] = {}  # a split's .npy layer (an Arrow split has its own)
+        # looked up once per split, not per layer (a glob of 128 files cost a quarter of a layer's read)
+        self._paths: dict[str, Path] = {}
+        self._names: dict[str, list[str]] = {}
 
     def _split_path(self, split: str) -> Path:
+        if split not in self._paths:
+            self._paths[split] = self._find_split(split)
+        return self._paths[split]
+
+    def _find_split(self, split: str) -> Path:
         if self.format == "parquet" and (self.folder / f"{split}.parquet").exists():
             return self.folder / f"{split}.parquet"
         path = self.folder / split
@@ -180,12 +188,14 @@ class Snapshot:
 
     def layers(self, split: str) -> list[str]:
         """Layer names of ``split`` in stored order (files: natural sort), the id column left out."""
-        if self.format in ARROW_FORMATS:
-            names = list(self._table(split).schema.names)
-        else:
-            suffix = "." + self.format
-            names = sorted((p.stem for p in self._split_path(split).glob("*" + suffix)), key=_natural)
-        return [n for n in names if n != self.id_column]
+        if split not in self._names:
+            if self.format in ARROW_FORMATS:
+                names = list(self._table(split).schema.names)
+            else:
+                suffix = "." + self.format
+                names = sorted((p.stem for p in self._split_path(split).glob("*" + suffix)), key=_natural)
+            self._names[split] = [n for n in names if n != self.id_column]
+        return list(self._names[split])
 
     def file(self, split: str, layer: str) -> str:
         """The file (or folder) a layer is read from, for messages."""
