@@ -249,3 +249,20 @@ def test_a_snapshot_with_fewer_rows_or_no_such_layer_keeps_the_cached_file(tmp_p
         load_or_build(out, tmp_path / "good", labels(), missing)
     assert str(tmp_path / "good" / "train") in str(err.value)
     assert out.read_bytes() == before
+
+
+def test_a_save_to_disk_layer_over_several_files_is_one_array(tmp_path):
+    """Three Arrow files of the train split: one array of the split's rows, so a batch across two
+    files is a view; its values are the stored ones in order."""
+    acts = activations()
+    feats = datasets.Features({k: datasets.Array2D(SHAPE, "float16") for k in acts["train"]})
+    dd = datasets.DatasetDict(
+        {s: datasets.Dataset.from_dict(dict(a), features=feats) for s, a in acts.items()}
+    )
+    dd.save_to_disk(str(tmp_path / "snap"), num_shards={"train": 3, "test": 1})
+    snap = Snapshot(tmp_path / "snap")
+    assert len(snap._arrow("train").files) == 3
+    layer = snap.layer("train", "layer_10")
+    assert len(layer.pieces) == 1
+    np.testing.assert_array_equal(layer.rows(2, 7), acts["train"]["layer_10"][2:7])
+    np.testing.assert_array_equal(layer.take(np.array([8, 0, 4])), acts["train"]["layer_10"][[8, 0, 4]])
