@@ -436,17 +436,18 @@ def layer_features(
             "row per sample (or check that the snapshot belongs to this run's data)."
         )
     order = snapshot.order(split, n)
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in functions}
+    out: dict[str, np.ndarray] = {}  # each batch written in place (no concatenation: a copy)
     for lo in range(0, n, batch_size):
         hi = min(lo + batch_size, n)
         rows = array.rows(lo, hi) if order is None else array.take(order[lo:hi])
         batch = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
         for name, fn in functions.items():
-            width = parts[name][0].shape[1] if parts[name] else None
-            parts[name].append(
-                srep.checked(fn(batch), hi - lo, width, layer, name, snapshot.file(split, layer))
-            )
-    return {name: np.concatenate(p) for name, p in parts.items()}, array.shape
+            width = out[name].shape[1] if name in out else None
+            value = srep.checked(fn(batch), hi - lo, width, layer, name, snapshot.file(split, layer))
+            if name not in out:
+                out[name] = np.empty((n, value.shape[1]), dtype=np.float32)
+            out[name][lo:hi] = value
+    return out, array.shape
 
 
 def write_stored_features(
@@ -476,7 +477,7 @@ def write_stored_features(
                 )
                 for name, values in feats.items():
                     _check_range(values, store, layer, name, snapshot.file(split, layer))
-                    ds = group.create_dataset(f"{layer}/{name}", data=values.astype(store))
+                    ds = group.create_dataset(f"{layer}/{name}", data=values.astype(store, copy=False))
                     ds.attrs["activation_shape"] = np.asarray(shape, dtype=np.int64)
         f.attrs.update(_file_attrs(snapshot, data, settings, layers, fingerprint, t0))
 
