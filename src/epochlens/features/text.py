@@ -3,7 +3,8 @@
 Which layers: ``None`` (the default) is every transformer block's output, found by module name
 (:func:`epochlens.models.hf_catalog.layout_of`: BERT's ``bert.encoder.layer.N``, GPT-2's
 ``transformer.h.N``, Llama's ``model.layers.N``, T5's encoder blocks; the decoder blocks of an
-encoder-decoder model are left out, their tokens are not the input's), or a list of module names
+encoder-decoder model only with text-to-text data, whose decoder labels give their tokens), or a
+list of module names
 whose output is a (batch, tokens, features) tensor or a tuple that starts with one, as blocks of
 older ``transformers`` versions return. Block ``N``'s output is ``hidden_states[N + 1]`` of
 ``model(..., output_hidden_states=True)`` (for GPT-2 and Llama the last entry has the final norm
@@ -15,7 +16,9 @@ A forward hook on each layer turns its output ``h`` (B, T, D) into, with ``m`` t
 * ``mean``: ``sum_t m[b, t] h[b, t] / sum_t m[b, t]``, (B, D): the mean over the real tokens;
 * ``last``: ``h[b, t_last(b)]`` with ``t_last(b)`` the last position where ``m[b] == 1``, (B, D): the
   token a GPT-2-style classifier reads its logits from (with right padding; it is also the last
-  token with left padding).
+  token with left padding);
+* ``first``: ``h[b, t_first(b)]`` with ``t_first(b)`` the first position where ``m[b] == 1``, (B, D)
+  (BERT's [CLS] token).
 
 A language model's sequence is a prompt followed by its target tokens (token labels ``y`` (B, T),
 aligned with the input ids, -100 where a position is not a target: the prompt and the padding;
@@ -26,9 +29,30 @@ the loss is the mean NLL of the target tokens). Its representations:
 * ``prompt_last``: ``h[b, f(b) - 1]`` with ``f(b)`` the first target position, (B, D): the last
   prompt token, whose output predicts the first target token (the state the model answers from).
 
+A text-to-text (encoder-decoder) model's sequences are a prompt, the encoder's input, and a target,
+the decoder's labels ``y`` (B, T) (-100 on the padding), from which the model builds its decoder
+inputs (shifted right, the start token first: teacher forcing, as in training and in its loss).
+Each block's ``mean`` and ``first`` are taken over that block's own tokens, with the mask ``m``
+above being:
+
+* an encoder block's (``encoder.block.N``): the prompt's attention mask, so ``mean`` is the mean
+  over the prompt's real tokens and ``first`` the prompt's first token (T5 has no CLS token; these
+  are Sentence-T5's two encoder poolings);
+* a decoder block's (``decoder.block.N``) and the head's: ``y != -100``, the target positions, so
+  ``mean`` is the mean over them and ``first`` position 0, whose input is the decoder start token
+  and whose output predicts the first target token (the state the model answers from, having
+  read the prompt through cross-attention; it sees no target token).
+
+Encoder block ``N``'s output is ``encoder_hidden_states[N + 1]`` and decoder block ``N``'s
+``decoder_hidden_states[N + 1]`` of ``model(input_ids, attention_mask, labels=y,
+output_hidden_states=True)`` (the last of each has T5's final layer norm applied as well; a
+block's output has not). Layers of the decoder side are found as the modules of
+``model.get_decoder()`` and the head.
+
 Padding never enters a representation: with right padding, adding padding columns changes nothing
-(up to rounding). Values are computed in the activations' dtype (float32, or float64 for a float64
-model; half precision is raised to float32). A sequence without a real token is an error.
+(up to rounding; on either side of a text-to-text model). Values are computed in the activations'
+dtype (float32, or float64 for a float64 model; half precision is raised to float32). A sequence
+without a real token is an error.
 
 :func:`load_or_extract_text` writes them in the image features' file (:mod:`epochlens.features.cache`:
 ``/{split}/{layer}/{mean|last}`` (N, D), ``activation_shape`` (D, T), the same attributes), so
@@ -58,7 +82,12 @@ from epochlens.features.cache import (
     write_feature_file,
 )
 from epochlens.features.extract import _prepared
-from epochlens.features.text_settings import LM_REPRESENTATIONS, TEXT_REPRESENTATIONS, TextFeatureSettings
+from epochlens.features.text_settings import (
+    KIND_REPRESENTATIONS,
+    LM_REPRESENTATIONS,
+    TEXT_REPRESENTATIONS,
+    TextFeatureSettings,
+)
 from epochlens.models.layers import resolve_layers
 from epochlens.progress import progress_bar
 
@@ -71,14 +100,21 @@ def last_positions(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), positions, -1).amax(1)
 
 
+def first_positions(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of the first real token (``mask == 1``) of each row of ``mask`` (B, T)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), positions, mask.shape[1]).amin(1)
+
+
 def text_representations(
     hidden: torch.Tensor,
     mask: torch.Tensor,
     names: Sequence[str] = TEXT_REPRESENTATIONS,
     labels: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``mean``, ``last``, ``prompt_last`` and/or ``target_mean`` (B, D) of hidden states (B, T, D)
-    under the attention mask (B, T); the last two need a language model's token ``labels`` (B, T)."""
+    """``mean``, ``first``, ``last``, ``prompt_last`` and/or ``target_mean`` (B, D) of hidden states
+    (B, T, D) under the mask (B, T) of their tokens (the attention mask; a text-to-text decoder's
+    ``labels != -100``); the last two need a language model's token ``labels`` (B, T)."""
     if hidden.ndim != 3 or hidden.shape[:2] != mask.shape:
         raise ValueError(
             f"hidden states {tuple(hidden.shape)} must be (B, T, D) with mask {tuple(mask.shape)}"
@@ -86,7 +122,7 @@ def text_representations(
     h = hidden.detach()
     if h.dtype not in (torch.float32, torch.float64):
         h = h.float()
-    masks = {"mean": mask, "last": mask}
+    masks = {"mean": mask, "last": mask, "first": mask}
     if any(n in LM_REPRESENTATIONS for n in names):
         masks.update(_lm_masks(mask, labels))
     out = {}
@@ -94,7 +130,7 @@ def text_representations(
         if name not in masks:
             raise ValueError(
                 f"unknown text representation {name!r} (choose from "
-                f"{list(TEXT_REPRESENTATIONS + LM_REPRESENTATIONS)})"
+                f"{[*TEXT_REPRESENTATIONS, 'first', *LM_REPRESENTATIONS]})"
             )
         m = masks[name].to(h.device, h.dtype)
         count = m.sum(1, keepdim=True)
@@ -107,7 +143,8 @@ def text_representations(
         if name in ("mean", "target_mean"):
             out[name] = (h * m.unsqueeze(2)).sum(1) / count
         else:
-            out[name] = h[torch.arange(len(h), device=h.device), last_positions(masks[name].to(h.device))]
+            at = (first_positions if name == "first" else last_positions)(masks[name].to(h.device))
+            out[name] = h[torch.arange(len(h), device=h.device), at]
     return out
 
 
@@ -127,25 +164,50 @@ def _lm_masks(mask: torch.Tensor, labels: torch.Tensor | None) -> dict[str, torc
     return {"target_mean": target, "prompt_last": real & (positions < first)}
 
 
-def default_text_layers(model: nn.Module) -> list[str]:
-    """Every transformer block of ``model`` whose tokens are the input's, in forward order."""
+def default_text_layers(model: nn.Module, decoder: bool = False) -> list[str]:
+    """Every transformer block of ``model`` whose tokens are the input's, in forward order; with
+    ``decoder`` (text-to-text data) an encoder-decoder model's decoder blocks as well."""
     from epochlens.models.hf_catalog import layout_of
 
     layout = layout_of(model)
-    return [b for b, s in zip(layout.blocks, layout.stacks, strict=True) if layout.causal or s != "decoder"]
+    keep = layout.causal or decoder
+    return [b for b, s in zip(layout.blocks, layout.stacks, strict=True) if keep or s != "decoder"]
 
 
-def resolve_text_layers(model: nn.Module, layers: Sequence[str] | None) -> list[str]:
+def resolve_text_layers(model: nn.Module, layers: Sequence[str] | None, decoder: bool = False) -> list[str]:
     """Module names of a layer spec; None gives :func:`default_text_layers`."""
-    return default_text_layers(model) if layers is None else resolve_layers(model, layers)
+    return default_text_layers(model, decoder) if layers is None else resolve_layers(model, layers)
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    """Whether ``model`` is a Hugging Face encoder-decoder model (T5, BART, ...)."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def decoder_side_layers(model: nn.Module, layers: Sequence[str]) -> set[str]:
+    """The layers of ``layers`` that run over an encoder-decoder model's decoder positions: the
+    modules of ``model.get_decoder()`` and its head (none for other models)."""
+    if not is_encoder_decoder(model):
+        return set()
+    inside = {id(m) for m in model.get_decoder().modules()}
+    head = model.get_output_embeddings()
+    if head is not None:
+        inside.add(id(head))
+    modules = dict(model.named_modules())
+    return {name for name in layers if id(modules[name]) in inside}
 
 
 class _TextCapture:
-    """Forward hooks that turn each layer's hidden states into ``mean``/``last`` (on its device)."""
+    """Forward hooks that turn each layer's hidden states into its representations (on its device):
+    an encoder-decoder model's decoder-side layers under the decoder labels' mask when the inputs
+    carry them (text-to-text data), every other layer under the attention mask."""
 
     def __init__(self, net: nn.Module, layers: Sequence[str], names: Sequence[str]) -> None:
         self.layers, self.names = list(layers), tuple(names)
+        self.seq2seq = is_encoder_decoder(net)
+        self.decoder = decoder_side_layers(net, self.layers)
         self.mask = torch.zeros(0)
+        self.decoder_mask: torch.Tensor | None = None
         self.labels: torch.Tensor | None = None
         self.out: dict[str, dict[str, torch.Tensor]] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
@@ -157,11 +219,9 @@ class _TextCapture:
         def hook(module: nn.Module, inputs: tuple, output: object) -> None:
             self.calls[name] = self.calls.get(name, 0) + 1
             hidden = output[0] if isinstance(output, tuple | list) and output else output
-            if (
-                not isinstance(hidden, torch.Tensor)
-                or hidden.ndim != 3
-                or hidden.shape[:2] != self.mask.shape
-            ):
+            decoder = name in self.decoder and self.decoder_mask is not None
+            mask = self.decoder_mask if decoder else self.mask
+            if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3 or hidden.shape[:2] != mask.shape:
                 what = (
                     f"shape {tuple(hidden.shape)}"
                     if isinstance(hidden, torch.Tensor)
@@ -169,16 +229,22 @@ class _TextCapture:
                 )
                 raise LayerError(
                     f"layer {name!r} ({type(module).__name__}) returns {what}, not hidden states "
-                    f"(batch, tokens, features) of the {tuple(self.mask.shape)} input; hook a block."
+                    f"(batch, tokens, features) of the {tuple(mask.shape)} "
+                    f"{'decoder labels' if decoder else 'input'}; hook a block."
                 )
             self.shapes[name] = (int(hidden.shape[2]), int(hidden.shape[1]))  # (D, T): channels first
-            self.out[name] = text_representations(hidden, self.mask, self.names, self.labels)
+            labels = None if self.seq2seq else self.labels  # a causal LM's, aligned with the input
+            self.out[name] = text_representations(hidden, mask, self.names, labels)
 
         return hook
 
     def run(self, net: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
         inputs = dict(inputs)
-        self.labels = inputs.pop("labels", None)  # a language model's token labels: masks only
+        # a causal LM's token labels: masks only; a text-to-text model's: its decoder's inputs too
+        self.labels = inputs.get("labels") if self.seq2seq else inputs.pop("labels", None)
+        self.decoder_mask = None
+        if self.seq2seq and self.labels is not None:
+            self.decoder_mask = self.labels != IGNORE_INDEX
         self.out, self.calls, self.mask = {}, {}, inputs["attention_mask"]
         net(**inputs)
         for name in self.layers:
@@ -209,8 +275,10 @@ def iter_text_feature_batches(
 
     ``inputs(lo, hi)`` returns the model's keyword inputs (``input_ids``, ``attention_mask`` (B, T)
     ...; a language model's token ``labels`` (B, T) for its representations, not given to the
-    model); ``features[layer][name]`` is an array (hi - lo, D) in the activations' dtype;
-    ``shapes[layer]`` is (D, T). The model runs in eval mode without gradients, on a copy.
+    model; a text-to-text model's decoder ``labels`` (B, T'), given to it);
+    ``features[layer][name]`` is an array (hi - lo, D) in the activations' dtype; ``shapes[layer]``
+    is (D, T) (a decoder-side layer's T: the labels'). The model runs in eval mode without
+    gradients, on a copy.
     """
     with _prepared(model, device) as (net, dev):
         capture = _TextCapture(net, layers, names)
@@ -237,8 +305,10 @@ def extract_text_features(
     batch_size: int = 256,
     device: torch.device | str | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """In-memory features of ``inputs`` (``input_ids``, ``attention_mask`` (N, T), ...):
-    ``features[layer][name]`` arrays (N, D) in the model's dtype, layers by :func:`resolve_text_layers`."""
+    """In-memory features of ``inputs`` (``input_ids``, ``attention_mask`` (N, T), ...; an
+    encoder-decoder model's decoder ``labels`` (N, T'), which add its decoder blocks to the default
+    layers): ``features[layer][name]`` arrays (N, D) in the model's dtype, layers by
+    :func:`resolve_text_layers`."""
     tensors = {k: torch.as_tensor(v) for k, v in inputs.items()}
     n = len(tensors["attention_mask"])
     if n == 0:
@@ -248,7 +318,7 @@ def extract_text_features(
         model,
         lambda lo, hi: {k: v[lo:hi] for k, v in tensors.items()},
         n,
-        resolve_text_layers(model, layers),
+        resolve_text_layers(model, layers, decoder="labels" in tensors and is_encoder_decoder(model)),
         names,
         batch_size,
         device,
@@ -270,11 +340,10 @@ def feature_inputs(data: TextDataset, split: str, rows: np.ndarray) -> dict[str,
 
 
 def _check_kind(data: TextDataset, names: Sequence[str]) -> None:
-    """A language model's data takes its representations; a sequence classifier's the others."""
-    lm = data.kind != "classification"
-    wrong = [n for n in names if (n in LM_REPRESENTATIONS) != lm]
+    """Each kind of text data takes its representations (:data:`KIND_REPRESENTATIONS`)."""
+    fits = KIND_REPRESENTATIONS[data.kind]
+    wrong = [n for n in names if n not in fits]
     if wrong:
-        fits = LM_REPRESENTATIONS if lm else TEXT_REPRESENTATIONS
         raise FeatureError(
             f"representations {wrong} do not fit {data.kind} data; its representations are {list(fits)}."
         )
@@ -319,7 +388,7 @@ def write_text_features(
     """Extract the features of ``data`` and write them to ``path`` atomically (the layout of
     :mod:`epochlens.features.cache`)."""
     settings = settings or TextFeatureSettings()
-    layers = resolve_text_layers(model, settings.layers)
+    layers = resolve_text_layers(model, settings.layers, decoder=data.kind == "text_to_text")
     t0 = time.perf_counter()
     run_device = model_device(model, device)
 

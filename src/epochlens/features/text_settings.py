@@ -4,7 +4,9 @@ A text run's features are the hidden states of its transformer's blocks, reduced
 of each sequence (:mod:`epochlens.features.text`): a sequence classifier's ``mean`` over the real
 tokens and ``last`` real token; a language model's (a prompt and its target tokens, whose mean NLL
 is the loss) ``prompt_last``, the last prompt token (the position that predicts the first target
-token), and ``target_mean``, the mean over the target tokens. They are stored in the image
+token), and ``target_mean``, the mean over the target tokens; a text-to-text (encoder-decoder)
+model's ``mean`` and ``first`` of each block over that block's own tokens (an encoder block's: the
+prompt's real tokens; a decoder block's: the target positions, teacher-forced). They are stored in the image
 features' file format (:mod:`epochlens.features.cache`), so probes read them unchanged; this
 module is separate from :mod:`epochlens.features.settings` so that image features jobs do not
 depend on it.
@@ -24,6 +26,15 @@ TEXT_FORMAT_VERSION = 1
 TEXT_REPRESENTATIONS = ("mean", "last")
 #: A language model's representations: they need each sequence's token labels (-100: no target).
 LM_REPRESENTATIONS = ("prompt_last", "target_mean")
+#: A text-to-text model's: the mean over a block's own tokens and its first (Sentence-T5's two
+#: poolings: T5 has no CLS token), encoder blocks over the prompt, decoder blocks over the target.
+SEQ2SEQ_REPRESENTATIONS = ("mean", "first")
+#: The representations each kind of text data takes (:class:`epochlens.data.text.TextDataset.kind`).
+KIND_REPRESENTATIONS = {
+    "classification": (*TEXT_REPRESENTATIONS, "first"),
+    "causal_lm": LM_REPRESENTATIONS,
+    "text_to_text": (*SEQ2SEQ_REPRESENTATIONS, "last"),
+}
 
 
 @dataclass
@@ -34,14 +45,16 @@ class TextFeatureSettings:
         default=None,
         metadata={
             "help": "module names to hook (as in model.named_modules()); None: every transformer "
-            "block's output (BERT: bert.encoder.layer.N; GPT-2: transformer.h.N; T5: the encoder's)"
+            "block's output (BERT: bert.encoder.layer.N; GPT-2: transformer.h.N; T5: the encoder's, "
+            "and the decoder's for text-to-text data)"
         },
     )
     names: tuple[str, ...] = field(
         default=TEXT_REPRESENTATIONS,
         metadata={
-            "help": "mean (over the real tokens) and/or last (the last real token); a language "
-            "model's prompt_last (last prompt token) and/or target_mean (mean over the target tokens)"
+            "help": "mean (over the real tokens), first and/or last (the first, last real token); a "
+            "language model's prompt_last (last prompt token) and/or target_mean (mean over the "
+            "target tokens); a text-to-text model's mean and first of each block's own tokens"
         },
     )
     dtype: Literal["float32", "float16"] = field(
@@ -63,7 +76,7 @@ class TextFeatureSettings:
         problems = []
         if self.layers is not None and (not self.layers or len(set(self.layers)) != len(self.layers)):
             problems.append(f"layers {self.layers} must be distinct module names (null: the blocks)")
-        known = TEXT_REPRESENTATIONS + LM_REPRESENTATIONS
+        known = (*TEXT_REPRESENTATIONS, "first", *LM_REPRESENTATIONS)
         bad = [n for n in self.names if n not in known]
         if bad or not self.names or len(set(self.names)) != len(self.names):
             problems.append(f"representations {list(self.names)} must be distinct of {list(known)}")
@@ -97,13 +110,16 @@ class TextFeatureSettings:
 def text_feature_params(run: Mapping) -> dict:
     """A text run's features params (what the cache key's spec holds): its layers and dtype; the
     representations are always ``mean`` and ``last``, a language model's (data with a
-    ``target_column``) ``prompt_last`` and ``target_mean`` (``features.representations`` and the
+    ``target_column``) ``prompt_last`` and ``target_mean``, a text-to-text model's
+    (``model.hf.task: text_to_text``) ``mean`` and ``first`` (``features.representations`` and the
     spectral keys are for images)."""
     spec = run["features"]
     lm = bool(run.get("data", {}).get("text", {}).get("target_column"))
+    seq2seq = run.get("model", {}).get("hf", {}).get("task") == "text_to_text"
+    names = SEQ2SEQ_REPRESENTATIONS if seq2seq else LM_REPRESENTATIONS if lm else TEXT_REPRESENTATIONS
     settings = TextFeatureSettings(
         layers=spec.get("layers"),
-        names=LM_REPRESENTATIONS if lm else TEXT_REPRESENTATIONS,
+        names=names,
         dtype=spec.get("dtype", "float32"),
     )
     return {
