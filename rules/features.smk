@@ -1,7 +1,9 @@
 # Per-layer features of every training and test image at each checkpoint (features.epochs),
 # written to features/epoch_{E}.h5 with their cache key (checkpoint hash, data key, layer and
 # representation spec); for a text run, each block's hidden states (mean over the real tokens,
-# last real token: epochlens.features.text) in the same file format. Params hold the spec only (epochlens.config.feature_params): Snakemake
+# last real token; a causal LM's prompt_last, target_mean; a text-to-text model's encoder and
+# decoder blocks, mean and first: epochlens.features.text) in the same file format. Params hold
+# the spec only (epochlens.config.feature_params): Snakemake
 # reruns a job exactly when the key would change (another checkpoint, data set or spec); batch
 # size and device, which do not change the features, are read from the config by the script.
 

@@ -1,5 +1,5 @@
 """Rule features_epoch: per-layer features of one checkpoint, cached in features/epoch_{E}.h5
-(a text run: each block's hidden states, mean over the real tokens and last real token).
+(a text run: each block's hidden states reduced over its tokens, epochlens.features.text).
 
 By hand, from the run's working directory:
     python scripts/features_epoch.py run=digits index=0 epoch=0030

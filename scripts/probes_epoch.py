@@ -1,8 +1,8 @@
 """Rule probes_epoch: linear probes on one checkpoint's cached features, one row per seed.
 
 A classifier's targets come from its class schedule; a regression's (no classes) from its float
-targets in dataset.h5 (the ridge probe and their quantile bins), a language model's from its data
-groups in dataset.h5, never from the features file.
+targets in dataset.h5 (the ridge probe and their quantile bins), a language model's or a text-to-text
+model's from its data groups in dataset.h5, never from the features file.
 
 By hand, from the run's working directory:
     python scripts/probes_epoch.py run=digits index=0 epoch=0030
@@ -42,7 +42,7 @@ def main(snakemake) -> None:
             p.probes["target_bins"],
             fit=~data.holdout,
         )
-    elif getattr(data, "kind", None) == "causal_lm":  # no classes: data groups and curvature
+    elif getattr(data, "token_labels", False):  # a causal LM, text-to-text: data groups, curvature
         groups = None if data.train_groups is None else {s: data.groups(s) for s in ("train", "test")}
         targets, skipped = select_lm_targets(
             groups, p.probes["targets"], curvature, p.probes["curvature_bins"], fit=~data.holdout

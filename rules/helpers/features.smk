@@ -14,7 +14,8 @@ def get_feature_epochs(run):
 
 
 def get_feature_params(wildcards):
-    """The cache key's spec; a text run's representations are mean and last (of each block)."""
+    """The cache key's spec; a text run's representations are those of its kind (of each block:
+    epochlens.features.text_settings.text_feature_params)."""
     run = get_run(wildcards)
     if is_text_run(run):
         return text_feature_params(run)

@@ -10,9 +10,12 @@ the mean of transformers' own loss of each test sample alone (labels = its targe
 exact match is every target token the model's top choice; zeroing an encoder self-attention, a
 decoder self-attention and a cross-attention head equals the model with that head's input columns
 of the output projection ``o`` set to zero; every training sample has its curvature at every
-checkpoint, whose loss is transformers' own loss of that sample alone. The example's second run, a
-T5 the pipeline trains from its config, has its evaluation checked the same way and its LDS (a few
-retrainings on halves of the data) a finite correlation for each influence method.
+checkpoint, whose loss is transformers' own loss of that sample alone; the features of every
+encoder and decoder block are transformers' own hidden states (``output_hidden_states``) at the
+documented positions, and probes of the sentence groups give a finite accuracy per block. The
+example's second run, a T5 the pipeline trains from its config, has its evaluation checked the same
+way and its LDS (a few retrainings on halves of the data) a finite correlation for each influence
+method.
 """
 
 from __future__ import annotations
@@ -160,6 +163,8 @@ def user_config(project: dict) -> dict:
     run["curvature"]["n_directions"] = 4  # small: the test's time
     run["ablation"]["modes"] = ["zero"]
     run["ablation"]["epochs"] = [STEPS[-1]]
+    run["features"]["epochs"] = [STEPS[-1]]  # features and probes of the last checkpoint
+    run["probes"]["seeds"] = [0]  # one probe per block and representation: the test's time
     run["influence"]["queries"]["max_count"] = 8
     cfg["device"] = "cpu"
     # the example's T5 the pipeline trains from its config (polarity_t5_lds): its LDS (4 retrainings
@@ -359,3 +364,55 @@ def test_lds_of_the_t5_trained_by_the_pipeline(t5_run):
     scores = np.load(paths.influence_file("scores.npz", "trained_t5", 0, 4, "ekfac"))
     assert sorted(set(queries["test_index"])) == sorted(scores["query_test_indices"])
     assert Path(paths.figure("lds", "png", "trained_t5")).is_file()
+
+
+ENCODER_BLOCKS = ["encoder.block.0", "encoder.block.1"]
+DECODER_BLOCKS = ["decoder.block.0", "decoder.block.1"]
+
+
+def test_features_are_the_hidden_states_of_every_encoder_and_decoder_block(t5_run):
+    """Encoder blocks over the prompt's real tokens, decoder blocks over the target positions
+    (teacher-forced with the decoder labels): mean and first, as transformers computes them on the
+    Trainer's padded batch (block 0 of each stack: the last hidden state has the final norm)."""
+    from epochlens.features.cache import FeatureSet
+
+    project, paths = t5_run
+    step = STEPS[-1]
+    features = FeatureSet(paths.features("polarity_t5", 0, step))
+    assert features.layers == ENCODER_BLOCKS + DECODER_BLOCKS
+    assert features.representations == ["mean", "first"]
+    batch = project["train"]
+    with torch.no_grad():
+        out = load(project, step)(**batch, output_hidden_states=True)
+    for stack, h, mask in (
+        ("encoder", out.encoder_hidden_states[1], batch["attention_mask"]),
+        ("decoder", out.decoder_hidden_states[1], batch["labels"] != -100),
+    ):
+        m = mask.to(h.dtype)[:, :, None]
+        layer = f"{stack}.block.0"
+        np.testing.assert_allclose(
+            features.array("train", layer, "mean"), ((h * m).sum(1) / m.sum(1)).numpy(), rtol=1e-4, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            features.array("train", layer, "first"), h[:, 0].numpy(), rtol=1e-4, atol=1e-5
+        )
+    assert features.array("test", DECODER_BLOCKS[1], "mean").shape == (
+        len(project["test"]["input_ids"]),
+        HIDDEN,
+    )
+
+
+def test_probes_of_the_groups_per_encoder_and_decoder_block(t5_run):
+    _, paths = t5_run
+    table = pd.read_csv(paths.table("probes", "polarity_t5"))
+    group = table[(table["target"] == "group") & (table["eval_split"] == "test")]
+    assert set(group["layer"]) == set(ENCODER_BLOCKS + DECODER_BLOCKS)
+    assert set(group["representation"]) == {"mean", "first"} and set(group["epoch"]) == {STEPS[-1]}
+    assert len(group) == 8 and (group["status"] == "ok").all()
+    assert np.isfinite(group["accuracy_mean"]).all() and group["accuracy_mean"].between(0, 1).all()
+    # curvature bins: a training-only target with no training holdout in this data, said so
+    curvature = table[table["target"] == "curvature_q4"]
+    assert (
+        len(curvature) == 8 and curvature["status"].str.startswith("skipped: the data has no training").all()
+    )
+    assert Path(paths.figure("probe_accuracy", "png", "polarity_t5")).stat().st_size > 10_000

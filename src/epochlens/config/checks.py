@@ -310,11 +310,6 @@ def check_npz_kind(name: str, data: dict, task: str) -> None:
         )
 
 
-#: Stages a text-to-text run does not have yet (its per-sample loss is evaluated, its curvature
-#: taken, its heads ablated and its influence computed); a causal LM has them all.
-CLASSIFIER_ONLY_STAGES = ("features", "probes")
-
-
 def check_text_config(name: str, run: dict) -> None:
     """A text run: model.hf and text data go together; what text runs do not have (yet) is named
     with the keys to switch off, all at once."""
@@ -362,15 +357,7 @@ def causal_lm_problems(run: dict) -> list[str]:
     if not lm_data:
         return []
     what = "text-to-text" if is_text_to_text_run(run) else "causal LM"
-    if is_text_to_text_run(run):
-        problems = [
-            f"{stage}.enabled: false (not yet available for {what} runs)"
-            for stage in CLASSIFIER_ONLY_STAGES
-            if run[stage]["enabled"]
-        ]
-        problems += lm_influence_problems(run)
-    else:
-        problems = lm_influence_problems(run)
+    problems = lm_influence_problems(run)
     trained = run["checkpoints"]["source"] == "train" and is_text_to_text_run(run)
     if run["checkpoints"]["source"] != "folder" and not trained:
         problems.append(
@@ -465,9 +452,8 @@ def check_probe_config(name: str, run: dict) -> None:
         return
     problem = target_problem(spec["targets"], regression, lm)
     if problem:
-        kind = (
-            "a language model" if lm else "a regression (task: regression)" if regression else "a classifier"
-        )
+        lm_kind = "a text-to-text model" if is_text_to_text_run(run) else "a language model"
+        kind = lm_kind if lm else "a regression (task: regression)" if regression else "a classifier"
         raise ConfigError(f"runs.{name}.probes.targets: the run is {kind}; {problem}")
     alphas = spec.get("ridge_alphas") or RIDGE_ALPHAS
     ridge = "target" in probe_targets(spec["targets"], regression)

@@ -263,17 +263,32 @@ def t5_run(tmp_path: Path, task: str, **sections) -> dict:
 SCHEMA = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"
 
 
-def test_the_config_check_takes_a_t5_run_and_names_the_stages_it_lacks(tmp_path):
+def test_the_config_check_takes_a_t5_run_and_names_what_does_not_fit(tmp_path):
     from epochlens import config as run_config
     from epochlens.errors import ConfigError
+    from epochlens.features.text_settings import text_feature_params
 
     cfg = {"runs": {"t5": t5_run(tmp_path, "text_to_text")}}
     run_config.validate(cfg, SCHEMA)  # curvature and ablation on (the defaults): fine
     assert run_config.class_schedule(cfg["runs"]["t5"]) is None  # no classes
-    features = {"enabled": True}
-    with pytest.raises(ConfigError) as err:
-        run_config.validate({"runs": {"t5": t5_run(tmp_path, "text_to_text", features=features)}}, SCHEMA)
-    assert "features.enabled: false (not yet available for text-to-text runs)" in str(err.value)
+    # features and probes of the prompt groups; a classifier's probe targets are refused, naming the fix
+    on = {"features": {"enabled": True}, "probes": {"enabled": True}}
+    cfg = {"runs": {"t5": t5_run(tmp_path, "text_to_text", **on)}}
+    run_config.validate(cfg, SCHEMA)
+    assert text_feature_params(cfg["runs"]["t5"])["representations"] == {"names": ["mean", "first"]}
+    for targets in (["class", "group"], ["cohort"], ["target_quantile"]):
+        probes = {"enabled": True, "targets": targets}
+        with pytest.raises(
+            ConfigError, match=r"the run is a text-to-text model; .* Set probes.targets: \["
+        ) as err:
+            run_config.validate(
+                {"runs": {"t5": t5_run(tmp_path, "text_to_text", **{**on, "probes": probes})}}, SCHEMA
+            )
+        assert str([t for t in targets if t != "group"]) in str(err.value)
+    with pytest.raises(ConfigError, match="probes need the features"):
+        run_config.validate(
+            {"runs": {"t5": t5_run(tmp_path, "text_to_text", probes={"enabled": True})}}, SCHEMA
+        )
     # influence: with the text_to_text task (the target tokens' mean NLL, no shift) and test prompts
     influence = {"enabled": True, "queries": {"select": "all"}}
     for task in ("classification", "language_model"):
