@@ -31,9 +31,9 @@ LM_REPRESENTATIONS = ("prompt_last", "target_mean")
 SEQ2SEQ_REPRESENTATIONS = ("mean", "first")
 #: The representations each kind of text data takes (:class:`epochlens.data.text.TextDataset.kind`).
 KIND_REPRESENTATIONS = {
-    "classification": (*TEXT_REPRESENTATIONS, "first"),
+    "classification": TEXT_REPRESENTATIONS,
     "causal_lm": LM_REPRESENTATIONS,
-    "text_to_text": (*SEQ2SEQ_REPRESENTATIONS, "last"),
+    "text_to_text": SEQ2SEQ_REPRESENTATIONS,
 }
 
 
@@ -52,9 +52,10 @@ class TextFeatureSettings:
     names: tuple[str, ...] = field(
         default=TEXT_REPRESENTATIONS,
         metadata={
-            "help": "mean (over the real tokens), first and/or last (the first, last real token); a "
-            "language model's prompt_last (last prompt token) and/or target_mean (mean over the "
-            "target tokens); a text-to-text model's mean and first of each block's own tokens"
+            "help": "mean (over the real tokens) and/or last (the last real token); a language "
+            "model's prompt_last (last prompt token) and/or target_mean (mean over the target "
+            "tokens); a text-to-text model's mean and/or first (the first token) of each block's "
+            "own tokens (encoder: the prompt's; decoder: the target positions)"
         },
     )
     dtype: Literal["float32", "float16"] = field(

@@ -138,10 +138,14 @@ def test_cache_of_a_text_to_text_model_and_probes_read_it(tmp_path):
     # the groups differ in the prompt's first token: the encoder's first block tells them apart
     first = table[(table["layer"] == ENCODER[0]) & (table["representation"] == "first")]
     assert (first["accuracy"] == 1.0).all(), first
-    # a causal LM's representations do not fit text-to-text data
-    with pytest.raises(FeatureError, match=r"\['prompt_last'\] do not fit text_to_text"):
+    # a causal LM's or a classifier's representations do not fit text-to-text data
+    with pytest.raises(FeatureError, match=r"\['prompt_last', 'last'\] do not fit text_to_text"):
         load_or_extract_text(
-            tmp_path / "x.h5", lambda: model, data, CKPT, TextFeatureSettings(names=["prompt_last"])
+            tmp_path / "x.h5",
+            lambda: model,
+            data,
+            CKPT,
+            TextFeatureSettings(names=["prompt_last", "mean", "last"]),
         )
 
 
