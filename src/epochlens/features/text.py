@@ -18,7 +18,7 @@ A forward hook on each layer turns its output ``h`` (B, T, D) into, with ``m`` t
   token a GPT-2-style classifier reads its logits from (with right padding; it is also the last
   token with left padding);
 * ``first``: ``h[b, t_first(b)]`` with ``t_first(b)`` the first position where ``m[b] == 1``, (B, D)
-  (BERT's [CLS] token).
+  (a text-to-text model's, below).
 
 A language model's sequence is a prompt followed by its target tokens (token labels ``y`` (B, T),
 aligned with the input ids, -100 where a position is not a target: the prompt and the padding;
