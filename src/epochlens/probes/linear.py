@@ -466,6 +466,8 @@ def _probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device
         return out
     device = resolve_device(device or "auto") if not isinstance(device, torch.device) else device
     widths = {x_np.shape[1] for x_np, _ in xs}
+    if settings.kind == "ridge":
+        return _ridge_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device)
     if settings.batch_layers == 1 or len(widths) > 1:
         for layer, (x_np, _) in zip(group, xs, strict=True):
             out[(layer, rep, name)] = probe_seeds(
@@ -482,6 +484,27 @@ def _probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device
             per_layer = batched_rows(x, y, fit_mask, eval_masks, settings, use_amp)
         for layer, rows in zip(group[lo : lo + per_fit], per_layer, strict=True):
             out[(layer, rep, name)] = [row | {"metric": "accuracy"} for row in rows]
+    return out
+
+
+def _ridge_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device) -> dict:
+    """Rows of class ridge probes (:mod:`epochlens.probes.ridge_classes`) of each layer of
+    ``group``, layers of one width stacked (up to :data:`BATCHED_BYTES` of features at once)."""
+    from epochlens.probes.ridge_classes import class_ridge_rows
+
+    out, lo = {}, 0
+    while lo < len(group):
+        width, hi = xs[lo][0].shape[1], lo + 1
+        per_fit = max(1, BATCHED_BYTES // max(xs[lo][0].nbytes, 1))
+        while hi < len(group) and hi - lo < per_fit and xs[hi][0].shape[1] == width:
+            hi += 1
+        x = torch.as_tensor(np.stack([x_np for x_np, _ in xs[lo:hi]])).to(device)
+        names = [f"{layer} ({rep})" for layer in group[lo:hi]]
+        with cpu_threads(device, settings.batched_threads):
+            per_layer = class_ridge_rows(x, y, fit_mask, eval_masks, settings, names)
+        for layer, rows in zip(group[lo:hi], per_layer, strict=True):
+            out[(layer, rep, name)] = rows
+        lo = hi
     return out
 
 
@@ -553,7 +576,8 @@ def probe_checkpoint(
         ]
         parts.append(pd.DataFrame(rows).assign(metric=lambda t: t["target"].map(target_metric)))
     out = pd.concat(parts, ignore_index=True)
-    ridge = (out["metric"] == "r2").any()
+    # a ridge probe ran: of a regression's targets (r2), or of classes (probes.kind ridge: alpha)
+    ridge = (out["metric"] == "r2").any() or ("alpha" in out and out["alpha"].notna().any())
     columns = [c for c in ROW_COLUMNS if ridge or c not in RIDGE_ONLY_COLUMNS]
     out = out.reindex(columns=[*context, *columns])
     counts = ["seed", "n_features", "n_classes", "n_fit", "n_stop", "n_eval", "best_epoch", "epochs_run"]

@@ -81,9 +81,7 @@ def fit_ridge_path(
     fits = []
     if n >= d:  # primal: (X'X + n alpha I) W = X'Y
         evals, vecs = np.linalg.eigh(xs.T @ xs)
-        proj = vecs.T @ (xs.T @ yc)
-        for a in alphas:
-            coef = vecs @ (proj / (np.clip(evals, 0, None) + n * a)[:, None])
+        for a, coef in zip(alphas, eigen_path(evals, vecs, xs.T @ yc, n, alphas), strict=True):
             fits.append(RidgeFit(coef, y_mean, mean, scale, float(a)))
     else:  # dual: W = X' (XX' + n alpha I)^-1 Y
         evals, vecs = np.linalg.eigh(xs @ xs.T)
@@ -92,6 +90,20 @@ def fit_ridge_path(
             coef = xs.T @ (vecs @ (proj / (np.clip(evals, 0, None) + n * a)[:, None]))
             fits.append(RidgeFit(coef, y_mean, mean, scale, float(a)))
     return fits
+
+
+def eigen_path(evals, vecs, xty, n, alphas: Sequence[float]) -> list:
+    """Ridge coefficients ``(X'X + n alpha I)^-1 X'Y`` for each penalty of ``alphas`` from one
+    eigendecomposition ``X'X = vecs diag(evals) vecs'`` (eigenvalues below 0, rounding, count as 0).
+
+    NumPy arrays or torch tensors, stacked over any leading dimensions: ``evals`` (..., D), ``vecs``
+    (..., D, D), ``xty`` (..., D, K); ``n`` a number or an array (..., 1) of sample counts. Returns
+    one (..., D, K) array per penalty (the class probes of :mod:`epochlens.probes.ridge_classes`
+    solve theirs here, batched over layers and seeds).
+    """
+    proj = vecs.mT @ xty
+    evals = evals.clip(0)
+    return [vecs @ (proj / (evals + n * a)[..., None]) for a in alphas]
 
 
 def r2(y_true: np.ndarray, y_pred: np.ndarray) -> float:

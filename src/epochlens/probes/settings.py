@@ -29,6 +29,10 @@ LM_TARGETS = ("group", "curvature")
 #: scikit-learn's ``Ridge(alpha=alpha * n_fit)``; the best on the early-stopping samples is kept.
 RIDGE_ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 
+#: Probes of class targets (``probes.kind``): softmax regression, or the closed-form ridge probe.
+PROBE_KINDS = ("softmax", "ridge")
+RIDGE_DTYPES = ("float64", "float32")
+
 
 def probe_targets(targets: Sequence[str] | None, regression: bool, lm: bool = False) -> list[str]:
     """The targets a run probes: ``targets`` as configured, or (None) every target of its kind
@@ -112,6 +116,18 @@ class ProbeSettings:
             "R² on the early-stopping samples is kept"
         },
     )
+    kind: str = field(
+        default="softmax",
+        metadata={
+            "help": "probe of class targets: softmax (Adam, early stopping) or ridge (closed form, "
+            "scikit-learn's RidgeClassifier, penalty among ridge_alphas chosen by accuracy on the "
+            "early-stopping samples; epochlens.probes.ridge_classes)"
+        },
+    )
+    ridge_dtype: str = field(
+        default="float64",
+        metadata={"help": "precision of the ridge probe of classes: float64 or float32 (faster)"},
+    )
     batch_layers: int = field(
         default=16,
         metadata={
@@ -153,6 +169,10 @@ class ProbeSettings:
             problems.append(f"lr={self.lr} must be > 0 and weight_decay={self.weight_decay} >= 0")
         if not self.ridge_alphas or not all(math.isfinite(a) and a > 0 for a in self.ridge_alphas):
             problems.append(f"ridge_alphas={list(self.ridge_alphas)} must be finite, > 0 and not empty")
+        if self.kind not in PROBE_KINDS:
+            problems.append(f"kind={self.kind!r} must be one of {list(PROBE_KINDS)}")
+        if self.ridge_dtype not in RIDGE_DTYPES:
+            problems.append(f"ridge_dtype={self.ridge_dtype!r} must be one of {list(RIDGE_DTYPES)}")
         if problems:
             raise ConfigError("probe settings: " + "; ".join(problems) + ". Fix the config.")
 
