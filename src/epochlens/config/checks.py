@@ -456,10 +456,11 @@ def check_probe_config(name: str, run: dict) -> None:
         kind = lm_kind if lm else "a regression (task: regression)" if regression else "a classifier"
         raise ConfigError(f"runs.{name}.probes.targets: the run is {kind}; {problem}")
     alphas = spec.get("ridge_alphas") or RIDGE_ALPHAS
-    ridge = "target" in probe_targets(spec["targets"], regression)
+    ridge = "target" in probe_targets(spec["targets"], regression) or spec.get("kind") == "ridge"
     if ridge and spec["stop_fraction"] == 0 and len(alphas) > 1:
+        which = "of classes (kind: ridge)" if spec.get("kind") == "ridge" else "(target)"
         raise ConfigError(
-            f"runs.{name}.probes: stop_fraction: 0 leaves the ridge probe (target) no samples to choose "
+            f"runs.{name}.probes: stop_fraction: 0 leaves the ridge probe {which} no samples to choose "
             f"its penalty among ridge_alphas {list(alphas)}; set probes.stop_fraction > 0 (e.g. 0.15) "
             "or a single penalty (probes.ridge_alphas: [0.01])."
         )

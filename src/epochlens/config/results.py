@@ -186,8 +186,9 @@ def probe_params(run: Mapping) -> dict:
     """
     spec = run["probes"]
     regression = is_regression_run(dict(run))
+    ridge = regression or spec.get("kind") == "ridge"  # a classifier's ridge probes: their penalties
     params = {
-        "settings": result_settings(spec, ProbeSettings, exclude=() if regression else ("ridge_alphas",)),
+        "settings": result_settings(spec, ProbeSettings, exclude=() if ridge else ("ridge_alphas",)),
         "targets": probe_targets(spec["targets"], regression, has_token_labels(dict(run))),
         "curvature_bins": spec["curvature_bins"],
     }
