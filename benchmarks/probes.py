@@ -48,11 +48,20 @@ from epochlens.features import stored_representations as srep
 from epochlens.features.stored import Snapshot
 from epochlens.features.stored_settings import StoredFeatureSettings
 from epochlens.probes.batched import batched_rows
-from epochlens.probes.linear import probe_seeds
+from epochlens.probes.linear import probe_plan, probe_seeds
+from epochlens.probes.ridge import fit_ridge_path
+from epochlens.probes.ridge_classes import class_ridge_rows
 from epochlens.probes.settings import ProbeSettings
 
 _BUFFER = bytearray(16 << 20)  # allocated once, outside the timings
 PARTS = ("read", "representations", "probes")
+SIDES = (
+    "softmax_batched",
+    "softmax_one_at_a_time",
+    "ridge_batched",
+    "ridge_float32_batched",
+    "ridge_one_at_a_time",
+)
 REPS = ("mean", "max", "first", "last", "norms", "flat", "stats", "spectral")
 FORMATS = ("save_to_disk", "npy", "safetensors", "parquet")
 
@@ -72,6 +81,7 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--max-epochs", type=int, default=200)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--probe-sides", nargs="+", choices=SIDES, default=list(SIDES), help="probes to time")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     p.add_argument("--formats", nargs="+", choices=FORMATS, default=["save_to_disk"], help="read: layouts")
     p.add_argument("--dir", default=None, help="where to write the activations (default: a temporary folder)")
@@ -211,7 +221,9 @@ def bench_representations(folder: Path, args, n_train: int) -> dict:
     return out
 
 
-def bench_probes(folder: Path, args, labels: dict, name: str) -> dict:
+def probe_inputs(folder: Path, args, labels: dict, name: str):
+    """(x (G, N, D) float32, y, fit mask, evaluation masks) of ``--probe-layers`` layers of one
+    representation: train then test rows, the first tenth of the train rows the holdout."""
     snap = Snapshot(folder)
     rep = srep.resolve(name, StoredFeatureSettings(representations=(name,)))
     xs = []
@@ -227,62 +239,129 @@ def bench_probes(folder: Path, args, labels: dict, name: str) -> dict:
             for s in ("train", "test")
         ]
         xs.append(torch.cat(parts).numpy())
-    x = np.stack(xs)
     y = np.concatenate([labels["train"], labels["test"]])
     n_train = len(labels["train"])
     fit = np.arange(len(y)) < n_train
     fit[: n_train // 10] = False  # the holdout: a tenth of the training samples
     evals = {"holdout": (np.arange(len(y)) < n_train // 10), "test": ~(np.arange(len(y)) < n_train)}
+    return np.stack(xs), y, fit, evals
+
+
+def ridge_one_at_a_time(x: np.ndarray, y, fit, evals, settings: ProbeSettings) -> list[list[dict]]:
+    """The class ridge probes fitted one (layer, seed) at a time with the regression's ridge path
+    (:func:`epochlens.probes.ridge.fit_ridge_path`: standardise, X'X of the seed's own fit rows, one
+    eigendecomposition, every penalty; float64 NumPy), the penalty of best held-out accuracy (ties to
+    the larger) scored on the evaluation sets: rows of accuracy per (seed, evaluation set)."""
+    plan = probe_plan(y, fit, evals, settings, torch.device("cpu"))
+    coded = np.where(y[:, None] == np.arange(plan.n_classes), 1.0, -1.0)
+    out = []
+    for layer in x:
+        rows = []
+        for seed, (fit_rows, held) in zip(settings.seeds, plan.seed_rows, strict=True):
+            fit_rows, held = fit_rows.numpy(), held.numpy()
+            fits = fit_ridge_path(layer[fit_rows], coded[fit_rows], settings.ridge_alphas)
+            accs = [np.mean(f.predict(layer[held]).argmax(1) == y[held]) for f in fits]
+            best = max((i for i, a in enumerate(accs) if a == max(accs)), key=lambda i: fits[i].alpha)
+            for name, ev in plan.eval_sets.items():
+                pred = fits[best].predict(layer[ev.numpy()]).argmax(1)
+                rows.append(
+                    {"seed": seed, "eval_split": name, "accuracy": float(np.mean(pred == y[ev.numpy()]))}
+                )
+        out.append(rows)
+    return out
+
+
+def probe_sides(x: np.ndarray, y, fit, evals, args) -> dict:
+    """What ``--probe-sides`` compares: the name of each side and the call that fits its probes."""
     settings = ProbeSettings(seeds=tuple(range(args.seeds)), max_epochs=args.max_epochs)
+    ridge = ProbeSettings(seeds=settings.seeds, kind="ridge")
+    ridge32 = ProbeSettings(seeds=settings.seeds, kind="ridge", ridge_dtype="float32")
     sides = {
-        "batched": lambda: batched_rows(torch.as_tensor(x), y, fit, evals, settings),
-        "one_at_a_time": lambda: [probe_seeds(torch.as_tensor(v), y, fit, evals, settings, "cpu") for v in x],
+        "softmax_batched": lambda: batched_rows(torch.as_tensor(x), y, fit, evals, settings),
+        "softmax_one_at_a_time": lambda: [
+            probe_seeds(torch.as_tensor(v), y, fit, evals, settings, "cpu") for v in x
+        ],
+        "ridge_batched": lambda: class_ridge_rows(torch.as_tensor(x), y, fit, evals, ridge),
+        "ridge_float32_batched": lambda: class_ridge_rows(torch.as_tensor(x), y, fit, evals, ridge32),
+        "ridge_one_at_a_time": lambda: ridge_one_at_a_time(x.astype(np.float64), y, fit, evals, ridge),
     }
-    times, results, _ = _common.interleaved(sides, args.repeats, torch.device("cpu"))
-    together, alone = results["batched"], results["one_at_a_time"]
-    diff = max(
-        abs(a["accuracy"] - b["accuracy"])
-        for rows_a, rows_b in zip(alone, together, strict=True)
-        for a, b in zip(rows_a, rows_b, strict=True)
+    return {name: sides[name] for name in args.probe_sides}
+
+
+def accuracy_difference(a: list[list[dict]], b: list[list[dict]]) -> dict:
+    """Accuracy of ``a`` minus ``b``, row by row (same layer, seed, evaluation set)."""
+    diff = np.array(
+        [
+            ra["accuracy"] - rb["accuracy"]
+            for la, lb in zip(a, b, strict=True)
+            for ra, rb in zip(la, lb, strict=True)
+        ]
     )
-    per_batched = times["batched"] / (len(x) * args.seeds)
-    per_single = times["one_at_a_time"] / (len(x) * args.seeds)
-    epochs = [r["epochs_run"] for rows in together for r in rows]
-    holdout = [r["accuracy"] for rows in together for r in rows if r["eval_split"] == "holdout"]
-    return {
-        "n_features": int(x.shape[2]),
-        "probes": args.probe_layers * args.seeds,
-        "seconds_per_probe_batched": per_batched,
-        "seconds_per_probe_one_at_a_time": per_single,
-        "speedup": per_single / per_batched,
-        "max_accuracy_difference": diff,
-        "epochs_run_mean": float(np.mean(epochs)),
-        "holdout_accuracy_range": [min(holdout), max(holdout)],
-    }
+    return {"mean": float(diff.mean()), "max_abs": float(np.abs(diff).max())}
+
+
+#: (side, baseline) pairs reported as a time ratio (baseline / side) and an accuracy difference.
+COMPARISONS = (
+    ("softmax_batched", "softmax_one_at_a_time"),
+    ("ridge_batched", "ridge_one_at_a_time"),
+    ("ridge_float32_batched", "ridge_batched"),
+    ("ridge_batched", "softmax_one_at_a_time"),
+    ("ridge_float32_batched", "softmax_one_at_a_time"),
+    ("ridge_batched", "softmax_batched"),
+)
+
+
+def bench_probes(folder: Path, args, labels: dict, name: str) -> dict:
+    x, y, fit, evals = probe_inputs(folder, args, labels, name)
+    sides = probe_sides(x, y, fit, evals, args)
+    times, results, _ = _common.interleaved(sides, args.repeats, torch.device("cpu"))
+    n_probes = len(x) * args.seeds
+    out = {"n_features": int(x.shape[2]), "probes": n_probes}
+    out["seconds_per_probe"] = {side: t / n_probes for side, t in times.items()}
+    for side, base in COMPARISONS:
+        if side in times and base in times:
+            out[f"{side}_vs_{base}"] = {
+                "speedup": times[base] / times[side],
+                "accuracy_difference": accuracy_difference(results[side], results[base]),
+            }
+    for side, rows in results.items():
+        holdout = [r["accuracy"] for layer in rows for r in layer if r["eval_split"] == "holdout"]
+        out.setdefault("holdout_accuracy_mean", {})[side] = float(np.mean(holdout))
+    if "softmax_batched" in results:
+        out["softmax_epochs_run_mean"] = float(
+            np.mean([r["epochs_run"] for rows in results["softmax_batched"] for r in rows])
+        )
+    return out
 
 
 def projection(args, read: dict, reps: dict, probes: dict) -> dict:
     """Every layer x representation x seed, each representation's probes timed as the measured
-    representation of the nearest width (log scale)."""
+    representation of the nearest width (log scale), for each batched kind of probe measured."""
 
-    def per_probe(name: str) -> float:
+    def per_probe(name: str, side: str) -> float:
         width = reps[name]["width"]
-        nearest = min(probes, key=lambda r: abs(np.log(probes[r]["n_features"]) - np.log(width)))
-        return probes[nearest]["seconds_per_probe_batched"]
+        nearest = min(probes, key=lambda r: abs(np.log(probes[r]["n_features"]) - np.log(max(width, 1))))
+        return probes[nearest]["seconds_per_probe"][side]
 
     read = read[args.formats[0]]  # the first format's read
     base = {
         "read_s": read["bytes"] / 0.8 / (read["warm"]["epochlens_gb_per_s"] * 1e9),  # train and test
         "representations_s": sum(r["seconds"] for r in reps.values()) / 0.8 * args.layers,
-        "probes_s": sum(per_probe(name) for name in reps) * args.layers * args.seeds,
     }
+    sides = [s for s in next(iter(probes.values()))["seconds_per_probe"] if "batched" in s]
+    for side in sides:
+        base[f"probes_{side}_s"] = sum(per_probe(name, side) for name in reps) * args.layers * args.seeds
     out = {}
     for samples in (args.samples, 50_000):
         scale = samples / args.samples
         parts = {k: v * scale for k, v in base.items()}
-        out[f"{samples}_samples"] = {**parts, "total_minutes": sum(parts.values()) / 60}
+        shared = parts["read_s"] + parts["representations_s"]
+        totals = {side: (shared + parts[f"probes_{side}_s"]) / 60 for side in sides}
+        out[f"{samples}_samples"] = {**parts, "total_minutes": totals}
     out["what"] = (
-        f"{args.layers} layers x {len(reps)} representations x {args.seeds} seeds, linear in samples"
+        f"{args.layers} layers x {len(reps)} representations x {args.seeds} seeds, linear in samples "
+        "(read, representations, probes' Grams and evaluations; the ridge probes' eigendecompositions do "
+        "not grow with samples, so 50,000 is an upper bound for them)"
     )
     return out
 
