@@ -5,6 +5,8 @@
   and target-quantile bins;
 * :mod:`.linear`    softmax-regression probes with early stopping (:func:`probe_features`);
 * :mod:`.ridge`     the closed-form ridge probe of a regression's targets, scored by R² (torch-free);
+* :mod:`.ridge_classes` the closed-form ridge probe of class targets (``probes.kind: ridge``,
+  scikit-learn's RidgeClassifier), many layers and seeds from one Gram matrix per layer;
 * :mod:`.summary`   seeds and replicate indices reduced to the run's table (torch-free).
 
 The names below are imported on first use (PEP 562): importing the package loads no torch.
@@ -25,6 +27,8 @@ _EXPORTS = {
     "RidgeFit": "ridge",
     "fit_ridge_path": "ridge",
     "ridge_seeds": "ridge",
+    "class_ridge_rows": "ridge_classes",
+    "fit_class_ridge": "ridge_classes",
     "ProbeFit": "linear",
     "train_linear_probe": "linear",
     "probe_seeds": "linear",

@@ -55,15 +55,28 @@ class ClassRidgeFit:
     intercept: torch.Tensor  # (S, K), the mean ±1 target of the seed's fit samples
     mean: torch.Tensor  # (G, S, D)
     scale: torch.Tensor  # (G, S, D)
+    shift: torch.Tensor  # (G, 1, D), the mean of all fit samples (every seed's)
     n_fit: list[int]  # per seed
 
-    def outputs(self, x: torch.Tensor, seed: int, coef: torch.Tensor | None = None) -> torch.Tensor:
-        """Outputs of raw features (G, B, D) for probe ``seed`` (position) of each layer: with
-        ``coef`` (G, D, K), (G, B, K); None: those of every penalty, (A, G, B, K)."""
-        xs = (x.to(self.mean.dtype) - self.mean[:, seed, None]) / self.scale[:, seed, None]
-        if coef is not None:
-            return xs @ coef + self.intercept[seed]
-        return torch.stack([xs @ c[:, seed] for c in self.coef]) + self.intercept[seed]
+    def shifted(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw features (G, B, D) less :attr:`shift`, in the fit's dtype: what
+        :meth:`outputs` reads with ``shifted=True`` (computed once for every seed)."""
+        return x.to(self.shift.dtype) - self.shift
+
+    def outputs(
+        self, x: torch.Tensor, seed: int, coef: torch.Tensor | None = None, shifted: bool = False
+    ) -> torch.Tensor:
+        """Outputs of features (G, B, D) (raw, or :meth:`shifted`) for probe ``seed`` (position) of
+        each layer: with ``coef`` (G, D, K), (G, B, K); None: those of every penalty, (A, G, B, K).
+        The standardisation is folded into the coefficients, so features are not copied per seed."""
+        xc = x if shifted else self.shifted(x)
+        scale = self.scale[:, seed]
+        offset = (self.mean[:, seed] - self.shift[:, 0]) / scale  # (G, D), small: shift ~ mean
+        outs = []
+        for c in [coef] if coef is not None else [c[:, seed] for c in self.coef]:
+            bias = self.intercept[seed] - (offset[:, None, :] @ c)[:, 0]  # (G, K)
+            outs.append(xc @ (c / scale[:, :, None]) + bias[:, None])
+        return outs[0] if coef is not None else torch.stack(outs)
 
     def kept(self, seed: int, penalty: torch.Tensor) -> torch.Tensor:
         """(G, D, K) coefficients of probe ``seed`` of each layer at its penalty (G,) (positions)."""
@@ -93,8 +106,9 @@ def fit_class_ridge(
     dtype = t.dtype
     fit0, held0 = seed_rows[0]
     every = torch.sort(torch.cat([fit0, held0])).values
-    shift = x[:, every].to(dtype).mean(1, keepdim=True)  # (G, 1, D)
-    xf = x[:, every].to(dtype) - shift
+    xf = x[:, every].to(dtype)
+    shift = xf.mean(1, keepdim=True)  # (G, 1, D)
+    xf -= shift
     gram, sums, xty = xf.mT @ xf, xf.sum(1), xf.mT @ t[every]  # once per layer
     del xf
     grams, means, scales, xtys, ybars, counts = [], [], [], [], [], []
@@ -116,26 +130,29 @@ def fit_class_ridge(
     evals, vecs = torch.linalg.eigh(torch.stack(grams, 1))  # (G, S, D), (G, S, D, D)
     n_col = torch.tensor(counts, dtype=dtype, device=x.device)[:, None]  # (S, 1)
     coef = eigen_path(evals, vecs, torch.stack(xtys, 1), n_col, alphas)
-    return ClassRidgeFit(coef, torch.stack(ybars), torch.stack(means, 1), torch.stack(scales, 1), counts)
+    return ClassRidgeFit(
+        coef, torch.stack(ybars), torch.stack(means, 1), torch.stack(scales, 1), shift, counts
+    )
 
 
 def choose_penalty(
-    fit: ClassRidgeFit, x: torch.Tensor, y: torch.Tensor, seed_rows, alphas: Sequence[float]
+    fit: ClassRidgeFit, xc: torch.Tensor, y: torch.Tensor, seed_rows, alphas: Sequence[float]
 ) -> torch.Tensor:
     """(G, S) position of the penalty with the best accuracy on each seed's held-out samples (ties
-    to the larger penalty; one penalty, or no held-out samples: the only or the largest)."""
+    to the larger penalty; one penalty, or no held-out samples: the only or the largest). ``xc``:
+    the features (G, N, D) :meth:`ClassRidgeFit.shifted`."""
     g, s = fit.mean.shape[:2]
     larger_first = sorted(range(len(alphas)), key=lambda i: -alphas[i])
-    best = torch.full((g, s), larger_first[0], dtype=torch.long, device=x.device)
+    best = torch.full((g, s), larger_first[0], dtype=torch.long, device=xc.device)
     if len(alphas) == 1:
         return best
     for i, (_, held) in enumerate(seed_rows):
         if len(held) == 0:
             continue
-        out = fit.outputs(x[:, held], i)  # (A, G, B, K)
+        out = fit.outputs(xc[:, held], i, shifted=True)  # (A, G, B, K)
         acc = (out.argmax(-1) == y[held]).to(torch.float64).mean(-1)  # (A, G)
         ordered = acc[larger_first]  # argmax takes the first of ties: the larger penalty
-        best[:, i] = torch.tensor(larger_first, device=x.device)[ordered.argmax(0)]
+        best[:, i] = torch.tensor(larger_first, device=xc.device)[ordered.argmax(0)]
     return best
 
 
@@ -183,13 +200,14 @@ def class_ridge_rows(
 
 def _chunk_rows(x, y, t, plan, settings) -> list[list[dict]]:
     fit = fit_class_ridge(x, t, plan.seed_rows, settings.ridge_alphas, settings.standardize)
-    best = choose_penalty(fit, x, y, plan.seed_rows, settings.ridge_alphas)
+    xc = fit.shifted(x)  # once for every seed
+    best = choose_penalty(fit, xc, y, plan.seed_rows, settings.ridge_alphas)
     rows = [[] for _ in range(x.shape[0])]
     for i, seed in enumerate(settings.seeds):
         fit_rows, held = plan.seed_rows[i]
         coef = fit.kept(i, best[:, i])
-        scores = {name: _scores(fit, x, y, t, ev, i, coef) for name, ev in plan.eval_sets.items()}
-        fit_acc, _ = _scores(fit, x, y, t, fit_rows, i, coef)
+        scores = {name: _scores(fit, xc, y, t, ev, i, coef) for name, ev in plan.eval_sets.items()}
+        fit_acc, _ = _scores(fit, xc, y, t, fit_rows, i, coef)
         for g in range(x.shape[0]):
             for name, ev in plan.eval_sets.items():
                 acc, loss = scores[name]
@@ -199,9 +217,9 @@ def _chunk_rows(x, y, t, plan, settings) -> list[list[dict]]:
     return rows
 
 
-def _scores(fit, x, y, t, rows, seed, coef) -> tuple[torch.Tensor, torch.Tensor]:
+def _scores(fit, xc, y, t, rows, seed, coef) -> tuple[torch.Tensor, torch.Tensor]:
     """(G,) accuracy and mean squared error of the ±1 targets of each layer's probe on ``rows``."""
-    out = fit.outputs(x[:, rows], seed, coef)  # (G, B, K)
+    out = fit.outputs(xc[:, rows], seed, coef, shifted=True)  # (G, B, K)
     acc = (out.argmax(-1) == y[rows]).to(torch.float64).mean(-1)
     loss = (out - t[rows]).square().mean((-1, -2)).to(torch.float64)
     return acc, loss
