@@ -188,6 +188,13 @@ def class_ridge_rows(
             "set probes.stop_fraction > 0 or a single penalty (probes.ridge_alphas: [value])."
         )
     plan = probe_plan(y, fit_mask, eval_masks, settings, x.device)
+    held = min(len(rows) for _, rows in plan.seed_rows)
+    if len(alphas) > 1 and held < 2:
+        raise ProbeError(
+            f"ridge probe: stop_fraction={settings.stop_fraction} holds out {held} fit sample(s) per "
+            f"seed, too few to choose the penalty among {list(alphas)}; raise probes.stop_fraction or "
+            "give one penalty (probes.ridge_alphas: [value])."
+        )
     dtype = getattr(torch, settings.ridge_dtype)
     y_dev = torch.as_tensor(np.asarray(y, dtype=np.int64), device=x.device)
     t = pm_targets(y_dev.clamp(min=0), plan.n_classes, dtype)  # rows of undefined targets are never read

@@ -121,6 +121,10 @@ def test_nan_features_are_refused_naming_the_layer_and_a_constant_layer_predicts
     assert all(r["accuracy"] == pytest.approx(r["chance"]) for r in rows)
     with pytest.raises(ProbeError, match="stop_fraction 0 leaves no samples"):
         class_ridge_rows(torch.as_tensor(x), y, fit_mask, evals, ProbeSettings(kind="ridge", stop_fraction=0))
+    with pytest.raises(ProbeError, match="holds out 0 fit sample"):  # 0.001 of ~30 per class: none
+        class_ridge_rows(
+            torch.as_tensor(x), y, fit_mask, evals, ProbeSettings(kind="ridge", stop_fraction=1e-3)
+        )
 
 
 def test_probe_tables_of_ridge_probes_read_as_softmax_tables(rng) -> None:
