@@ -14,14 +14,19 @@ noise) and prints one JSON object:
 * ``representations``: seconds per layer of each representation of ``--representations`` (all
   train rows of one layer, batches of 1024), the mean over ``--rep-layers`` layers, and its width.
 * ``probes``: per representation of ``--probe-representations`` (default ``mean``, D wide, and
-  ``stats``, 6 wide), the softmax probes of ``--probe-layers`` layers x
-  ``--seeds`` seeds fitted together (:mod:`epochlens.probes.batched`) against one at a time
-  (:func:`epochlens.probes.linear.probe_seeds`, the previous code), interleaved, best of
-  ``--repeats``: seconds per probe of each, their ratio, and the largest accuracy difference
-  between the two fits of the same (layer, seed).
+  ``stats``, 6 wide), the probes of ``--probe-layers`` layers x ``--seeds`` seeds by each side of
+  ``--probe-sides``, interleaved (A B .., .. B A), best of ``--repeats``: softmax probes fitted
+  together (:mod:`epochlens.probes.batched`) and one at a time
+  (:func:`epochlens.probes.linear.probe_seeds`, the previous code); ridge probes of the classes
+  (``probes.kind: ridge``, :mod:`epochlens.probes.ridge_classes`) stacked in float64 and float32,
+  and the same probes one (layer, seed) at a time (:func:`epochlens.probes.ridge.fit_ridge_path`
+  on the seed's own fit rows). Seconds per probe of each side; per pair of :data:`COMPARISONS` the
+  time ratio and the accuracy difference (mean and largest, row by row: same layer, seed and
+  evaluation set); the float32 ridge coefficients' largest difference from float64's (relative).
 * ``projection``: the time for every layer x representation x seed at ``--samples`` and at 50,000
-  samples (read, representations and probes scaled linearly in samples from the measured rates; a
-  representation's probes timed as those of the measured one of the nearest width).
+  samples, per stacked kind of probe (read, representations and probes scaled linearly in samples
+  from the measured rates; a representation's probes timed as those of the measured one of the
+  nearest width).
 
 Usage (the full size needs ~2 GB of disk and about as much memory):
     .venv/bin/python benchmarks/probes.py --layers 128 --samples 10000 --dims 768 --threads 1
@@ -43,6 +48,7 @@ from pathlib import Path
 import _common
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from epochlens.features import stored_representations as srep
 from epochlens.features.stored import Snapshot
@@ -50,7 +56,7 @@ from epochlens.features.stored_settings import StoredFeatureSettings
 from epochlens.probes.batched import batched_rows
 from epochlens.probes.linear import probe_plan, probe_seeds
 from epochlens.probes.ridge import fit_ridge_path
-from epochlens.probes.ridge_classes import class_ridge_rows
+from epochlens.probes.ridge_classes import class_ridge_rows, fit_class_ridge, pm_targets
 from epochlens.probes.settings import ProbeSettings
 
 _BUFFER = bytearray(16 << 20)  # allocated once, outside the timings
@@ -311,12 +317,36 @@ COMPARISONS = (
 )
 
 
+def float32_error(x: np.ndarray, y, fit, evals, args) -> dict:
+    """Largest coefficient difference of the float32 ridge probes from the float64 ones (relative
+    to the largest float64 coefficient), per penalty, over the first layer's seeds."""
+    settings = ProbeSettings(seeds=tuple(range(args.seeds)), kind="ridge")
+    plan = probe_plan(y, fit, evals, settings, torch.device("cpu"))
+    y_dev = torch.as_tensor(y)
+    fits = {
+        dtype: fit_class_ridge(
+            torch.as_tensor(x[:1]),
+            pm_targets(y_dev, plan.n_classes, dtype),
+            plan.seed_rows,
+            settings.ridge_alphas,
+        )
+        for dtype in (torch.float64, torch.float32)
+    }
+    return {
+        str(alpha): float((c32.double() - c64).abs().max() / c64.abs().max())
+        for alpha, c64, c32 in zip(
+            settings.ridge_alphas, fits[torch.float64].coef, fits[torch.float32].coef, strict=True
+        )
+    }
+
+
 def bench_probes(folder: Path, args, labels: dict, name: str) -> dict:
     x, y, fit, evals = probe_inputs(folder, args, labels, name)
     sides = probe_sides(x, y, fit, evals, args)
     times, results, _ = _common.interleaved(sides, args.repeats, torch.device("cpu"))
     n_probes = len(x) * args.seeds
     out = {"n_features": int(x.shape[2]), "probes": n_probes}
+    out["ridge_float32_coefficient_error"] = float32_error(x, y, fit, evals, args)
     out["seconds_per_probe"] = {side: t / n_probes for side, t in times.items()}
     for side, base in COMPARISONS:
         if side in times and base in times:
@@ -369,6 +399,13 @@ def projection(args, read: dict, reps: dict, probes: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = options().parse_args(argv)
     torch.set_num_threads(args.threads)
+    # NumPy's BLAS as many threads as torch (the one-at-a-time ridge side is NumPy): OpenBLAS's
+    # own two threads ran fit_ridge_path ~10x slower on the shared CPU than one thread
+    with threadpool_limits(args.threads):
+        return _main(args)
+
+
+def _main(args) -> int:
     device = torch.device("cpu")
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
