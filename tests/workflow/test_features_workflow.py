@@ -249,6 +249,13 @@ def test_what_reruns(tiny_run, tmp_path):
         "plot_probes": 1,
         "all": 1,
     }
+    # The ridge probe of classes: probes only (the default kind, softmax, was not in the params).
+    assert plan(probes={"kind": "ridge"}) == {
+        "probes_epoch": 4,
+        "probe_tables": 1,
+        "plot_probes": 1,
+        "all": 1,
+    }
     assert plan(ablation={"channel_groups": 2})["ablation_epoch"] == 4
 
     # A new checkpoint at epoch 4 (no curvature there): that epoch's jobs and the run's tables.
