@@ -13,17 +13,19 @@ sample "helps" the query under the label the query is given; pass the predicted 
 which samples support a prediction). Self-influence is >= 0; it is large for samples the model
 finds surprising, such as mislabeled or poisoned ones.
 
-Pairwise cost and memory: every query's preconditioned gradient P g_q is computed first
-(``query_batch_size`` at a time) and kept; then one pass over the training set computes each
-training batch's gradients once, for all queries. Memory rule: the kept gradients take
-Q x Σ_layers out·in_dim numbers of the precondition dtype (8 bytes for float64; with
-``query_gradient_rank`` r, Σ_layers min(out·in_dim, r·(out + in_dim)) per query). When that exceeds
-``query_memory_gb``, queries are processed in groups that fit, one training pass per group. Example:
-ResNet-18 (11.2 M parameters) x 100 queries in float64 is 9 GB: five passes with the default 2 GiB,
-or one pass with query_gradient_rank 32 (~50 MB, approximate scores). The kept gradients are written
-into buffers allocated once (for the queries that fit, at most Q), chunk by chunk as they are
-preconditioned; besides them a pass holds one batch's forward/backward (the network's own tensors,
-compute dtype) and, layer by layer, chunks of per-sample tensors of at most
+Pairwise cost and memory: every query's preconditioned gradient is computed first
+(``query_batch_size`` at a time) and kept in the preconditioner's eigenbasis, D Rᵀ g_q (P = R D Rᵀ;
+:meth:`~epochlens.influence.precondition.Preconditioner.apply_in_basis`: no rotation back); then one
+pass over the training set computes each training batch's gradients once, rotated into that basis
+(Rᵀ g_n, as self-influence does), for all queries: g_qᵀ P g_n = ⟨D Rᵀ g_q, Rᵀ g_n⟩.
+Memory rule: the kept gradients take Q x Σ_layers out·in_dim numbers of the precondition dtype
+(8 bytes for float64; with ``query_gradient_rank`` r, Σ_layers min(out·in_dim, r·(out + in_dim)) per
+query). When that exceeds ``query_memory_gb``, queries are processed in groups that fit, one training
+pass per group. Example: ResNet-18 (11.2 M parameters) x 100 queries in float64 is 9 GB: five passes
+with the default 2 GiB, or one pass with query_gradient_rank 32 (~50 MB, approximate scores). The kept
+gradients are written into buffers allocated once (for the queries that fit, at most Q), chunk by
+chunk as they are preconditioned; besides them a pass holds one batch's forward/backward (the
+network's own tensors, compute dtype) and, layer by layer, chunks of per-sample tensors of at most
 :data:`epochlens.influence.layers.CHUNK_BYTES` each.
 
 Samples with NaN/Inf gradients (or a non-finite solve) get NaN scores and are reported by global
@@ -64,7 +66,7 @@ from epochlens.influence.gradients import (
     resolve_compute_dtype,
     task_batches,
 )
-from epochlens.influence.layers import ActivationCapture, gradient_chunks, per_sample_gradient
+from epochlens.influence.layers import ActivationCapture, per_sample_gradient
 from epochlens.influence.precondition import Preconditioner
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.progress import progress_bar
@@ -211,7 +213,8 @@ class _QueryGradients:
     """Preconditioned query gradients held for one pass over the training set, written into buffers
     allocated once (rows for the queries that fit in ``memory_gb``, or all of them): full or low rank.
 
-    Per layer either P g_q (rows, out, in_dim), or (L (rows, out, r), R (rows, r, in_dim)) with L R the
+    Per layer either D Rᵀ g_q (rows, out, in_dim; in the preconditioner's eigenbasis, see
+    :meth:`Preconditioner.apply_in_basis`), or (L (rows, out, r), R (rows, r, in_dim)) with L R the
     best rank-r approximation of P g_q (truncated SVD).
     """
 
@@ -287,8 +290,9 @@ class _QueryGradients:
 
 
 def _hold_queries(eng: _Engine, held: _QueryGradients, qbp: BatchBackprop, ok: torch.Tensor) -> torch.Tensor:
-    """Write P g_q of the batch's rows ``ok`` into ``held`` after its held rows, a chunk at a time;
-    the rows whose P g_q is finite in every layer are kept, in order. Returns that (B,) mask."""
+    """Write the preconditioned gradients of the batch's rows ``ok`` into ``held`` after its held rows,
+    a chunk at a time (D Rᵀ g_q, or P g_q's rank-r factors); the rows whose numbers are finite in every
+    layer are kept, in order. Returns that (B,) mask."""
     start, n_ok = len(held), int(ok.sum())
     for n in eng.layers:
         at = start
@@ -296,7 +300,7 @@ def _hold_queries(eng: _Engine, held: _QueryGradients, qbp: BatchBackprop, ok: t
             if held.low_rank[n]:
                 held.write_low_rank(n, at, eng.pre.apply(n, a, ds))
             else:
-                eng.pre.apply(n, a, ds, out=held.store[n][at : at + len(a)])
+                eng.pre.apply_in_basis(n, a, ds, out=held.store[n][at : at + len(a)])
             at += len(a)
     solved = held.finite(start, start + n_ok)
     kept = ok.clone()
@@ -307,13 +311,14 @@ def _hold_queries(eng: _Engine, held: _QueryGradients, qbp: BatchBackprop, ok: t
 
 
 def _pair_block(held, eng: _Engine, bp: BatchBackprop, name: str, ok: torch.Tensor) -> torch.Tensor:
-    """(Q, B') scores of one layer: ⟨P g_q, g_n⟩ for held queries and the batch's usable samples."""
+    """(Q, B') scores of one layer: ⟨D Rᵀ g_q, Rᵀ g_n⟩ (low rank: ⟨P g_q, g_n⟩) for the held queries
+    and the batch's usable samples."""
     parts = []
     for a, ds in eng.chunks(bp, name, ok):
         if isinstance(held, tuple):  # low rank: <L R, Σ_t ds_t a_tᵀ> = Σ_t (Lᵀ ds_t)·(R a_t)
             parts.append(_low_rank_block(held, a, ds))
         else:
-            parts += [held.flatten(1) @ g.flatten(1).T for _, g in gradient_chunks(a, ds)]
+            parts += [held.flatten(1) @ g.flatten(1).T for _, g in eng.pre.in_basis(name, a, ds)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
