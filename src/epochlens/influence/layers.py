@@ -452,6 +452,16 @@ def _rotate_first(t: int, n_out: int, n_in: int) -> bool:
     return t * (n_in * n_in + n_out * n_out + n_out * n_in) < t * n_out * n_in + n_out * n_in * (n_out + n_in)
 
 
+def held_in_eigenbasis(t: int, n_out: int, n_in: int, n_train: int, n_queries: int) -> bool:
+    """Whether pairwise scores of a layer cost less with the queries held in the eigenbasis, D Rᵀ G_q,
+    each training gradient rotated into it (n_train · min(T(in² + out²), out·in·(out + in))
+    multiply-adds beyond forming G_n, see :func:`_rotate_first`), than with P G_q, each query rotated
+    back (n_queries · out·in·(out + in)). ResNet-18, 60 training images x 20 queries: its layer4
+    (T = 16) held in the eigenbasis, its layer1 (T = 1,024) not; at 50,000 images neither."""
+    back = n_out * n_in * (n_out + n_in)
+    return n_train * min(t * (n_in * n_in + n_out * n_out), back) < n_queries * back
+
+
 def rotated_gradient(a: torch.Tensor, ds: torch.Tensor, qs: torch.Tensor, qa: torch.Tensor) -> torch.Tensor:
     """Q_Sᵀ G_n Q_A (B, out, in_dim) for G_n = Σ_t ds_t a_tᵀ, without forming G_n where cheaper
     (see :func:`_rotate_first`). a: (B, T, in_dim), ds: (B, T, out), qs: (out, out), qa: (in_dim,

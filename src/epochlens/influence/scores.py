@@ -14,10 +14,12 @@ which samples support a prediction). Self-influence is >= 0; it is large for sam
 finds surprising, such as mislabeled or poisoned ones.
 
 Pairwise cost and memory: every query's preconditioned gradient is computed first
-(``query_batch_size`` at a time) and kept in the preconditioner's eigenbasis, D Rᵀ g_q (P = R D Rᵀ;
-:meth:`~epochlens.influence.precondition.Preconditioner.apply_in_basis`: no rotation back); then one
-pass over the training set computes each training batch's gradients once, rotated into that basis
-(Rᵀ g_n, as self-influence does), for all queries: g_qᵀ P g_n = ⟨D Rᵀ g_q, Rᵀ g_n⟩.
+(``query_batch_size`` at a time) and kept; then one pass over the training set computes each training
+batch's gradients once, for all queries. Per layer the cheaper of two ways (from its shapes and the
+numbers of training samples and held queries: :func:`~epochlens.influence.layers.held_in_eigenbasis`):
+P g_q kept and ⟨P g_q, g_n⟩, or, where rotating every training gradient into the preconditioner's
+eigenbasis costs less than rotating every query back out of it, D Rᵀ g_q kept (P = R D Rᵀ,
+:meth:`~epochlens.influence.precondition.Preconditioner.apply_in_basis`) and ⟨D Rᵀ g_q, Rᵀ g_n⟩.
 Memory rule: the kept gradients take Q x Σ_layers out·in_dim numbers of the precondition dtype
 (8 bytes for float64; with ``query_gradient_rank`` r, Σ_layers min(out·in_dim, r·(out + in_dim)) per
 query). When that exceeds ``query_memory_gb``, queries are processed in groups that fit, one training
@@ -49,6 +51,7 @@ from torch.utils.data import DataLoader, Dataset
 from epochlens.batches import SampleSource
 from epochlens.device import model_device
 from epochlens.errors import FactorCacheError
+from epochlens.influence import layers as layer_math
 from epochlens.influence.factors import (
     InfluenceFactors,
     LayerFactors,
@@ -66,7 +69,13 @@ from epochlens.influence.gradients import (
     resolve_compute_dtype,
     task_batches,
 )
-from epochlens.influence.layers import ActivationCapture, per_sample_gradient
+from epochlens.influence.layers import (
+    ActivationCapture,
+    gradient_chunks,
+    held_in_eigenbasis,
+    layer_width,
+    per_sample_gradient,
+)
 from epochlens.influence.precondition import Preconditioner
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.progress import progress_bar
@@ -213,9 +222,10 @@ class _QueryGradients:
     """Preconditioned query gradients held for one pass over the training set, written into buffers
     allocated once (rows for the queries that fit in ``memory_gb``, or all of them): full or low rank.
 
-    Per layer either D Rᵀ g_q (rows, out, in_dim; in the preconditioner's eigenbasis, see
-    :meth:`Preconditioner.apply_in_basis`), or (L (rows, out, r), R (rows, r, in_dim)) with L R the
-    best rank-r approximation of P g_q (truncated SVD).
+    Per layer either P g_q (rows, out, in_dim), or D Rᵀ g_q (the same in the preconditioner's
+    eigenbasis, :meth:`Preconditioner.apply_in_basis`) where :attr:`basis` says so (set by
+    :func:`_choose_bases` before the first query is held), or (L (rows, out, r), R (rows, r, in_dim))
+    with L R the best rank-r approximation of P g_q (truncated SVD).
     """
 
     def __init__(
@@ -242,6 +252,7 @@ class _QueryGradients:
             for n, i in layers.items()
         }
         self.count = 0
+        self.basis: dict[str, bool] | None = None
 
     def __len__(self) -> int:
         return self.count
@@ -300,7 +311,8 @@ def _hold_queries(eng: _Engine, held: _QueryGradients, qbp: BatchBackprop, ok: t
             if held.low_rank[n]:
                 held.write_low_rank(n, at, eng.pre.apply(n, a, ds))
             else:
-                eng.pre.apply_in_basis(n, a, ds, out=held.store[n][at : at + len(a)])
+                apply = eng.pre.apply_in_basis if held.basis[n] else eng.pre.apply
+                apply(n, a, ds, out=held.store[n][at : at + len(a)])
             at += len(a)
     solved = held.finite(start, start + n_ok)
     kept = ok.clone()
@@ -310,16 +322,40 @@ def _hold_queries(eng: _Engine, held: _QueryGradients, qbp: BatchBackprop, ok: t
     return kept
 
 
-def _pair_block(held, eng: _Engine, bp: BatchBackprop, name: str, ok: torch.Tensor) -> torch.Tensor:
-    """(Q, B') scores of one layer: ⟨D Rᵀ g_q, Rᵀ g_n⟩ (low rank: ⟨P g_q, g_n⟩) for the held queries
-    and the batch's usable samples."""
+def _choose_bases(held: _QueryGradients, qbp: BatchBackprop, n_train: int, n_queries: int) -> None:
+    """Per layer, whether the queries are held in the eigenbasis (:func:`held_in_eigenbasis`, T from
+    the first batch of queries; ``n_queries`` those held in a pass)."""
+    held.basis = {}
+    for n, info in qbp.layers.items():
+        t = sum(layer_width(info, x) for x in qbp.calls[n])
+        held.basis[n] = held_in_eigenbasis(t, info.out_dim, info.in_dim, n_train, n_queries)
+
+
+def _pair_block(
+    held, in_basis: bool, eng: _Engine, bp: BatchBackprop, name: str, ok: torch.Tensor
+) -> torch.Tensor:
+    """(Q, B') scores of one layer for the held queries and the batch's usable samples: ⟨P g_q, g_n⟩,
+    or ⟨D Rᵀ g_q, Rᵀ g_n⟩ where the queries are held ``in_basis``."""
     parts = []
     for a, ds in eng.chunks(bp, name, ok):
         if isinstance(held, tuple):  # low rank: <L R, Σ_t ds_t a_tᵀ> = Σ_t (Lᵀ ds_t)·(R a_t)
             parts.append(_low_rank_block(held, a, ds))
         else:
-            parts += [held.flatten(1) @ g.flatten(1).T for _, g in eng.pre.in_basis(name, a, ds)]
+            budget = _pair_budget(held)
+            grads = (
+                eng.pre.in_basis(name, a, ds, budget) if in_basis else gradient_chunks(a, ds, budget=budget)
+            )
+            parts += [held.flatten(1) @ g.flatten(1).T for _, g in grads]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _pair_budget(held: torch.Tensor) -> int:
+    """Bytes of a chunk of training gradients scored against a layer's held query rows at once: half
+    the held rows' bytes, within [CHUNK_BYTES, 8 x CHUNK_BYTES]. Each chunk reads every held row once;
+    a chunk of one sample makes that Q matrix-vector products, memory-bound (ResNet-18's layer4, 20
+    queries, one CPU thread: 65 ms per sample at one sample a chunk, 10 ms at twelve)."""
+    half = held.numel() * held.element_size() // 2
+    return min(max(half, layer_math.CHUNK_BYTES), 8 * layer_math.CHUNK_BYTES)
 
 
 def _low_rank_block(held: tuple, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
@@ -406,13 +442,15 @@ def pairwise_influence(
                     continue
                 block = None
                 for n in eng.layers:
-                    part = _pair_block(pq[n], eng, nbp, n, ok_n)
+                    part = _pair_block(pq[n], held.basis[n], eng, nbp, n, ok_n)
                     block = part if block is None else block + part
                 scores[np.ix_(qpos, npos[ok_n_np])] = block.cpu().to(torch.float64).numpy()
             passes += 1
 
         for qpos, qbp in eng.batches(queries, settings.query_batch_size, "measurement", "queries", progress):
             usable = qbp.usable
+            if held.basis is None:
+                _choose_bases(held, qbp, len(train), min(held.capacity, len(queries)))
             q_vanished += queries.indices[qpos][qbp.vanished.cpu().numpy()].tolist()
             rows = torch.nonzero(usable).squeeze(1)
             kept = torch.zeros_like(usable)

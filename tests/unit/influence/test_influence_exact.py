@@ -45,10 +45,12 @@ from epochlens.influence import (
     tracin_self,
 )
 from epochlens.influence import layers as layer_math
+from epochlens.influence import scores as scores_module
 from epochlens.influence.gradients import forward_backprop, prepared_model
 from epochlens.influence.layers import (
     ActivationCapture,
     gram_,
+    held_in_eigenbasis,
     layer_inputs,
     layer_output_grads,
     rotated_gradient,
@@ -70,10 +72,14 @@ def test_explicit_ggn_is_the_hessian_for_a_linear_model() -> None:
     torch.testing.assert_close(ex["grads"][0], torch.cat([gw, gb[:, None]], 1).reshape(-1))
 
 
+@pytest.mark.parametrize("in_basis", [False, True])
 @pytest.mark.parametrize("method", ["ekfac", "kfac"])
 @pytest.mark.parametrize("arch", ["linear", "conv"])
-def test_kronecker_methods_equal_exact_influence_where_the_factorisation_is_exact(method, arch) -> None:
-    """EK-FAC and K-FAC with tiny damping reproduce exact inverse-GGN influence.
+def test_kronecker_methods_equal_exact_influence_where_the_factorisation_is_exact(
+    monkeypatch, method, arch, in_basis
+) -> None:
+    """EK-FAC and K-FAC with tiny damping reproduce exact inverse-GGN influence, with the queries
+    held as P g_q or in the eigenbasis as D Rᵀ g_q (pairwise's two ways, forced here).
 
     Why the Kronecker factorisation is exact here: the layer is the only one and its weight is 0,
     so every sample gets the same probabilities p = softmax(b) and the same output Hessian
@@ -94,6 +100,7 @@ def test_kronecker_methods_equal_exact_influence_where_the_factorisation_is_exac
             m.conv.bias.copy_(torch.tensor([0.3, -1.0, 0.8, 0.1], dtype=torch.float64))
         x, y = data(24, (2, 3, 3), 4, 1)
     y = active[y % 3]
+    monkeypatch.setattr(scores_module, "held_in_eigenbasis", lambda *shapes: in_basis)
     settings = InfluenceSettings(method=method, fisher="expected", damping=1e-8)
     factors = fit_factors(m, x, y, active, settings)
     pair = pairwise_influence(m, factors, x, y, x[:7], y[:7], active, settings)
@@ -222,6 +229,16 @@ def test_rotated_gradient_equals_rotating_the_gradient_matrix(positions) -> None
     qa = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=torch.float64))[0]
     direct = qs.T @ torch.einsum("bto,bti->boi", ds, a) @ qa
     torch.testing.assert_close(rotated_gradient(a, ds, qs, qa), direct, rtol=1e-12, atol=1e-12)
+
+
+def test_pairwise_holds_in_the_eigenbasis_where_rotating_the_training_gradients_costs_less() -> None:
+    """ResNet-18's shapes: layer4 (T = 16, 512 x 4,609) in the eigenbasis at 60 training samples and
+    20 queries, layer1 (T = 1,024, 64 x 577) not (rotating each training gradient costs as much as
+    each query); at 50,000 training samples and 100 queries neither."""
+    assert held_in_eigenbasis(16, 512, 4609, 60, 20)
+    assert not held_in_eigenbasis(1024, 64, 577, 60, 20)
+    assert held_in_eigenbasis(1024, 64, 577, 19, 20)
+    assert not held_in_eigenbasis(16, 512, 4609, 50_000, 100)
 
 
 @pytest.mark.parametrize("dim", [1, 3, 4, 5, 11])
