@@ -386,6 +386,7 @@ def pairwise_influence(
     device: str | torch.device | None = None,
     progress: bool = False,
     task: Task | str | None = None,
+    train_total: int | None = None,
 ) -> PairwiseScores:
     """Influence of every training sample on every query: scores (Q, N), g_qᵀ P g_n.
 
@@ -403,6 +404,9 @@ def pairwise_influence(
         device: compute device (None: the model's).
         progress: tqdm bars.
         task: the loss (see :mod:`epochlens.tasks`); None: classification over ``active_classes``.
+        train_total: the training samples of the whole pass when these are one shard of it (None:
+            these): each layer's way of holding the queries (:func:`held_in_eigenbasis`) is chosen
+            for it, so that every shard computes as the unsharded pass does, to the bit.
 
     Returns:
         :class:`PairwiseScores`.
@@ -450,7 +454,8 @@ def pairwise_influence(
         for qpos, qbp in eng.batches(queries, settings.query_batch_size, "measurement", "queries", progress):
             usable = qbp.usable
             if held.basis is None:
-                _choose_bases(held, qbp, len(train), min(held.capacity, len(queries)))
+                n_train = len(train) if train_total is None else train_total
+                _choose_bases(held, qbp, n_train, min(held.capacity, len(queries)))
             q_vanished += queries.indices[qpos][qbp.vanished.cpu().numpy()].tolist()
             rows = torch.nonzero(usable).squeeze(1)
             kept = torch.zeros_like(usable)

@@ -248,6 +248,7 @@ def score_shard(
                 device,
                 progress=progress,
                 task=tk,
+                train_total=len(trained_all),  # every shard holds the queries the same way
             )
             timings[f"pairwise_{t}{suffix}"] = time.perf_counter() - t0
             pair_parts[t].append(pair.scores)

@@ -142,7 +142,8 @@ def test_scores_do_not_depend_on_the_shard(method):
     """Each training sample's scores computed in a shard: bit-equal to the unsharded pass where the
     shard boundaries fall on batch boundaries (the same batches, the same arithmetic); elsewhere
     within 1e-6 relative: the float32 forward and backward passes of batches of other samples round
-    differently (5e-8 measured; float32 eps 1.2e-7)."""
+    differently (5e-8 measured; float32 eps 1.2e-7). Each shard is told the whole pass's size
+    (train_total), so that it holds the queries the way the unsharded pass does."""
     model, x, y = _problem(64)
     y = y % len(ACTIVE)  # every sample scorable: the shards' batches are the unsharded pass's
     xq, yq = x[:5], y[:5]
@@ -160,7 +161,11 @@ def test_scores_do_not_depend_on_the_shard(method):
                 _quiet(self_influence, model, factors, xs, y[r], ACTIVE, settings, idx[r]).scores
             )
             pair_parts.append(
-                _quiet(pairwise_influence, model, factors, xs, y[r], xq, yq, ACTIVE, settings, idx[r]).scores
+                _quiet(
+                    pairwise_influence,
+                    *(model, factors, xs, y[r], xq, yq, ACTIVE, settings, idx[r]),
+                    train_total=len(x),
+                ).scores
             )
         got_self, got_pair = np.concatenate(self_parts), np.concatenate(pair_parts, axis=1)
         if exact:
