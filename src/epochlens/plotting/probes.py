@@ -127,9 +127,8 @@ def plot_probe_accuracy(summary: pd.DataFrame, title: str, split: str = "holdout
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
     ridge = "r2" in metrics.values()
     what = "scores (R² of the ridge probe, else accuracy)" if ridge else "accuracy"
-    samples = "samples" if ridge else "images"
     fig.suptitle(
-        f"{title}: linear-probe {what} per layer\n({split} {samples}; mean of {n_idx} index(es) x "
+        f"{title}: linear-probe {what} per layer\n({split} samples; mean of {n_idx} index(es) x "
         f"{n_seeds} probe seed(s); grey: target skipped)",
         fontsize=10,
     )
