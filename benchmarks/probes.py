@@ -19,8 +19,10 @@ noise) and prints one JSON object:
   together (:mod:`epochlens.probes.batched`) and one at a time
   (:func:`epochlens.probes.linear.probe_seeds`, the previous code); ridge probes of the classes
   (``probes.kind: ridge``, :mod:`epochlens.probes.ridge_classes`) stacked in float64 and float32,
-  and the same probes one (layer, seed) at a time (:func:`epochlens.probes.ridge.fit_ridge_path`
-  on the seed's own fit rows). Seconds per probe of each side; per pair of :data:`COMPARISONS` the
+  and the same probes one (layer, seed) at a time: :func:`epochlens.probes.ridge.fit_ridge_path`
+  on the seed's own fit rows (float64 NumPy, the regression's probe), and the stacked code called
+  per (layer, seed) in float32 (what stacking and the shared Grams save). Seconds per probe of
+  each side; per pair of :data:`COMPARISONS` the
   time ratio and the accuracy difference (mean and largest, row by row: same layer, seed and
   evaluation set); the float32 ridge coefficients' largest difference from float64's (relative).
 * ``projection``: the time for every layer x representation x seed at ``--samples`` and at 50,000
@@ -43,10 +45,12 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import _common
 import numpy as np
+import scipy.linalg  # noqa: F401  (its BLAS loaded before threadpool_limits, so limited too)
 import torch
 from threadpoolctl import threadpool_limits
 
@@ -67,6 +71,7 @@ SIDES = (
     "ridge_batched",
     "ridge_float32_batched",
     "ridge_one_at_a_time",
+    "ridge_float32_one_at_a_time",
 )
 REPS = ("mean", "max", "first", "last", "norms", "flat", "stats", "spectral")
 FORMATS = ("save_to_disk", "npy", "safetensors", "parquet")
@@ -277,6 +282,20 @@ def ridge_one_at_a_time(x: np.ndarray, y, fit, evals, settings: ProbeSettings) -
     return out
 
 
+def ridge_stacked_one_at_a_time(x: np.ndarray, y, fit, evals, settings: ProbeSettings) -> list[list[dict]]:
+    """The stacked code (:func:`~epochlens.probes.ridge_classes.class_ridge_rows`) called for one
+    (layer, seed) at a time: the same solver, dtype and rows, so its ratio to the stacked side is
+    what stacking layers and sharing each layer's Gram among its seeds save."""
+    out = []
+    for layer in x:
+        rows = []
+        for seed in settings.seeds:
+            one = replace(settings, seeds=(seed,))
+            rows += class_ridge_rows(torch.as_tensor(layer[None]), y, fit, evals, one)[0]
+        out.append(rows)
+    return out
+
+
 def probe_sides(x: np.ndarray, y, fit, evals, args) -> dict:
     """What ``--probe-sides`` compares: the name of each side and the call that fits its probes."""
     settings = ProbeSettings(seeds=tuple(range(args.seeds)), max_epochs=args.max_epochs)
@@ -290,6 +309,7 @@ def probe_sides(x: np.ndarray, y, fit, evals, args) -> dict:
         "ridge_batched": lambda: class_ridge_rows(torch.as_tensor(x), y, fit, evals, ridge),
         "ridge_float32_batched": lambda: class_ridge_rows(torch.as_tensor(x), y, fit, evals, ridge32),
         "ridge_one_at_a_time": lambda: ridge_one_at_a_time(x.astype(np.float64), y, fit, evals, ridge),
+        "ridge_float32_one_at_a_time": lambda: ridge_stacked_one_at_a_time(x, y, fit, evals, ridge32),
     }
     return {name: sides[name] for name in args.probe_sides}
 
@@ -311,6 +331,8 @@ COMPARISONS = (
     ("softmax_batched", "softmax_one_at_a_time"),
     ("ridge_batched", "ridge_one_at_a_time"),
     ("ridge_float32_batched", "ridge_batched"),
+    ("ridge_float32_batched", "ridge_float32_one_at_a_time"),
+    ("ridge_float32_batched", "ridge_one_at_a_time"),
     ("ridge_batched", "softmax_one_at_a_time"),
     ("ridge_float32_batched", "softmax_one_at_a_time"),
     ("ridge_batched", "softmax_batched"),

@@ -7,7 +7,8 @@ probes', :mod:`epochlens.probes.linear`), predict every value of the targets (N,
 
 i.e. scikit-learn's ``Ridge(alpha=alpha * n_fit)``: ``alpha`` is a penalty per fit sample, so one
 grid (``ProbeSettings.ridge_alphas``) fits data sets of any size. Every penalty of the grid is
-solved from one eigendecomposition (of X'X, or of XX' where there are fewer samples than features).
+solved from one tridiagonalisation (of X'X, or of XX' where there are fewer samples than features:
+:func:`solve_path`).
 
 Per seed, ``stop_fraction`` of the fit samples (a seeded random subset) are held out; the penalty
 with the best R² on them is kept and its probe (fitted on the other fit samples) is scored on the
@@ -78,18 +79,51 @@ def fit_ridge_path(
     xs = (x - mean) / scale
     y_mean = y.mean(0)
     yc = y - y_mean
-    fits = []
     if n >= d:  # primal: (X'X + n alpha I) W = X'Y
-        evals, vecs = np.linalg.eigh(xs.T @ xs)
-        for a, coef in zip(alphas, eigen_path(evals, vecs, xs.T @ yc, n, alphas), strict=True):
-            fits.append(RidgeFit(coef, y_mean, mean, scale, float(a)))
+        coefs = solve_path(xs.T @ xs, xs.T @ yc, n, alphas)
     else:  # dual: W = X' (XX' + n alpha I)^-1 Y
-        evals, vecs = np.linalg.eigh(xs @ xs.T)
-        proj = vecs.T @ yc
-        for a in alphas:
-            coef = xs.T @ (vecs @ (proj / (np.clip(evals, 0, None) + n * a)[:, None]))
-            fits.append(RidgeFit(coef, y_mean, mean, scale, float(a)))
-    return fits
+        coefs = [xs.T @ c for c in solve_path(xs @ xs.T, yc, n, alphas)]
+    return [RidgeFit(c, y_mean, mean, scale, float(a)) for a, c in zip(alphas, coefs, strict=True)]
+
+
+def solve_path(gram: np.ndarray, rhs: np.ndarray, n, alphas: Sequence[float]) -> list[np.ndarray]:
+    """``(A + n alpha I)^-1 B`` for each penalty of ``alphas``: ``gram`` A (D, D) symmetric positive
+    semi-definite, ``rhs`` B (D, K), float32 or float64 NumPy arrays (the result's dtype).
+
+    One Householder tridiagonalisation ``A = Q T Q'`` (LAPACK ``sytrd``: 15 ms at D = 768 in float32
+    on one core, against 44 ms for the eigendecomposition of :func:`eigen_path`), then per penalty a
+    positive definite tridiagonal solve (``ptsv``, O(D K)), and Q applied to every penalty's
+    solution at once (``ormqr`` on the reflectors, as LAPACK's ``ormtr`` does). Equal to
+    :func:`eigen_path` up to rounding; where rounding makes a penalty's system not positive
+    definite (A's smallest eigenvalues below ``-n alpha``), every penalty is solved by
+    :func:`eigen_path` (which counts eigenvalues below 0 as 0).
+    """
+    from scipy.linalg import lapack
+
+    gram = np.asarray(gram)
+    rhs = np.asarray(rhs, dtype=gram.dtype)
+    d, k = rhs.shape
+    if d < 2 or gram.dtype not in (np.float32, np.float64):
+        evals, vecs = np.linalg.eigh(gram)
+        return eigen_path(evals, vecs, rhs, n, alphas)
+    sytrd, ormqr, ptsv, lwork = lapack.get_lapack_funcs(("sytrd", "ormqr", "ptsv", "sytrd_lwork"), (gram,))
+    reflectors, diag, off, tau, info = sytrd(gram, lower=1, lwork=int(lwork(d)[0]))
+    if info != 0:
+        raise ProbeError(f"ridge probe: LAPACK sytrd failed (info {info}) on a {d} x {d} Gram matrix.")
+    # Q = H(1) .. H(d-1) acts on rows 1..d-1 (lower: the reflectors below the first subdiagonal)
+    v, tau = reflectors[1:, :-1], tau[: d - 1]
+    projected = rhs.copy()
+    projected[1:] = ormqr("L", "T", v, tau, rhs[1:], lwork=max(1, 64 * k))[0]
+    solved = []
+    for a in alphas:
+        *_, z, info = ptsv(diag + n * a, off, projected)
+        if info != 0:  # not positive definite in floating point
+            evals, vecs = np.linalg.eigh(gram)
+            return eigen_path(evals, vecs, rhs, n, alphas)
+        solved.append(z)
+    z = np.concatenate(solved, axis=1)
+    z[1:] = ormqr("L", "N", v, tau, z[1:], lwork=max(1, 64 * z.shape[1]))[0]
+    return [z[:, i * k : (i + 1) * k] for i in range(len(alphas))]
 
 
 def eigen_path(evals, vecs, xty, n, alphas: Sequence[float]) -> list:

@@ -17,10 +17,12 @@ stratified ``stop_fraction`` of the fit samples held out). Per layer, the Gram m
 column sums and X'T of *all* fit samples are computed once (features shifted by their mean first, so
 that float32 keeps its digits); each seed's are those less its held-out rows' (a downdate by
 ``stop_fraction`` of the rows). Centring and standardisation are folded into that Gram
-(``S^-1 (X'X - n m m') S^-1``), which is eigendecomposed once per (layer, seed) and gives every
-penalty (:func:`epochlens.probes.ridge.eigen_path`); the penalty with the best accuracy on the seed's
-held-out samples is kept (ties to the larger penalty), as the ridge probe of a regression keeps
-its best R². Layers of one width are stacked: torch batched matrix products and ``eigh``.
+(``S^-1 (X'X - n m m') S^-1``), which is factorised once per (layer, seed) and gives every penalty:
+on the CPU tridiagonalised (:func:`epochlens.probes.ridge.solve_path`), on a GPU eigendecomposed
+in one batch (:func:`epochlens.probes.ridge.eigen_path`); the penalty with the best accuracy on the
+seed's held-out samples is kept (ties to the larger penalty), as the ridge probe of a regression
+keeps its best R². Layers of one width are stacked: the Grams by BLAS, the outputs of every seed's
+kept probe by one product per layer.
 
 Rows: those of the softmax probe (:func:`epochlens.probes.linear.probe_seeds`), so tables, heatmaps
 and figures read them unchanged: accuracy, chance, fit_accuracy as there; ``loss`` the mean squared
@@ -28,8 +30,8 @@ error of the ±1 targets over samples and classes (not a cross-entropy); best_ep
 empty (no epochs); ``alpha`` the penalty kept.
 
 ``settings.ridge_dtype``: ``float64`` (scikit-learn's coefficients to rounding; tested to 1e-6) or
-``float32`` (1.8x faster at 768 features on one CPU thread, coefficients within 1e-5 of float64's
-relative to the largest, the same accuracies: benchmarks/probes.py prints both).
+``float32`` (about 1.5-2x faster at 768 features on one CPU thread, coefficients within 1e-5 of
+float64's relative to the largest, the same accuracies: benchmarks/probes.py prints both).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import numpy as np
 import torch
 
 from epochlens.errors import ProbeError
-from epochlens.probes.ridge import eigen_path
+from epochlens.probes.ridge import eigen_path, solve_path
 from epochlens.probes.settings import ProbeSettings
 
 #: Most bytes of the stacked (layers x seeds) Gram matrices and eigenvectors held at once.
@@ -79,6 +81,18 @@ class ClassRidgeFit:
             outs.append(xc @ (c / scale[:, :, None]) + bias[:, None])
         return outs[0] if coef is not None else torch.stack(outs)
 
+    def kept_outputs(self, xc: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+        """(G, S, B, K) outputs of the :meth:`shifted` features (G, B, D) for the probe of every
+        seed of each layer at its penalty ``penalty`` (G, S) (positions): one product per layer
+        for all seeds (the features read once, not gathered per seed and evaluation set)."""
+        g, s = penalty.shape
+        coef = torch.stack([self.kept(i, penalty[:, i]) for i in range(s)], 1)  # (G, S, D, K)
+        offset = (self.mean - self.shift) / self.scale  # (G, S, D)
+        bias = self.intercept - torch.einsum("gsd,gsdk->gsk", offset, coef)  # (G, S, K)
+        weight = (coef / self.scale[..., None]).permute(0, 2, 1, 3).reshape(g, xc.shape[2], -1)
+        out = (xc @ weight).reshape(g, xc.shape[1], s, -1).permute(0, 2, 1, 3)
+        return out + bias[:, :, None]
+
     def kept(self, seed: int, penalty: torch.Tensor) -> torch.Tensor:
         """(G, D, K) coefficients of probe ``seed`` of each layer at its penalty (G,) (positions)."""
         stacked = torch.stack([c[:, seed] for c in self.coef])  # (A, G, D, K)
@@ -110,7 +124,7 @@ def fit_class_ridge(
     xf = x[:, every].to(dtype)
     shift = xf.mean(1, keepdim=True)  # (G, 1, D)
     xf -= shift
-    gram, sums, xty = xf.mT @ xf, xf.sum(1), xf.mT @ t[every]  # once per layer
+    gram, sums, xty = _gram(xf), xf.sum(1), xf.mT @ t[every]  # once per layer
     del xf
     grams, means, scales, xtys, ybars, counts = [], [], [], [], [], []
     for fit, held in seed_rows:
@@ -118,7 +132,7 @@ def fit_class_ridge(
         n = len(fit)
         mean = (sums - xh.sum(1)) / n  # of the shifted features
         ybar = (t[every].sum(0) - t[held].sum(0)) / n
-        cov = gram - xh.mT @ xh - n * mean[:, :, None] * mean[:, None, :]  # centred X'X
+        cov = gram - _gram(xh) - n * mean[:, :, None] * mean[:, None, :]  # centred X'X
         var = torch.diagonal(cov, dim1=1, dim2=2).clamp(min=0) / n
         scale = torch.where(var > 0, var.sqrt(), 1.0) if standardize else torch.ones_like(var)
         xtyc = xty - xh.mT @ t[held] - n * mean[:, :, None] * ybar  # centred X'T
@@ -128,12 +142,44 @@ def fit_class_ridge(
         scales.append(scale)
         ybars.append(ybar)
         counts.append(n)
-    evals, vecs = torch.linalg.eigh(torch.stack(grams, 1))  # (G, S, D), (G, S, D, D)
-    n_col = torch.tensor(counts, dtype=dtype, device=x.device)[:, None]  # (S, 1)
-    coef = eigen_path(evals, vecs, torch.stack(xtys, 1), n_col, alphas)
+    coef = _solve(torch.stack(grams, 1), torch.stack(xtys, 1), counts, alphas)
     return ClassRidgeFit(
         coef, torch.stack(ybars), torch.stack(means, 1), torch.stack(scales, 1), shift, counts
     )
+
+
+def _gram(a: torch.Tensor) -> torch.Tensor:
+    """``a' a`` of each layer of ``a`` (G, N, D): on the CPU NumPy's product, which BLAS runs as a
+    symmetric rank-k update (0.6x the time of torch's batched product at 7,000 x 768 on one core)."""
+    if a.device.type != "cpu":
+        return a.mT @ a
+    return torch.from_numpy(np.stack([v.T @ v for v in a.contiguous().numpy()]))
+
+
+def _solve(
+    grams: torch.Tensor, xtys: torch.Tensor, counts: Sequence[int], alphas, tridiagonal: bool | None = None
+) -> list[torch.Tensor]:
+    """Per penalty (G, S, D, K): ``(gram + n_s alpha I)^-1 xty`` of each layer and seed. On the CPU
+    (``tridiagonal`` None) one tridiagonalisation per (layer, seed)
+    (:func:`epochlens.probes.ridge.solve_path`, a third of an eigendecomposition's time); on a GPU one
+    batched eigendecomposition (:func:`epochlens.probes.ridge.eigen_path`)."""
+    if tridiagonal is None:
+        tridiagonal = grams.device.type == "cpu"
+    if not tridiagonal:
+        evals, vecs = torch.linalg.eigh(grams)  # (G, S, D), (G, S, D, D)
+        n_col = torch.tensor(counts, dtype=grams.dtype, device=grams.device)[:, None]  # (S, 1)
+        return eigen_path(evals, vecs, xtys, n_col, alphas)
+    g, s, device = *grams.shape[:2], grams.device
+    grams, xtys = grams.cpu(), xtys.cpu()
+    paths = [
+        solve_path(grams[i, j].numpy(), xtys[i, j].numpy(), counts[j], alphas)
+        for i in range(g)
+        for j in range(s)
+    ]
+    return [
+        torch.from_numpy(np.stack([path[a] for path in paths])).reshape(g, s, *xtys.shape[2:]).to(device)
+        for a in range(len(alphas))
+    ]
 
 
 def choose_penalty(
@@ -210,12 +256,12 @@ def _chunk_rows(x, y, t, plan, settings) -> list[list[dict]]:
     fit = fit_class_ridge(x, t, plan.seed_rows, settings.ridge_alphas, settings.standardize)
     xc = fit.shifted(x)  # once for every seed
     best = choose_penalty(fit, xc, y, plan.seed_rows, settings.ridge_alphas)
+    out = fit.kept_outputs(xc, best)  # (G, S, N, K): every sample, the kept probe of every seed
     rows = [[] for _ in range(x.shape[0])]
     for i, seed in enumerate(settings.seeds):
         fit_rows, held = plan.seed_rows[i]
-        coef = fit.kept(i, best[:, i])
-        scores = {name: _scores(fit, xc, y, t, ev, i, coef) for name, ev in plan.eval_sets.items()}
-        fit_acc, _ = _scores(fit, xc, y, t, fit_rows, i, coef)
+        scores = {name: _scores(out[:, i], y, t, ev) for name, ev in plan.eval_sets.items()}
+        fit_acc, _ = _scores(out[:, i], y, t, fit_rows)
         for g in range(x.shape[0]):
             for name, ev in plan.eval_sets.items():
                 acc, loss = scores[name]
@@ -225,9 +271,10 @@ def _chunk_rows(x, y, t, plan, settings) -> list[list[dict]]:
     return rows
 
 
-def _scores(fit, xc, y, t, rows, seed, coef) -> tuple[torch.Tensor, torch.Tensor]:
-    """(G,) accuracy and mean squared error of the ±1 targets of each layer's probe on ``rows``."""
-    out = fit.outputs(xc[:, rows], seed, coef, shifted=True)  # (G, B, K)
-    acc = (out.argmax(-1) == y[rows]).to(torch.float64).mean(-1)
-    loss = (out - t[rows]).square().mean((-1, -2)).to(torch.float64)
+def _scores(out, y, t, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G,) accuracy and mean squared error of the ±1 targets of each layer's probe on ``rows``,
+    from its outputs ``out`` (G, N, K) of every sample."""
+    picked = out[:, rows]
+    acc = (picked.argmax(-1) == y[rows]).to(torch.float64).mean(-1)
+    loss = (picked - t[rows]).square().mean((-1, -2)).to(torch.float64)
     return acc, loss

@@ -158,3 +158,30 @@ def test_the_kind_key_is_checked_and_part_of_the_params_only_where_set(tmp_path)
     assert "kind" not in run_config.probe_params(validate(classifier_run()))["settings"]
     with pytest.raises(ConfigError, match=r"ridge probe of classes \(kind: ridge\) no samples"):
         validate(classifier_run(probes={"kind": "ridge", "stop_fraction": 0}))
+
+
+def test_tridiagonal_and_eigen_solves_give_the_same_probes(rng) -> None:
+    """The CPU's tridiagonal solves and the GPU's batched eigendecomposition (run here on the CPU)
+    give the same coefficients for every layer, seed and penalty (float64)."""
+    x, y = class_problem(rng, 2, 200, 12, 3)
+    fit_mask, evals = splits(200)
+    plan = probe_plan(y, fit_mask, evals, RIDGE, torch.device("cpu"))
+    t = pm_targets(torch.as_tensor(y), 3, torch.float64)
+    captured = []
+
+    def capture(grams, xtys, counts, alphas, tridiagonal=None):
+        captured.append((grams, xtys, counts, alphas))
+        return solve(grams, xtys, counts, alphas, tridiagonal)
+
+    solve = ridge_classes._solve
+    ridge_classes._solve = capture
+    try:
+        fit_class_ridge(torch.as_tensor(x), t, plan.seed_rows, ALPHAS)
+    finally:
+        ridge_classes._solve = solve
+    grams, xtys, counts, alphas = captured[0]
+    tri = solve(grams, xtys, counts, alphas, tridiagonal=True)
+    eig = solve(grams, xtys, counts, alphas, tridiagonal=False)
+    for a, b in zip(tri, eig, strict=True):
+        assert a.shape == (2, 3, 12, 3)
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)

@@ -14,7 +14,7 @@ from sklearn.metrics import r2_score
 from epochlens.errors import ConfigError, ProbeError
 from epochlens.plotting.probes import plot_probe_accuracy
 from epochlens.probes.linear import probe_checkpoint, probe_features
-from epochlens.probes.ridge import fit_ridge_path, random_split, ridge_seeds
+from epochlens.probes.ridge import eigen_path, fit_ridge_path, random_split, ridge_seeds, solve_path
 from epochlens.probes.settings import ProbeSettings
 from epochlens.probes.summary import probe_summary
 from epochlens.probes.targets import (
@@ -340,3 +340,36 @@ def test_features_files_keep_a_regressions_float_targets(tmp_path, rng) -> None:
     )
     table = probe_features(features, targets, np.arange(40) < 10, ProbeSettings(seeds=(0,)), device="cpu")
     assert set(table.metric) == {"r2"} and table.r2.notna().all()
+
+
+@pytest.mark.parametrize(("n", "d"), [(300, 40), (20, 40)])
+def test_solve_path_equals_an_explicit_solve_for_every_penalty(rng, n, d) -> None:
+    """The tridiagonal solve of (A + n alpha I) W = B, A = X'X (full rank, and rank 20 < 40), equals
+    numpy's solve of each penalty's system in float64, and float32 stays within 1e-3 of it
+    where the system is not ill-conditioned (penalties 1 and 50)."""
+    x = rng.standard_normal((n, d)) @ rng.standard_normal((d, d))
+    a, b = x.T @ x, rng.standard_normal((d, 3))
+    alphas = (1e-6, 1e-3, 1.0, 50.0)
+    for alpha, w in zip(alphas, solve_path(a, b, n, alphas), strict=True):
+        exact = np.linalg.solve(a + n * alpha * np.eye(d), b)
+        np.testing.assert_allclose(w, exact, rtol=1e-5, atol=1e-9 * np.abs(exact).max())  # cond. up to 1e9
+    for alpha, w in zip(
+        alphas[2:], solve_path(a.astype(np.float32), b.astype(np.float32), n, alphas[2:]), strict=True
+    ):
+        exact = np.linalg.solve(a + n * alpha * np.eye(d), b)
+        assert w.dtype == np.float32
+        assert np.abs(w - exact).max() <= 1e-3 * np.abs(exact).max()
+
+
+def test_solve_path_of_a_matrix_negative_by_rounding_takes_the_eigen_path(rng) -> None:
+    """An eigenvalue below -n alpha (rounding of a downdated Gram) makes a system indefinite: every
+    penalty is then solved by the eigen path, which counts that eigenvalue as 0."""
+    vecs = np.linalg.qr(rng.standard_normal((8, 8)))[0]
+    evals = np.array([-1e-3, 1e-2, 0.5, 1, 2, 3, 4, 5])
+    a, b = (vecs * evals) @ vecs.T, rng.standard_normal((8, 2))
+    alphas = (1e-6, 1.0)
+    got = solve_path(a, b, 1, alphas)
+    want = eigen_path(*np.linalg.eigh(a), b, 1, alphas)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10)
+    assert np.abs(got[0]).max() > 1e3  # the clipped eigenvalue: 1 / (0 + 1e-6), not 1 / (-1e-3 + 1e-6)
