@@ -29,19 +29,39 @@ noise) and prints one JSON object:
   samples, per stacked kind of probe (read, representations and probes scaled linearly in samples
   from the measured rates; a representation's probes timed as those of the measured one of the
   nearest width).
+* ``pipeline`` (``--parts pipeline``): the whole run as a user runs it, measured, not projected:
+  the snapshot as one folder ``activations/step_1/`` of a working directory, the samples' labels as
+  the run's data (``data/labels.npz``: an ``npz`` source with a one-pixel input of zeros, the
+  labels of the snapshot's rows, ``holdout_per_class`` a tenth of the training samples), a user
+  representation package (``benchreps/pool.py``: :data:`USER_REP`, the L2-normalised mean over
+  tokens) and ``config.yaml`` (one run, ``checkpoints.source: activations``, the representations of
+  :data:`PIPELINE_REPS`, ``probes.seeds`` 0..``--seeds``-1, ``probes.kind`` ``--probe-kind``, ridge
+  in float32, curvature, ablation and influence off); then ``snakemake --cores --cores
+  --configfile config.yaml --directory <that folder>`` from the repository root. Prints the wall
+  seconds of the whole run, per rule the jobs' summed and largest seconds and largest resident
+  memory (each job's ``benchmark:`` file), and the rows of the run's ``tables/probes.csv`` against
+  layers x representations x seeds x evaluation sets. Its default shape is ``--tokens 4 --dims
+  192`` (768 numbers per sample and layer, as the issue's 768 dims, but with tokens, so that
+  ``mean``, ``max``, ``first`` and ``last`` differ); the other parts default to ``--tokens 1 --dims
+  768``.
 
 Usage (the full size needs ~2 GB of disk and about as much memory):
     .venv/bin/python benchmarks/probes.py --layers 128 --samples 10000 --dims 768 --threads 1
     .venv/bin/python benchmarks/probes.py --layers 16 --samples 2000 --dims 256 --threads 1  # smaller
     .venv/bin/python benchmarks/probes.py --parts read --formats save_to_disk npy safetensors parquet
+    .venv/bin/python benchmarks/probes.py --parts pipeline --layers 128 --samples 10000  # the whole run
+    .venv/bin/python benchmarks/probes.py --parts pipeline --layers 4 --samples 600 --dims 32  # seconds
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,7 +84,7 @@ from epochlens.probes.ridge_classes import class_ridge_rows, fit_class_ridge, pm
 from epochlens.probes.settings import ProbeSettings
 
 _BUFFER = bytearray(16 << 20)  # allocated once, outside the timings
-PARTS = ("read", "representations", "probes")
+PARTS = ("read", "representations", "probes", "pipeline")
 SIDES = (
     "softmax_batched",
     "softmax_one_at_a_time",
@@ -75,14 +95,34 @@ SIDES = (
 )
 REPS = ("mean", "max", "first", "last", "norms", "flat", "stats", "spectral")
 FORMATS = ("save_to_disk", "npy", "safetensors", "parquet")
+REPO = Path(__file__).resolve().parents[1]
+#: The pipeline part's user representation (``benchreps/pool.py`` in its working directory).
+USER_REP = "benchreps.pool:l2_mean"
+USER_REP_CODE = '''"""The pipeline benchmark's own representation (benchmarks/probes.py --parts pipeline)."""
+
+import torch
+
+
+def l2_mean(act):
+    """(B, T, D) or (B, D) -> (B, D): the mean over tokens, L2-normalised."""
+    return torch.nn.functional.normalize(act.reshape(len(act), -1, act.shape[-1]).mean(1), dim=1)
+'''
+#: The pipeline part's nine representations: the built-ins of token activations and the user's.
+PIPELINE_REPS = (*REPS, USER_REP)
 
 
 def options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=128)
     p.add_argument("--samples", type=int, default=10_000)
-    p.add_argument("--dims", type=int, default=768)
-    p.add_argument("--tokens", type=int, default=1, help="activations (tokens, dims) per sample; 1: (dims,)")
+    p.add_argument("--dims", type=int, default=None, help="default 768; 192 with --parts pipeline")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="activations (tokens, dims) per sample; 1: (dims,). Default 1; 4 with --parts pipeline "
+        "(4 x 192 = 768 numbers per sample and layer, and mean, max, first, last differ)",
+    )
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--representations", nargs="+", default=list(REPS))
@@ -96,7 +136,21 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     p.add_argument("--formats", nargs="+", choices=FORMATS, default=["save_to_disk"], help="read: layouts")
     p.add_argument("--dir", default=None, help="where to write the activations (default: a temporary folder)")
+    p.add_argument(
+        "--probe-kind", choices=("ridge", "softmax"), default="ridge", help="pipeline: probes.kind"
+    )
+    p.add_argument("--cores", type=int, default=2, help="pipeline: snakemake --cores")
+    p.add_argument("--keep", action="store_true", help="pipeline: keep the working directory (under --dir)")
     return p
+
+
+def shape_defaults(args) -> None:
+    """``--tokens`` and ``--dims`` not given: 4 x 192 for the pipeline part, 1 x 768 otherwise."""
+    pipeline = "pipeline" in args.parts
+    if args.tokens is None:
+        args.tokens = 4 if pipeline else 1
+    if args.dims is None:
+        args.dims = 192 if pipeline else 768
 
 
 def write_snapshot(folder: Path, args, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -418,6 +472,146 @@ def projection(args, read: dict, reps: dict, probes: dict) -> dict:
     return out
 
 
+def pipeline_config(args, n_train: int) -> dict:
+    """The pipeline part's config (module doc): one run of stored activations, features and probes."""
+    probes = {"kind": args.probe_kind, "seeds": list(range(args.seeds)), "targets": ["class"]}
+    if args.probe_kind == "ridge":
+        probes["ridge_dtype"] = "float32"
+    else:
+        probes["max_epochs"] = args.max_epochs
+    run = {
+        "data": {
+            "source": "npz",
+            "path": "data/labels.npz",
+            "holdout_per_class": max(1, n_train // (10 * args.classes)),  # a tenth of the train rows
+        },
+        "schedule": "none",
+        "checkpoints": {
+            "source": "activations",
+            "path": "activations/step_{epoch}",
+            "format": "save_to_disk",
+        },
+        "features": {
+            "representations": list(PIPELINE_REPS),
+            "project_path": "code",
+            "spectral_k": min(8, args.tokens),  # a (tokens, dims) matrix has rank <= tokens
+        },
+        "probes": probes,
+        **{stage: {"enabled": False} for stage in ("curvature", "ablation", "influence")},
+    }
+    return {"device": "cpu", "runs": {"bench": run}}
+
+
+def write_pipeline_inputs(work: Path, args, labels: dict) -> Path:
+    """Beside the snapshot ``work/activations/step_1``: the run's data (the snapshot rows' labels,
+    a one-pixel input of zeros: the probes read only the labels and the holdout), the user
+    representation ``code/benchreps/pool.py`` and ``config.yaml``; returns the config's path."""
+    import yaml
+
+    (work / "data").mkdir()
+    np.savez(
+        work / "data" / "labels.npz",
+        x_train=np.zeros((len(labels["train"]), 1), np.uint8),
+        y_train=labels["train"],
+        x_test=np.zeros((len(labels["test"]), 1), np.uint8),
+        y_test=labels["test"],
+    )
+    package = work / "code" / "benchreps"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "pool.py").write_text(USER_REP_CODE)
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(pipeline_config(args, len(labels["train"])), sort_keys=False))
+    return config
+
+
+def run_snakemake(work: Path, config: Path, cores: int) -> tuple[float, str]:
+    """``snakemake --cores N --configfile config --directory work`` from the repository root, this
+    checkout's library first on the jobs' path: (wall seconds, its output). Its output is also kept
+    in ``work/snakemake.log``; a failed run stops the benchmark with the output's tail."""
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--directory", str(work)]
+    cmd += ["--configfile", str(config)]
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    print(f"running {' '.join(cmd)} in {REPO}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=path),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    (work / "snakemake.log").write_text(proc.stdout)
+    if proc.returncode != 0:
+        raise SystemExit(f"snakemake failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}")
+    return wall, proc.stdout
+
+
+def job_benchmarks(work: Path, output: str) -> dict:
+    """Per rule: jobs, summed and largest seconds, largest max_rss (MB) of its jobs' ``benchmark:``
+    files (Snakemake's: s, max_rss, ...), each file's rule from the job block that names it in the
+    run's output."""
+    import pandas as pd
+
+    rules = {}
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
+        rule = re.match(r"(?:local)?rule (\w+):", block)
+        bench = re.search(r"^\s*benchmark: (\S+)", block, re.M)
+        if rule and bench:
+            rules[bench.group(1)] = rule.group(1)
+    out = {}
+    for path, rule in sorted(rules.items()):
+        row = pd.read_csv(work / path, sep="\t").iloc[0]
+        r = out.setdefault(rule, {"jobs": 0, "seconds_sum": 0.0, "seconds_max": 0.0, "max_rss_mb": 0.0})
+        r["jobs"] += 1
+        r["seconds_sum"] += float(row["s"])
+        r["seconds_max"] = max(r["seconds_max"], float(row["s"]))
+        r["max_rss_mb"] = max(r["max_rss_mb"], float(row["max_rss"]) if row["max_rss"] != "-" else 0.0)
+    return out
+
+
+def probe_rows(work: Path, args) -> dict:
+    """The probes the run wrote: per-seed rows of its per-representation tables and rows of its
+    ``tables/probes.csv`` (one per layer, representation and evaluation set, over ``n_seeds``)
+    against layers x representations x seeds x evaluation sets."""
+    import pandas as pd
+
+    from epochlens.layout import RESULTS
+
+    per_seed = pd.concat(
+        [pd.read_csv(work / RESULTS.stored_probe_table("bench", 0, 1, rep)) for rep in PIPELINE_REPS]
+    )
+    summary = pd.read_csv(work / RESULTS.table("probes", "bench"))
+    evals = sorted(set(summary["eval_split"]))
+    expected = args.layers * len(PIPELINE_REPS) * args.seeds * len(evals)
+    return {
+        "eval_sets": evals,
+        "expected": expected,
+        "per_seed_rows": len(per_seed),
+        "summary_rows": len(summary),
+        "summary_n_seeds_total": int(summary["n_seeds"].sum()),
+        "complete": len(per_seed) == int(summary["n_seeds"].sum()) == expected,
+    }
+
+
+def bench_pipeline(work: Path, args, labels: dict) -> dict:
+    """The whole run through the workflow (module doc, ``pipeline``)."""
+    config = write_pipeline_inputs(work, args, labels)
+    wall, output = run_snakemake(work, config, args.cores)
+    return {
+        "working_directory": str(work),
+        "wall_seconds": wall,
+        "rules": job_benchmarks(work, output),
+        "probe_rows": probe_rows(work, args),
+        "representations": list(PIPELINE_REPS),
+        "probe_kind": args.probe_kind,
+        "cores": args.cores,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = options().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -427,11 +621,19 @@ def main(argv: list[str] | None = None) -> int:
         return _main(args)
 
 
+def workspace(args):
+    """The folder everything is written to: a temporary one, or with ``--keep`` one that stays."""
+    if args.keep:
+        return contextlib.nullcontext(tempfile.mkdtemp(prefix="probes-bench-", dir=args.dir))
+    return tempfile.TemporaryDirectory(dir=args.dir)
+
+
 def _main(args) -> int:
+    shape_defaults(args)
     device = torch.device("cpu")
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        folder = Path(tmp) / "snapshot"
+    with workspace(args) as tmp:
+        folder = Path(tmp) / "activations" / "step_1"  # the pipeline part's one snapshot
         t0 = time.perf_counter()
         labels = write_snapshot(folder, args, rng)
         print(f"wrote {folder} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -453,12 +655,14 @@ def _main(args) -> int:
             if "probes" in args.parts
             else None
         )
+        pipeline = bench_pipeline(Path(tmp), args, labels) if "pipeline" in args.parts else None
     report = {
         "size": {k: getattr(args, k) for k in ("layers", "samples", "dims", "tokens", "classes", "seeds")},
         "read": read,
         "representation_seconds_per_layer": reps,
         "probes": probes,
         "projection": projection(args, read, reps, probes) if read and reps and probes else None,
+        "pipeline": pipeline,
         "environment": _common.environment(device),
     }
     print(json.dumps(report, indent=2))

@@ -41,6 +41,7 @@ SLOWEST_FIRST = (
     "workflow/test_curvature_workflow.py",
     "workflow/test_text_to_text_workflow.py",
     "workflow/test_regression_workflow.py",
+    "workflow/test_probe_benchmark.py",
     "unit/influence/test_influence_exact.py",
     "unit/influence/test_influence_robust.py",
     "unit/influence/test_influence_causal_lm.py",
