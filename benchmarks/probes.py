@@ -5,10 +5,11 @@ train / 20% test; each sample's activation is its class's centre times a per-lay
 noise) and prints one JSON object:
 
 * ``read``: reading every layer of the train split into memory a layer at a time through
-  :class:`epochlens.features.stored.Snapshot` (``pread`` of each column's buffers at the offsets
-  Arrow's memory-mapped metadata gives) against a plain sequential ``readinto`` of the same Arrow
-  files, interleaved (A B,
-  B A), best of ``--repeats``; ``warm``: from the page cache; ``cold``: each side after
+  :class:`epochlens.features.stored.Snapshot` (save_to_disk: ``pread`` of each column's buffers at
+  the offsets Arrow's memory-mapped metadata gives; npy, safetensors: ``pread`` after the header;
+  parquet: Arrow's decoding) against a plain sequential ``readinto`` of the same files
+  (``--formats``: each layout a copy of the same activations), interleaved (A B, B A), best of
+  ``--repeats``; ``warm``: from the page cache; ``cold``: each side after
   ``posix_fadvise(DONTNEED)`` on the files (the disk's own speed, where the kernel drops them).
   ``ratio`` = plain seconds / epochlens seconds (1.0: as fast as the plain read).
 * ``representations``: seconds per layer of each representation of ``--representations`` (all
@@ -221,7 +222,7 @@ def drop_cache(files: list[Path]) -> None:
 
 def read_layers(snap: Snapshot, batch: int = 1024) -> int:
     """Every train layer into memory, a layer at a time, in the features job's batches of rows
-    (``LayerArray.rows``: a view of a layer already read, a safetensors slice read here)."""
+    (``LayerArray.rows``: a view of a layer already read; a bfloat16 safetensors layer widened here)."""
     done = 0
     for layer in snap.layers("train"):
         array = snap.layer("train", layer)

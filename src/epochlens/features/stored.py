@@ -14,9 +14,10 @@ or ``<id_column>.npy`` / ``.safetensors``) giving each row's position in the spl
 mismatch is an error naming the layer's file. A layer is read at a time: a ``save_to_disk``
 column by ``pread`` of its buffers at the offsets that Arrow's zero-copy views of the
 memory-mapped files give, into one reused buffer (large sequential reads; the mapping's own page
-faults made reading 0.79x a plain read of the files), a ``.npy`` file the same way after its header,
-a parquet column decoded alone, safetensors by slices; the representations
-(:mod:`epochlens.features.stored_representations`) run on batches of ``batch_size`` rows.
+faults made reading 0.79x a plain read of the files), a ``.npy`` or ``.safetensors`` file the same
+way after its header, a parquet column decoded alone from files opened once per split; the
+representations (:mod:`epochlens.features.stored_representations`) run on batches of
+``batch_size`` rows.
 
 The output is the features file of :mod:`epochlens.features.cache` (same layout and attributes), so
 probes, tables and figures read it unchanged. Its cache key hashes the snapshot's fingerprint (each
@@ -53,8 +54,8 @@ ARROW_FORMATS = ("save_to_disk", "parquet")
 
 
 class LayerArray:
-    """One layer of one split: (N, *shape) rows in pieces (numpy views, memory maps or safetensors
-    slices), read by :meth:`rows` or :meth:`take` without loading the rest."""
+    """One layer of one split: (N, *shape) rows in pieces (numpy arrays, memory maps or
+    :class:`BFloat16Rows`), read by :meth:`rows` or :meth:`take` without loading the rest."""
 
     def __init__(self, pieces: list, shape: tuple[int, ...], file: str) -> None:
         self.pieces, self.shape, self.file = pieces, tuple(shape), file
@@ -78,7 +79,7 @@ class LayerArray:
         for i, piece in enumerate(self.pieces):
             inside = (index >= self.starts[i]) & (index < self.starts[i + 1])
             if inside.any():
-                values = np.asarray(piece[: len(piece)])[index[inside] - self.starts[i]]
+                values = np.asarray(piece[index[inside] - self.starts[i]])
                 if out is None:
                     out = np.empty((len(index), *values.shape[1:]), dtype=values.dtype)
                 out[inside] = values
@@ -148,8 +149,8 @@ class Snapshot:
             raise FeatureError(f"{self.folder}: no such snapshot folder; check checkpoints.path.")
         self.format = detect_format(self.folder) if file_format == "auto" else file_format
         self.id_column = id_column
-        self._tables: dict[str, object] = {}
-        self._buffers: dict[str, ReusedBuffer] = {}  # a split's .npy layer (an Arrow split has its own)
+        self._tables: dict[str, ArrowSplit | ParquetSplit] = {}
+        self._buffers: dict[str, ReusedBuffer] = {}  # a split's .npy/.safetensors layer (Arrow: its own)
         # looked up once per split, not per layer (a glob of 128 files cost a quarter of a layer's read)
         self._paths: dict[str, Path] = {}
         self._names: dict[str, list[str]] = {}
@@ -170,27 +171,17 @@ class Snapshot:
             raise FeatureError(f"{path}: the snapshot has no {split} split ({self.format} layout: {layout}).")
         return path
 
-    def _arrow(self, split: str) -> ArrowSplit:
+    def _arrow(self, split: str) -> ArrowSplit | ParquetSplit:
         if split not in self._tables:
-            self._tables[split] = ArrowSplit(self._split_path(split))
-        return self._tables[split]
-
-    def _table(self, split: str):
-        if self.format == "save_to_disk":
-            return self._arrow(split).tables[0]
-        if split not in self._tables:
-            import pyarrow.parquet as pq
-
-            path = self._split_path(split)
-            files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
-            self._tables[split] = pq.ParquetDataset([str(f) for f in files]).schema.empty_table()
+            kind = ArrowSplit if self.format == "save_to_disk" else ParquetSplit
+            self._tables[split] = kind(self._split_path(split))
         return self._tables[split]
 
     def layers(self, split: str) -> list[str]:
         """Layer names of ``split`` in stored order (files: natural sort), the id column left out."""
         if split not in self._names:
             if self.format in ARROW_FORMATS:
-                names = list(self._table(split).schema.names)
+                names = self._arrow(split).names
             else:
                 suffix = "." + self.format
                 names = sorted((p.stem for p in self._split_path(split).glob("*" + suffix)), key=_natural)
@@ -203,40 +194,24 @@ class Snapshot:
         return str(path if self.format in ARROW_FORMATS else path / f"{layer}.{self.format}")
 
     def layer(self, split: str, layer: str) -> LayerArray:
-        """One layer of ``split`` (N, *shape) (a ``save_to_disk`` or ``.npy`` layer: read into a
-        buffer that the split's next layer reuses; safetensors: read by slices on demand)."""
+        """One layer of ``split`` (N, *shape) (a ``save_to_disk``, ``.npy`` or ``.safetensors``
+        layer: read into a buffer that the split's next layer reuses; parquet: decoded by Arrow)."""
         where = f"{self.file(split, layer)} (layer {layer!r})"
         if layer not in self.layers(split) and layer != self.id_column:
             raise FeatureError(
                 f"{where}: no such layer; the snapshot's {split} split has {self.layers(split)[:40]}. "
                 "Fix features.layers or store the layer."
             )
-        if self.format == "save_to_disk":
-            pieces = self._arrow(split).read_column(layer, where, reuse=layer != self.id_column)
-        elif self.format == "parquet":
-            pieces = self._parquet_column(split, layer, where)
-        elif self.format == "npy":
-            pieces = [
-                read_npy(
-                    Path(self.file(split, layer)),
-                    where,
-                    self._buffers.setdefault(split, ReusedBuffer()),
-                    reuse=layer != self.id_column,
-                )
-            ]
+        reuse = layer != self.id_column  # the ids are kept while the layers are read
+        if self.format in ARROW_FORMATS:
+            pieces = self._arrow(split).read_column(layer, where, reuse=reuse)
         else:
-            pieces = [_safetensors_rows(Path(self.file(split, layer)), where)]
+            read = read_npy if self.format == "npy" else read_safetensors
+            buffer = self._buffers.setdefault(split, ReusedBuffer())
+            pieces = [read(Path(self.file(split, layer)), where, buffer, reuse)]
         pieces = [p for p in pieces if len(p)]
         shape = tuple(pieces[0].shape[1:]) if pieces else ()
         return LayerArray(pieces, shape, where)
-
-    def _parquet_column(self, split: str, layer: str, where: str) -> list[np.ndarray]:
-        import pyarrow.parquet as pq
-
-        path = self._split_path(split)
-        files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
-        column = pq.ParquetDataset([str(f) for f in files]).read(columns=[layer])
-        return [arrow_numpy(c, where) for c in column.column(0).chunks]
 
     def order(self, split: str, n: int) -> np.ndarray | None:
         """Row of each sample 0..n-1 of the split (None: rows are in order), from ``id_column``."""
@@ -289,6 +264,11 @@ class ArrowSplit:
             mapped.seek(0)
             self.tables.append(pa.ipc.open_stream(mapped).read_all())
 
+    @property
+    def names(self) -> list[str]:
+        """The split's columns (its first file's)."""
+        return list(self.tables[0].schema.names)
+
     def read_column(self, name: str, where: str, reuse: bool = False) -> list[np.ndarray]:
         """The column's rows (n, *shape), read into memory: one array over every file and chunk
         where they share a dtype and row shape (a batch across two files is a view, not a copy:
@@ -312,6 +292,40 @@ class ArrowSplit:
         first = out[0]
         if all(a.dtype == first.dtype and a.shape[1:] == first.shape[1:] for a in out):
             return [store.view(first.dtype).reshape(-1, *first.shape[1:])]
+        return out
+
+
+class ParquetSplit:
+    """One split of a parquet snapshot (``<split>.parquet`` or ``<split>/*.parquet``): its files
+    opened once (each footer parsed once, not per layer); a layer's column is decoded alone by
+    Arrow from each file, its rows zero-copy views of the decoded values. Arrow's decoding bounds
+    the speed (README, "Probes on stored activations")."""
+
+    def __init__(self, path: Path) -> None:
+        import pyarrow.parquet as pq
+
+        self.files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        if not self.files:
+            raise FeatureError(f"{path}: no .parquet files; store <split>.parquet or <split>/*.parquet.")
+        self.handles = [pq.ParquetFile(str(f)) for f in self.files]
+
+    @property
+    def names(self) -> list[str]:
+        """The split's columns (its first file's)."""
+        return list(self.handles[0].schema_arrow.names)
+
+    def read_column(self, name: str, where: str, reuse: bool = False) -> list[np.ndarray]:
+        """The column's rows (n, *shape), one array per file and chunk (``reuse``: unused, the
+        decoded values are Arrow's own memory)."""
+        out = []
+        for path, handle in zip(self.files, self.handles, strict=True):
+            if name not in handle.schema_arrow.names:
+                raise FeatureError(
+                    f"{path} (layer {name!r}): no such column, though {self.files[0].name} has it; "
+                    "every file of a split needs the same columns."
+                )
+            table = handle.read(columns=[name], use_threads=False)
+            out.extend(arrow_numpy(c, where) for c in table.column(0).chunks)
         return out
 
 
@@ -380,30 +394,90 @@ def _pread(fd: int, dest: memoryview, offset: int, view: np.ndarray | None) -> N
         done += n
 
 
-class _SafetensorsRows:
-    """Row slices of a one-tensor safetensors file (read on demand)."""
+# safetensors dtype codes (https://huggingface.co/docs/safetensors): little-endian numpy dtypes;
+# BF16 as its 16 bits (numpy has no bfloat16), widened to float32 by BFloat16Rows
+SAFETENSORS_DTYPES = {
+    "F16": "<f2",
+    "F32": "<f4",
+    "F64": "<f8",
+    "BF16": "<u2",
+    "I8": "i1",
+    "I16": "<i2",
+    "I32": "<i4",
+    "I64": "<i8",
+    "U8": "u1",
+    "U16": "<u2",
+    "U32": "<u4",
+    "U64": "<u8",
+}
 
-    def __init__(self, path: Path, where: str) -> None:
-        from safetensors import safe_open
 
-        self.handle = safe_open(str(path), framework="np")
-        keys = list(self.handle.keys())
-        if len(keys) != 1:
-            raise FeatureError(f"{where}: {len(keys)} tensors {keys[:5]}; store one tensor per layer file.")
-        self.slice = self.handle.get_slice(keys[0])
-        self.shape = tuple(self.slice.get_shape())
+class BFloat16Rows:
+    """A bfloat16 layer (its 16-bit patterns, N x *shape) whose rows are float32 when taken: a
+    bfloat16 is the upper half of the float32 of the same value, so a 16-bit shift widens it
+    exactly (the representations work in float32)."""
+
+    def __init__(self, bits: np.ndarray) -> None:
+        self.bits = bits
+        self.shape = bits.shape
 
     def __len__(self) -> int:
-        return self.shape[0]
+        return len(self.bits)
 
-    def __getitem__(self, rows: slice) -> np.ndarray:
-        return self.slice[rows]
+    def __getitem__(self, rows) -> np.ndarray:
+        return np.left_shift(self.bits[rows], 16, dtype=np.uint32).view(np.float32)
 
 
-def _safetensors_rows(path: Path, where: str) -> _SafetensorsRows:
+def read_safetensors(path: Path, where: str, buffer: ReusedBuffer, reuse: bool) -> np.ndarray | BFloat16Rows:
+    """A one-tensor ``.safetensors`` layer (N, *shape) read into ``buffer`` by ``pread`` after its
+    header, as :func:`read_npy` (a bfloat16 tensor: :class:`BFloat16Rows` over its bits)."""
     if not path.exists():
         raise FeatureError(f"{where}: no such file; store the layer or fix features.layers.")
-    return _SafetensorsRows(path, where)
+    with open(path, "rb", buffering=0) as f:
+        code, shape, offset, nbytes = _safetensors_header(f, path.stat().st_size, where)
+        dest = buffer.take(nbytes, reuse).view(SAFETENSORS_DTYPES[code]).reshape(shape)
+        _pread(f.fileno(), memoryview(dest.reshape(-1).view(np.uint8)), offset, None)
+    return BFloat16Rows(dest) if code == "BF16" else dest
+
+
+def _safetensors_header(f, size: int, where: str) -> tuple[str, tuple[int, ...], int, int]:
+    """(dtype code, shape, offset of the data in the file, its bytes) of a one-tensor file: an
+    8-byte little-endian header length, the JSON header, then the data (offsets from its start)."""
+    store = "store the layer again (safetensors.numpy.save_file({name: array}, path))"
+    head = f.read(8)
+    length = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if not 0 < length <= size - 8:
+        raise FeatureError(f"{where}: not a safetensors file or truncated (header length {length}); {store}.")
+    try:
+        header = json.loads(f.read(length))
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    except (ValueError, AttributeError) as exc:
+        raise FeatureError(f"{where}: unreadable safetensors header ({exc}); {store}.") from exc
+    if len(tensors) != 1:
+        raise FeatureError(
+            f"{where}: {len(tensors)} tensors {sorted(tensors)[:5]}; store one tensor per layer file."
+        )
+    ((name, info),) = tensors.items()
+    code, shape, (begin, end) = info.get("dtype"), tuple(info.get("shape", ())), info.get("data_offsets")
+    if code not in SAFETENSORS_DTYPES:
+        raise FeatureError(
+            f"{where}: tensor {name!r} of dtype {code}; store {sorted(SAFETENSORS_DTYPES)} "
+            "(floats for activations, integers for ids)."
+        )
+    if not shape:
+        raise FeatureError(f"{where}: tensor {name!r} is a scalar, not rows (N, *shape); {store}.")
+    nbytes = int(np.prod(shape)) * np.dtype(SAFETENSORS_DTYPES[code]).itemsize
+    if end - begin != nbytes:
+        raise FeatureError(
+            f"{where}: tensor {name!r} of shape {list(shape)} {code} needs {nbytes} bytes, its "
+            f"header gives {end - begin}; {store}."
+        )
+    if size < 8 + length + end:
+        raise FeatureError(
+            f"{where}: the file is truncated ({size} bytes, the header's tensor {name!r} of shape "
+            f"{list(shape)} ends at byte {8 + length + end}); {store}."
+        )
+    return code, shape, 8 + length + begin, nbytes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.numpy import save_file
+from safetensors.torch import load_file
+from safetensors.torch import save_file as torch_save
 
 from epochlens.errors import ConfigError, FeatureError
 from epochlens.features import representations as reps
@@ -266,3 +268,120 @@ def test_a_save_to_disk_layer_over_several_files_is_one_array(tmp_path):
     assert len(layer.pieces) == 1
     np.testing.assert_array_equal(layer.rows(2, 7), acts["train"]["layer_10"][2:7])
     np.testing.assert_array_equal(layer.take(np.array([8, 0, 4])), acts["train"]["layer_10"][[8, 0, 4]])
+
+
+SAFETENSORS_NUMPY = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16"]
+
+
+@pytest.mark.parametrize("dtype", [*SAFETENSORS_NUMPY, "uint32", "uint64", "bfloat16"])
+def test_a_safetensors_layer_of_every_dtype_reads_what_safetensors_loads(tmp_path, dtype):
+    """Files written by safetensors itself (numpy, or torch for bfloat16, with metadata): rows and
+    taken rows equal safetensors' own load (bfloat16: its float32 values, exactly)."""
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=(7, *SHAPE)) * 50
+    for s in N:
+        (tmp_path / "snap" / s).mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "snap" / "train" / "layer_0.safetensors"
+    if dtype == "bfloat16":
+        torch_save({"h": torch.from_numpy(values).bfloat16()}, str(path), metadata={"format": "pt"})
+        want = load_file(str(path))["h"].float().numpy()
+        assert not np.array_equal(want, values.astype(np.float32))  # rounded to bfloat16
+    else:
+        save_file({"h": values.astype(dtype)}, str(path), metadata={"layer": "0"})
+        want = load_file(str(path))["h"].numpy()
+    layer = Snapshot(tmp_path / "snap", "safetensors").layer("train", "layer_0")
+    got = layer.rows(0, 7)
+    assert got.dtype == (np.float32 if dtype == "bfloat16" else want.dtype)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(layer.rows(2, 5), want[2:5])
+    np.testing.assert_array_equal(layer.take(np.array([6, 0, 3])), want[[6, 0, 3]])
+
+
+def test_safetensors_layers_share_a_buffer_and_bad_files_name_the_file(tmp_path):
+    acts = activations()
+    write(tmp_path / "snap", "safetensors", acts)
+    snap = Snapshot(tmp_path / "snap", "safetensors", None)
+    first = snap.layer("train", "layer_0").rows(0, N["train"])
+    np.testing.assert_array_equal(first, acts["train"]["layer_0"])
+    second = snap.layer("train", "layer_1").rows(0, N["train"])
+    np.testing.assert_array_equal(second, acts["train"]["layer_1"])
+    assert np.shares_memory(first, second)  # the next layer reuses the buffer
+    test = tmp_path / "snap" / "test"
+    (test / "layer_1.safetensors").write_bytes((test / "layer_1.safetensors").read_bytes()[:-10])
+    with pytest.raises(
+        FeatureError, match=r"layer_1\.safetensors \(layer 'layer_1'\): the file is truncated"
+    ):
+        snap.layer("test", "layer_1")
+    save_file({"a": acts["test"]["layer_0"], "b": acts["test"]["layer_0"]}, str(test / "layer_0.safetensors"))
+    with pytest.raises(
+        FeatureError, match=r"layer_0\.safetensors .*2 tensors \['a', 'b'\]; store one tensor"
+    ):
+        snap.layer("test", "layer_0")
+    (test / "layer_10.safetensors").write_bytes(b"\xff" * 4)
+    with pytest.raises(FeatureError, match=r"layer_10\.safetensors .*not a safetensors file or truncated"):
+        snap.layer("test", "layer_10")
+    save_file({"x": np.zeros((5, 2), dtype=bool)}, str(test / "layer_10.safetensors"))
+    with pytest.raises(FeatureError, match=r"layer_10\.safetensors .*dtype BOOL"):
+        snap.layer("test", "layer_10")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "parquet"])
+def test_features_of_a_snapshot_equal_the_save_to_disk_ones(tmp_path, fmt):
+    """The same activations in each layout (rows shuffled, an id column): the same features file."""
+    acts = activations(seed=4)
+    ids = {s: np.random.default_rng(5).permutation(n) for s, n in N.items()}
+    shuffled = {s: {k: v[ids[s]] for k, v in a.items()} for s, a in acts.items()}
+    settings = StoredFeatureSettings(representations=("mean", "norms", "flat"), id_column="idx")
+    sets = {}
+    for layout in ("save_to_disk", fmt):
+        write(tmp_path / layout, layout, shuffled, ids)
+        load_or_build(tmp_path / f"{layout}.h5", tmp_path / layout, labels(), settings)
+        sets[layout] = FeatureSet(tmp_path / f"{layout}.h5")
+    assert sets[fmt].layers == sets["save_to_disk"].layers == ["layer_0", "layer_1", "layer_10"]
+    for s in N:
+        for layer in sets[fmt].layers:
+            for rep in settings.representations:
+                want = sets["save_to_disk"].array(s, layer, rep)
+                np.testing.assert_array_equal(sets[fmt].array(s, layer, rep), want)
+    flat = sets[fmt].array("test", "layer_1", "flat")
+    np.testing.assert_array_equal(flat, acts["test"]["layer_1"].reshape(N["test"], -1))
+
+
+def test_a_parquet_split_of_several_files_reads_in_order_and_a_missing_column_names_the_file(tmp_path):
+    acts = activations()
+    write(tmp_path / "one", "parquet", acts)
+    split = tmp_path / "snap" / "train"
+    split.mkdir(parents=True)
+    table = pq.read_table(tmp_path / "one" / "train.parquet")
+    pq.write_table(table.slice(0, 4), split / "part-0.parquet")
+    pq.write_table(table.slice(4), split / "part-1.parquet", row_group_size=2)
+    pq.write_table(pq.read_table(tmp_path / "one" / "test.parquet"), tmp_path / "snap" / "test.parquet")
+    snap = Snapshot(tmp_path / "snap", "auto")
+    layer = snap.layer("train", "layer_10")
+    assert len(layer) == N["train"] and layer.shape == SHAPE
+    np.testing.assert_array_equal(layer.rows(0, N["train"]), acts["train"]["layer_10"])
+    np.testing.assert_array_equal(layer.rows(3, 6), acts["train"]["layer_10"][3:6])  # across files
+    np.testing.assert_array_equal(snap.layer("test", "layer_1").rows(0, 5), acts["test"]["layer_1"])
+    pq.write_table(table.slice(4).drop_columns(["layer_1"]), split / "part-1.parquet")
+    with pytest.raises(FeatureError, match=r"part-1\.parquet \(layer 'layer_1'\): no such column"):
+        Snapshot(tmp_path / "snap", "parquet").layer("train", "layer_1")
+
+
+def test_parquet_converted_by_the_readme_call_reads_the_same(tmp_path):
+    """README: ``Dataset.from_parquet(...).save_to_disk(...)`` once per split turns a parquet
+    snapshot into a save_to_disk one (read at disk speed) holding the same values."""
+    acts = activations()
+    write(tmp_path / "pq", "parquet", acts)
+    converted = datasets.DatasetDict(
+        {
+            s: datasets.Dataset.from_parquet(
+                str(tmp_path / "pq" / f"{s}.parquet"), cache_dir=str(tmp_path / "c")
+            )
+            for s in N
+        }
+    )
+    converted.save_to_disk(str(tmp_path / "std"))
+    snap = Snapshot(tmp_path / "std")
+    assert snap.format == "save_to_disk" and snap.layers("test") == ["layer_0", "layer_1", "layer_10"]
+    for s in N:
+        np.testing.assert_array_equal(snap.layer(s, "layer_10").rows(0, N[s]), acts[s]["layer_10"])
