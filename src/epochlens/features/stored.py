@@ -297,11 +297,12 @@ class ArrowSplit:
 
 class ParquetSplit:
     """One split of a parquet snapshot (``<split>.parquet`` or ``<split>/*.parquet``): its files
-    opened once (each footer parsed once, not per layer: a ``ParquetDataset`` per layer read
-    at 0.90x) and memory-mapped (1.02-1.07x reading them, measured interleaved; ``pre_buffer``,
-    ``use_threads`` and row groups copied into a reused buffer were no faster); a layer's column
-    is decoded alone by Arrow from each file, its rows zero-copy views of the decoded values.
-    Arrow's decoding bounds the speed (README, "Probes on stored activations")."""
+    opened once (each footer parsed once, not per layer: main's ``ParquetDataset`` per layer read
+    at 0.85x this, interleaved); a layer's column is decoded alone by Arrow from each file, its rows
+    zero-copy views of the decoded values. Arrow's decoding bounds the speed (README, "Probes on
+    stored activations"): ``pre_buffer``, ``use_threads`` and row groups copied into a reused
+    buffer were no faster, ``memory_map`` 1.00-1.07x (noise) and it keeps the pages mapped, so
+    that ``posix_fadvise(DONTNEED)`` no longer drops them (the benchmark's cold read)."""
 
     def __init__(self, path: Path) -> None:
         import pyarrow.parquet as pq
@@ -309,7 +310,7 @@ class ParquetSplit:
         self.files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
         if not self.files:
             raise FeatureError(f"{path}: no .parquet files; store <split>.parquet or <split>/*.parquet.")
-        self.handles = [pq.ParquetFile(str(f), memory_map=True) for f in self.files]
+        self.handles = [pq.ParquetFile(str(f)) for f in self.files]
 
     @property
     def names(self) -> list[str]:
