@@ -297,12 +297,13 @@ class ArrowSplit:
 
 class ParquetSplit:
     """One split of a parquet snapshot (``<split>.parquet`` or ``<split>/*.parquet``): its files
-    opened once (each footer parsed once, not per layer: main's ``ParquetDataset`` per layer read
-    at 0.85x this, interleaved); a layer's column is decoded alone by Arrow from each file, its rows
-    zero-copy views of the decoded values. Arrow's decoding bounds the speed (README, "Probes on
-    stored activations"): ``pre_buffer``, ``use_threads`` and row groups copied into a reused
-    buffer were no faster, ``memory_map`` 1.00-1.07x (noise) and it keeps the pages mapped, so
-    that ``posix_fadvise(DONTNEED)`` no longer drops them (the benchmark's cold read)."""
+    opened once (each footer parsed once, not per layer: the earlier ``ParquetDataset`` per layer read
+    at 0.85-0.90x this in two interleaved runs); a layer's column is decoded alone by Arrow from
+    each file, its rows zero-copy views of the decoded values. Arrow's decoding bounds the speed
+    (README, "Probes on stored activations"): ``pre_buffer``, ``use_threads`` and row groups
+    copied into a reused buffer were no faster, ``memory_map`` 1.00-1.07x (noise) and it keeps the
+    pages mapped, so that ``posix_fadvise(DONTNEED)`` no longer drops them (the benchmark's cold
+    read)."""
 
     def __init__(self, path: Path) -> None:
         import pyarrow.parquet as pq
