@@ -132,12 +132,14 @@ def fit_class_ridge(
         n = len(fit)
         mean = (sums - xh.sum(1)) / n  # of the shifted features
         ybar = (t[every].sum(0) - t[held].sum(0)) / n
-        cov = gram - _gram(xh) - n * mean[:, :, None] * mean[:, None, :]  # centred X'X
+        # centred X'X = X'X - Xh'Xh - n m m', in place (a few D x D passes per seed add up)
+        cov = torch.baddbmm(_gram(xh).neg_().add_(gram), mean[:, :, None], mean[:, None, :], alpha=-n)
         var = torch.diagonal(cov, dim1=1, dim2=2).clamp(min=0) / n
         scale = torch.where(var > 0, var.sqrt(), 1.0) if standardize else torch.ones_like(var)
         xtyc = xty - xh.mT @ t[held] - n * mean[:, :, None] * ybar  # centred X'T
-        grams.append(cov / scale[:, :, None] / scale[:, None, :])
-        xtys.append(xtyc / scale[:, :, None])
+        inv = 1 / scale
+        grams.append(cov.mul_(inv[:, :, None]).mul_(inv[:, None, :]))
+        xtys.append(xtyc * inv[:, :, None])
         means.append(mean + shift[:, 0])
         scales.append(scale)
         ybars.append(ybar)
@@ -222,11 +224,13 @@ def class_ridge_rows(
     from epochlens.probes.linear import probe_plan
 
     names = list(layer_names or [str(i) for i in range(x.shape[0])])
-    bad = [names[i] for i in range(x.shape[0]) if not torch.isfinite(x[i]).all()]
+    # a NaN or infinity makes the layer's sum non-finite (a tenth of the time of isfinite on every value)
+    bad = [names[i] for i in range(x.shape[0]) if not torch.isfinite(x[i].sum())]
     if bad:
         raise ProbeError(
-            f"ridge probe: the features of layer(s) {bad} hold NaN or infinite values; recompute those "
-            "features (or fix the representation that makes them) and probe again."
+            f"ridge probe: the features of layer(s) {bad} hold NaN or infinite values (or values so "
+            "large that their sum overflows); recompute those features (or fix the representation "
+            "that makes them) and probe again."
         )
     alphas = settings.ridge_alphas
     if len(alphas) > 1 and settings.stop_fraction == 0:
