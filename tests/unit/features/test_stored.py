@@ -204,15 +204,22 @@ def test_arrow_rows_of_a_sliced_nested_column_are_its_values(kind):
     np.testing.assert_array_equal(arrow_numpy(column, "where"), x)
 
 
-def test_npy_layers_are_read_into_one_reused_buffer_and_fortran_arrays_still_read(tmp_path):
+def layers_read_into_one_buffer(tmp_path, fmt: str) -> tuple[dict, Snapshot]:
+    """A snapshot in layout ``fmt`` whose first two train layers read equal to what was written,
+    the second into the first's buffer; returns the activations written and the snapshot."""
     acts = activations()
-    write(tmp_path / "snap", "npy", acts)
-    snap = Snapshot(tmp_path / "snap", "npy", None)
+    write(tmp_path / "snap", fmt, acts)
+    snap = Snapshot(tmp_path / "snap", fmt, None)
     first = snap.layer("train", "layer_0").rows(0, N["train"])
     np.testing.assert_array_equal(first, acts["train"]["layer_0"])
     second = snap.layer("train", "layer_1").rows(0, N["train"])
     np.testing.assert_array_equal(second, acts["train"]["layer_1"])
     assert np.shares_memory(first, second)  # the next layer reuses the buffer
+    return acts, snap
+
+
+def test_npy_layers_are_read_into_one_reused_buffer_and_fortran_arrays_still_read(tmp_path):
+    acts, snap = layers_read_into_one_buffer(tmp_path, "npy")
     np.save(tmp_path / "snap" / "test" / "layer_0.npy", np.asfortranarray(acts["test"]["layer_0"]))
     fortran = Snapshot(tmp_path / "snap", "npy", None).layer("test", "layer_0").rows(0, N["test"])
     np.testing.assert_array_equal(fortran, acts["test"]["layer_0"])
@@ -298,14 +305,7 @@ def test_a_safetensors_layer_of_every_dtype_reads_what_safetensors_loads(tmp_pat
 
 
 def test_safetensors_layers_share_a_buffer_and_bad_files_name_the_file(tmp_path):
-    acts = activations()
-    write(tmp_path / "snap", "safetensors", acts)
-    snap = Snapshot(tmp_path / "snap", "safetensors", None)
-    first = snap.layer("train", "layer_0").rows(0, N["train"])
-    np.testing.assert_array_equal(first, acts["train"]["layer_0"])
-    second = snap.layer("train", "layer_1").rows(0, N["train"])
-    np.testing.assert_array_equal(second, acts["train"]["layer_1"])
-    assert np.shares_memory(first, second)  # the next layer reuses the buffer
+    acts, snap = layers_read_into_one_buffer(tmp_path, "safetensors")
     test = tmp_path / "snap" / "test"
     (test / "layer_1.safetensors").write_bytes((test / "layer_1.safetensors").read_bytes()[:-10])
     with pytest.raises(
