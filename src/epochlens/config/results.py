@@ -182,13 +182,18 @@ def probe_params(run: Mapping) -> dict:
     kind's defaults, :func:`epochlens.probes.settings.probe_targets`) and quantile bins.
 
     A classifier's params are those it had before regressions were probed (no ridge penalties, no
-    target bins), so existing runs keep them; a regression's add ``target_bins``.
+    target bins), so existing runs keep them; a regression's add ``target_bins``. ``batch_order``
+    is a param where it is ``shared`` and softmax probes run (``per_seed``, the default, set or
+    not, changes nothing).
     """
     spec = run["probes"]
     regression = is_regression_run(dict(run))
     ridge = regression or spec.get("kind") == "ridge"  # a classifier's ridge probes: their penalties
+    exclude = [] if ridge else ["ridge_alphas"]
+    if spec.get("batch_order", "per_seed") == "per_seed" or spec.get("kind") == "ridge":
+        exclude.append("batch_order")  # the default, set or not, or no softmax probe: no rerun
     params = {
-        "settings": result_settings(spec, ProbeSettings, exclude=() if ridge else ("ridge_alphas",)),
+        "settings": result_settings(spec, ProbeSettings, exclude=exclude),
         "targets": probe_targets(spec["targets"], regression, has_token_labels(dict(run))),
         "curvature_bins": spec["curvature_bins"],
     }

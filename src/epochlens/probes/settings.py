@@ -32,6 +32,9 @@ RIDGE_ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 #: Probes of class targets (``probes.kind``): softmax regression, or the closed-form ridge probe.
 PROBE_KINDS = ("softmax", "ridge")
 RIDGE_DTYPES = ("float64", "float32")
+#: Mini-batch orders of the softmax probes (``probes.batch_order``): each seed its own, or one
+#: order that every seed of a layer shares (:mod:`epochlens.probes.shared_order`).
+BATCH_ORDERS = ("per_seed", "shared")
 
 
 def probe_targets(targets: Sequence[str] | None, regression: bool, lm: bool = False) -> list[str]:
@@ -101,6 +104,16 @@ class ProbeSettings:
         default=1e-4, metadata={"help": "L2 penalty: 0.5 * weight_decay * ||W||² added to the loss"}
     )
     batch_size: int = field(default=512, metadata={"help": "samples per optimisation step"})
+    batch_order: str = field(
+        default="per_seed",
+        metadata={
+            "help": "mini-batches of the softmax probes: per_seed (each seed its own order, as one "
+            "at a time) or shared (every seed of a layer the same batches of the union of their fit "
+            "samples, each seed weighting only its own: one product for all seeds, several times "
+            "faster on wide features; seeds then differ by their split only; "
+            "epochlens.probes.shared_order)"
+        },
+    )
     standardize: bool = field(
         default=True, metadata={"help": "z-score features with the fit samples' mean and std"}
     )
@@ -132,7 +145,8 @@ class ProbeSettings:
         default=16,
         metadata={
             "help": "softmax probes of this many layers (of one width) and every seed fitted together "
-            "(the same algorithm as one at a time, equal up to rounding); 1: one probe at a time",
+            "(the same algorithm as one at a time, equal up to rounding); 1: one probe at a time "
+            "(batch_order shared: one layer's seeds at a time)",
             "execution": True,
         },
     )
@@ -171,6 +185,8 @@ class ProbeSettings:
             problems.append(f"ridge_alphas={list(self.ridge_alphas)} must be finite, > 0 and not empty")
         if self.kind not in PROBE_KINDS:
             problems.append(f"kind={self.kind!r} must be one of {list(PROBE_KINDS)}")
+        if self.batch_order not in BATCH_ORDERS:
+            problems.append(f"batch_order={self.batch_order!r} must be one of {list(BATCH_ORDERS)}")
         if self.ridge_dtype not in RIDGE_DTYPES:
             problems.append(f"ridge_dtype={self.ridge_dtype!r} must be one of {list(RIDGE_DTYPES)}")
         if problems:
