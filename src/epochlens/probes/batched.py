@@ -254,7 +254,8 @@ def batched_rows(
     amp: bool = False,
 ) -> list[list[dict]]:
     """:func:`epochlens.probes.linear.probe_seeds` of each layer of ``x`` (G, N, D) at once: per
-    layer, its rows (seed, evaluation set) with the same keys and order."""
+    layer, its rows (seed, evaluation set) with the same keys and order. ``settings.batch_order``
+    ``shared``: the seeds of a layer on shared mini-batches (:mod:`epochlens.probes.shared_order`)."""
     from epochlens.probes.linear import probe_plan
 
     plan = probe_plan(y, fit_mask, eval_masks, settings, x.device)
@@ -262,6 +263,10 @@ def batched_rows(
     splits = [SeedSplit(fit, stop if len(stop) else fit) for fit, stop in plan.seed_rows]
     step = len(settings.seeds) * settings.batch_size * x.shape[2] * 4  # bytes of a layer's mini-batches
     per_fit = max(1, STEP_BYTES // step)
+    if settings.batch_order == "shared":  # one mini-batch per layer, whatever the seeds
+        from epochlens.probes.shared_order import layers_per_fit
+
+        per_fit = layers_per_fit(splits, settings.batch_size, x.shape[2])
     out = []
     for lo in range(0, x.shape[0], per_fit):
         out += _group_rows(x[lo : lo + per_fit], y_dev, splits, plan, settings, amp)
@@ -269,6 +274,10 @@ def batched_rows(
 
 
 def _group_rows(x, y_dev, splits, plan, settings, amp) -> list[list[dict]]:
+    if settings.batch_order == "shared":
+        from epochlens.probes.shared_order import shared_rows
+
+        return shared_rows(x, y_dev, splits, plan, settings, amp)
     fit = train_batched(x, y_dev, splits, settings.seeds, plan.n_classes, settings, amp)
     s = len(settings.seeds)
     out = []

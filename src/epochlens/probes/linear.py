@@ -319,7 +319,9 @@ def probe_seeds(
     settings: ProbeSettings | None = None,
     device: torch.device | str | None = None,
 ) -> list[dict]:
-    """Train one probe per seed and evaluate it: rows of seed, eval_split and the metrics.
+    """Train one probe per seed and evaluate it: rows of seed, eval_split and the metrics
+    (``settings.batch_order`` ``shared``: the seeds on shared mini-batches,
+    :mod:`epochlens.probes.shared_order`).
 
     Args:
         x: (N, D) features of every sample (moved to ``device`` once).
@@ -344,8 +346,15 @@ def probe_seeds(
     if device is None:
         device = x.device if isinstance(x, torch.Tensor) else "auto"
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    plan = probe_plan(y, fit_mask, eval_masks, settings, device)
     x_dev = torch.as_tensor(x).to(device)
+    if settings.batch_order == "shared":  # the seeds on shared mini-batches, as a layer of many
+        from epochlens.probes.batched import batched_rows
+
+        amp, _ = _amp(device, settings.mixed_precision)
+        with cpu_threads(device, settings.batched_threads):
+            rows = batched_rows(x_dev[None].float(), y, fit_mask, eval_masks, settings, amp)[0]
+        return [row | {"metric": "accuracy"} for row in rows]
+    plan = probe_plan(y, fit_mask, eval_masks, settings, device)
     y_dev = torch.as_tensor(y).to(device)
     rows = []
     with cpu_threads(device, settings.cpu_threads):
@@ -468,7 +477,7 @@ def _probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device
     widths = {x_np.shape[1] for x_np, _ in xs}
     if settings.kind == "ridge":
         return _ridge_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device)
-    if settings.batch_layers == 1 or len(widths) > 1:
+    if settings.batch_order == "per_seed" and (settings.batch_layers == 1 or len(widths) > 1):
         for layer, (x_np, _) in zip(group, xs, strict=True):
             out[(layer, rep, name)] = probe_seeds(
                 torch.as_tensor(x_np), y, fit_mask, eval_masks, settings, device
@@ -477,14 +486,26 @@ def _probe_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device
     from epochlens.probes.batched import batched_rows
 
     use_amp, _ = _amp(device, settings.mixed_precision)
-    per_fit = max(1, BATCHED_BYTES // max(xs[0][0].nbytes, 1))  # layers held at once
-    for lo in range(0, len(group), per_fit):
-        x = torch.as_tensor(np.stack([x_np for x_np, _ in xs[lo : lo + per_fit]])).to(device)
+    for lo, hi in _width_runs(xs):  # batch_order shared: layers of each width together
+        x = torch.as_tensor(np.stack([x_np for x_np, _ in xs[lo:hi]])).to(device)
         with cpu_threads(device, settings.batched_threads):
             per_layer = batched_rows(x, y, fit_mask, eval_masks, settings, use_amp)
-        for layer, rows in zip(group[lo : lo + per_fit], per_layer, strict=True):
+        for layer, rows in zip(group[lo:hi], per_layer, strict=True):
             out[(layer, rep, name)] = [row | {"metric": "accuracy"} for row in rows]
     return out
+
+
+def _width_runs(xs: Sequence[tuple[np.ndarray, list[int]]]) -> Iterator[tuple[int, int]]:
+    """(lo, hi) of consecutive layers of ``xs`` of one width, up to :data:`BATCHED_BYTES` of
+    features at once."""
+    lo = 0
+    while lo < len(xs):
+        width, hi = xs[lo][0].shape[1], lo + 1
+        per_fit = max(1, BATCHED_BYTES // max(xs[lo][0].nbytes, 1))
+        while hi < len(xs) and hi - lo < per_fit and xs[hi][0].shape[1] == width:
+            hi += 1
+        yield lo, hi
+        lo = hi
 
 
 def _ridge_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device) -> dict:
@@ -492,19 +513,14 @@ def _ridge_group(xs, group, rep, name, y, fit_mask, eval_masks, settings, device
     ``group``, layers of one width stacked (up to :data:`BATCHED_BYTES` of features at once)."""
     from epochlens.probes.ridge_classes import class_ridge_rows
 
-    out, lo = {}, 0
-    while lo < len(group):
-        width, hi = xs[lo][0].shape[1], lo + 1
-        per_fit = max(1, BATCHED_BYTES // max(xs[lo][0].nbytes, 1))
-        while hi < len(group) and hi - lo < per_fit and xs[hi][0].shape[1] == width:
-            hi += 1
+    out = {}
+    for lo, hi in _width_runs(xs):
         x = torch.as_tensor(np.stack([x_np for x_np, _ in xs[lo:hi]])).to(device)
         names = [f"{layer} ({rep})" for layer in group[lo:hi]]
         with cpu_threads(device, settings.batched_threads):
             per_layer = class_ridge_rows(x, y, fit_mask, eval_masks, settings, names)
         for layer, rows in zip(group[lo:hi], per_layer, strict=True):
             out[(layer, rep, name)] = rows
-        lo = hi
     return out
 
 
