@@ -17,7 +17,8 @@ noise) and prints one JSON object:
 * ``probes``: per representation of ``--probe-representations`` (default ``mean``, D wide, and
   ``stats``, 6 wide), the probes of ``--probe-layers`` layers x ``--seeds`` seeds by each side of
   ``--probe-sides``, interleaved (A B .., .. B A), best of ``--repeats``: softmax probes fitted
-  together (:mod:`epochlens.probes.batched`) and one at a time
+  together (:mod:`epochlens.probes.batched`), together on mini-batches that the seeds share
+  (``probes.batch_order: shared``, :mod:`epochlens.probes.shared_order`) and one at a time
   (:func:`epochlens.probes.linear.probe_seeds`, the previous code); ridge probes of the classes
   (``probes.kind: ridge``, :mod:`epochlens.probes.ridge_classes`) stacked in float64 and float32,
   and the same probes one (layer, seed) at a time: :func:`epochlens.probes.ridge.fit_ridge_path`
@@ -87,6 +88,7 @@ from epochlens.probes.settings import ProbeSettings
 _BUFFER = bytearray(16 << 20)  # allocated once, outside the timings
 PARTS = ("read", "representations", "probes", "pipeline")
 SIDES = (
+    "softmax_shared_batched",
     "softmax_batched",
     "softmax_one_at_a_time",
     "ridge_batched",
@@ -354,9 +356,11 @@ def ridge_stacked_one_at_a_time(x: np.ndarray, y, fit, evals, settings: ProbeSet
 def probe_sides(x: np.ndarray, y, fit, evals, args) -> dict:
     """What ``--probe-sides`` compares: the name of each side and the call that fits its probes."""
     settings = ProbeSettings(seeds=tuple(range(args.seeds)), max_epochs=args.max_epochs)
+    shared = replace(settings, batch_order="shared")
     ridge = ProbeSettings(seeds=settings.seeds, kind="ridge")
     ridge32 = ProbeSettings(seeds=settings.seeds, kind="ridge", ridge_dtype="float32")
     sides = {
+        "softmax_shared_batched": lambda: batched_rows(torch.as_tensor(x), y, fit, evals, shared),
         "softmax_batched": lambda: batched_rows(torch.as_tensor(x), y, fit, evals, settings),
         "softmax_one_at_a_time": lambda: [
             probe_seeds(torch.as_tensor(v), y, fit, evals, settings, "cpu") for v in x
@@ -384,6 +388,8 @@ def accuracy_difference(a: list[list[dict]], b: list[list[dict]]) -> dict:
 #: (side, baseline) pairs reported as a time ratio (baseline / side) and an accuracy difference.
 COMPARISONS = (
     ("softmax_batched", "softmax_one_at_a_time"),
+    ("softmax_shared_batched", "softmax_one_at_a_time"),
+    ("softmax_shared_batched", "softmax_batched"),
     ("ridge_batched", "ridge_one_at_a_time"),
     ("ridge_float32_batched", "ridge_batched"),
     ("ridge_float32_batched", "ridge_float32_one_at_a_time"),
@@ -434,10 +440,11 @@ def bench_probes(folder: Path, args, labels: dict, name: str) -> dict:
     for side, rows in results.items():
         holdout = [r["accuracy"] for layer in rows for r in layer if r["eval_split"] == "holdout"]
         out.setdefault("holdout_accuracy_mean", {})[side] = float(np.mean(holdout))
-    if "softmax_batched" in results:
-        out["softmax_epochs_run_mean"] = float(
-            np.mean([r["epochs_run"] for rows in results["softmax_batched"] for r in rows])
-        )
+    for side in ("softmax_batched", "softmax_shared_batched"):
+        if side in results:
+            out.setdefault("softmax_epochs_run_mean", {})[side] = float(
+                np.mean([r["epochs_run"] for rows in results[side] for r in rows])
+            )
     return out
 
 
