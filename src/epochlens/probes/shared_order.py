@@ -18,7 +18,7 @@ columns. Here the S seeds of a layer draw the same mini-batches:
   its seed's held-out rows, a stopped probe keeping its best weights, a layer whose seeds have all
   stopped dropping out (its stopped seeds' weights go on moving while one of its seeds trains, but
   only their best weights are kept). The early-stopping rows of a group of layers are gathered
-  once (:func:`layers_per_fit` bounds the group's memory).
+  once (:func:`layers_per_fit` bounds the group's memory), each seed's scored by its own probes.
 
 Seeds then differ by their early-stopping split only, not by their batch order: the spread over
 seeds is that of the splits. The probes are not step for step those of ``per_seed`` (other
@@ -46,26 +46,21 @@ EVAL_BYTES = 16 << 20
 
 @dataclass
 class _Rows:
-    """The rows the seeds share: the union of their fit rows and who fits or stops on each."""
+    """The rows the seeds share: the union of their fit rows and who fits on each."""
 
     fit: torch.Tensor  # (M,) global rows, ascending: the union of the seeds' fit rows
     fit_weight: torch.Tensor  # (M, S) float: 1 where the row is the seed's fit row
-    stop: torch.Tensor  # (R,) global rows: the union of the seeds' early-stopping rows
-    stop_weight: torch.Tensor  # (R, S) float: 1 / n_stop(seed) where the row is the seed's
 
     @classmethod
     def of(cls, splits: Sequence[SeedSplit]) -> _Rows:
         fit = torch.unique(torch.cat([sp.fit for sp in splits]))
-        stop = torch.unique(torch.cat([sp.stop for sp in splits]))
-        fit_w = torch.stack([torch.isin(fit, sp.fit) for sp in splits], 1).float()
-        stop_w = torch.stack([torch.isin(stop, sp.stop) / len(sp.stop) for sp in splits], 1).float()
-        return cls(fit, fit_w, stop, stop_w)
+        return cls(fit, torch.stack([torch.isin(fit, sp.fit) for sp in splits], 1).float())
 
 
 def layers_per_fit(splits: Sequence[SeedSplit], batch_size: int, width: int) -> int:
-    """How many layers of ``width`` features one shared fit takes: their mini-batch and
-    early-stopping rows within :data:`FIT_BYTES` (at least one layer)."""
-    stop = len(torch.unique(torch.cat([sp.stop for sp in splits])))
+    """How many layers of ``width`` features one shared fit takes: their mini-batch and every
+    seed's early-stopping rows within :data:`FIT_BYTES` (at least one layer)."""
+    stop = sum(len(sp.stop) for sp in splits)
     return max(1, FIT_BYTES // ((batch_size + stop) * width * 4))
 
 
@@ -91,11 +86,15 @@ class _Scratch:
 
 
 class _StopRows:
-    """The early-stopping rows' features (G, R, D), targets and weights, gathered once; after a
-    layer drops out, those of the layers still training (gathered again once)."""
+    """Every seed's early-stopping rows, one seed after the other: their features (G, T, D),
+    gathered once (after a layer drops out, those of the layers still training, once), targets
+    (T,) and each seed's (start, end)."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, rows: _Rows) -> None:
-        self.x, self.y, self.weight = x.index_select(1, rows.stop), y[rows.stop], rows.stop_weight
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, splits: Sequence[SeedSplit]) -> None:
+        rows = torch.cat([sp.stop for sp in splits])
+        self.x, self.y = x.index_select(1, rows), y[rows]
+        ends = torch.tensor([len(sp.stop) for sp in splits]).cumsum(0).tolist()
+        self.bounds = list(zip([0, *ends[:-1]], ends, strict=True))
         self.layers = torch.arange(x.shape[0], device=x.device)
         self.of_layers = self.x
 
@@ -188,12 +187,17 @@ def _weighted_moments(xs: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Ten
 
 def stop_losses(stop: _StopRows, probes: _Probes, layers: torch.Tensor, amp: bool) -> torch.Tensor:
     """(Ga, S) mean cross-entropy of each probe of ``layers`` (Ga,) on its seed's early-stopping
-    rows: the logits of the union of those rows for every seed at once, weighted per seed."""
+    rows: one product per seed of its rows with its probes' weights."""
     w, b, *_, mean, inv_scale = probes.state(layers)
-    s = w.shape[1]
-    z = _logits(stop.features(layers), *_fold(w, b, mean, inv_scale), amp).unflatten(2, (s, -1))
-    target = stop.y[None, :, None, None].expand(*z.shape[:3], 1)  # z: (Ga, R, S, K)
-    return ((_logsumexp(z) - z.gather(3, target)[..., 0]) * stop.weight).sum(1)
+    ws, bias = _fold(w, b, mean, inv_scale)
+    xs, k = stop.features(layers), w.shape[2]
+    out = []
+    for seed, (lo, hi) in enumerate(stop.bounds):
+        cols = slice(seed * k, (seed + 1) * k)
+        z = _logits(xs[:, lo:hi], ws[:, :, cols], bias[:, :, cols], amp)  # (Ga, n_stop, K)
+        target = stop.y[lo:hi][None, :, None].expand(len(layers), -1, 1)
+        out.append((_logsumexp(z) - z.gather(2, target)[..., 0]).mean(1))
+    return torch.stack(out, 1)
 
 
 def _logsumexp(z: torch.Tensor) -> torch.Tensor:
@@ -223,7 +227,7 @@ def train_shared(
     seed ``seeds[s]``'s rows. The probes are returned layer-major (probe = layer * S + seed)."""
     g, s = x.shape[0], len(splits)
     rows = _Rows.of(splits)
-    stop, scratch = _StopRows(x, y, rows), _Scratch()
+    stop, scratch = _StopRows(x, y, splits), _Scratch()
     probes = _Probes.zeros(*fit_stats(x, rows, settings.standardize), n_classes)
     gen = torch.Generator(device="cpu").manual_seed(int(seeds[0]))
     training = torch.ones(g, s, dtype=torch.bool, device=x.device)  # not stopped yet
