@@ -38,7 +38,8 @@ noise) and prints one JSON object:
   representation package (``benchreps/pool.py``: :data:`USER_REP`, the L2-normalised mean over
   tokens) and ``config.yaml`` (one run, ``checkpoints.source: activations``, the representations of
   :data:`PIPELINE_REPS`, ``probes.seeds`` 0..``--seeds``-1, ``probes.kind`` ``--probe-kind``, ridge
-  in float32, curvature, ablation and influence off); then ``snakemake --cores --cores
+  in float32 (softmax: ``probes.batch_order`` ``--batch-order``), curvature, ablation and
+  influence off); then ``snakemake --cores --cores
   --configfile config.yaml --directory <that folder>`` from the repository root. Prints the wall
   seconds of the whole run, per rule the jobs' summed and largest seconds and largest resident
   memory (each job's ``benchmark:`` file), and the rows of the run's ``tables/probes.csv`` against
@@ -141,6 +142,12 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=None, help="where to write the activations (default: a temporary folder)")
     p.add_argument(
         "--probe-kind", choices=("ridge", "softmax"), default="ridge", help="pipeline: probes.kind"
+    )
+    p.add_argument(
+        "--batch-order",
+        choices=("per_seed", "shared"),
+        default="per_seed",
+        help="pipeline, softmax probes: probes.batch_order",
     )
     p.add_argument("--cores", type=int, default=2, help="pipeline: snakemake --cores")
     p.add_argument("--keep", action="store_true", help="pipeline: keep the working directory (under --dir)")
@@ -487,6 +494,7 @@ def pipeline_config(args, n_train: int) -> dict:
         probes["ridge_dtype"] = "float32"
     else:
         probes["max_epochs"] = args.max_epochs
+        probes["batch_order"] = args.batch_order
     run = {
         "data": {
             "source": "npz",
@@ -616,6 +624,7 @@ def bench_pipeline(work: Path, args, labels: dict) -> dict:
         "probe_rows": probe_rows(work, args),
         "representations": list(PIPELINE_REPS),
         "probe_kind": args.probe_kind,
+        "batch_order": args.batch_order if args.probe_kind == "softmax" else None,
         "cores": args.cores,
     }
 
