@@ -262,22 +262,18 @@ def batched_rows(
     y_dev = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(x.device)
     splits = [SeedSplit(fit, stop if len(stop) else fit) for fit, stop in plan.seed_rows]
     step = len(settings.seeds) * settings.batch_size * x.shape[2] * 4  # bytes of a layer's mini-batches
-    per_fit = max(1, STEP_BYTES // step)
+    per_fit, group_rows = max(1, STEP_BYTES // step), _group_rows
     if settings.batch_order == "shared":  # one mini-batch per layer, whatever the seeds
-        from epochlens.probes.shared_order import layers_per_fit
+        from epochlens.probes.shared_order import layers_per_fit, shared_rows
 
-        per_fit = layers_per_fit(splits, settings.batch_size, x.shape[2])
+        per_fit, group_rows = layers_per_fit(splits, settings.batch_size, x.shape[2]), shared_rows
     out = []
     for lo in range(0, x.shape[0], per_fit):
-        out += _group_rows(x[lo : lo + per_fit], y_dev, splits, plan, settings, amp)
+        out += group_rows(x[lo : lo + per_fit], y_dev, splits, plan, settings, amp)
     return out
 
 
 def _group_rows(x, y_dev, splits, plan, settings, amp) -> list[list[dict]]:
-    if settings.batch_order == "shared":
-        from epochlens.probes.shared_order import shared_rows
-
-        return shared_rows(x, y_dev, splits, plan, settings, amp)
     fit = train_batched(x, y_dev, splits, settings.seeds, plan.n_classes, settings, amp)
     s = len(settings.seeds)
     out = []

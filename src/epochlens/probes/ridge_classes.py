@@ -73,12 +73,10 @@ class ClassRidgeFit:
         each layer: with ``coef`` (G, D, K), (G, B, K); None: those of every penalty, (A, G, B, K).
         The standardisation is folded into the coefficients, so features are not copied per seed."""
         xc = x if shifted else self.shifted(x)
-        scale = self.scale[:, seed]
-        offset = (self.mean[:, seed] - self.shift[:, 0]) / scale  # (G, D), small: shift ~ mean
         outs = []
         for c in [coef] if coef is not None else [c[:, seed] for c in self.coef]:
-            bias = self.intercept[seed] - (offset[:, None, :] @ c)[:, 0]  # (G, K)
-            outs.append(xc @ (c / scale[:, :, None]) + bias[:, None])
+            weight, bias = self._fold(c[:, None], [seed])
+            outs.append(xc @ weight[:, 0] + bias[:, 0, None])
         return outs[0] if coef is not None else torch.stack(outs)
 
     def kept_outputs(self, xc: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
@@ -87,11 +85,17 @@ class ClassRidgeFit:
         for all seeds (the features read once, not gathered per seed and evaluation set)."""
         g, s = penalty.shape
         coef = torch.stack([self.kept(i, penalty[:, i]) for i in range(s)], 1)  # (G, S, D, K)
-        offset = (self.mean - self.shift) / self.scale  # (G, S, D)
-        bias = self.intercept - torch.einsum("gsd,gsdk->gsk", offset, coef)  # (G, S, K)
-        weight = (coef / self.scale[..., None]).permute(0, 2, 1, 3).reshape(g, xc.shape[2], -1)
-        out = (xc @ weight).reshape(g, xc.shape[1], s, -1).permute(0, 2, 1, 3)
-        return out + bias[:, :, None]
+        weight, bias = self._fold(coef, slice(None))
+        out = xc @ weight.permute(0, 2, 1, 3).reshape(g, xc.shape[2], -1)  # (G, B, S*K)
+        return out.reshape(g, xc.shape[1], s, -1).permute(0, 2, 1, 3) + bias[:, :, None]
+
+    def _fold(self, coef: torch.Tensor, seeds) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weights (G, S', D, K) and biases (G, S', K) on :meth:`shifted` features of coefficients
+        ``coef`` (G, S', D, K) of the seeds ``seeds`` (an index of the S seeds): the
+        standardisation folded in, so that features are not copied per seed."""
+        scale = self.scale[:, seeds]
+        offset = (self.mean[:, seeds] - self.shift) / scale  # small: shift ~ mean
+        return coef / scale[..., None], self.intercept[seeds] - torch.einsum("gsd,gsdk->gsk", offset, coef)
 
     def kept(self, seed: int, penalty: torch.Tensor) -> torch.Tensor:
         """(G, D, K) coefficients of probe ``seed`` of each layer at its penalty (G,) (positions)."""
