@@ -569,7 +569,8 @@ def run_snakemake(work: Path, config: Path, cores: int) -> tuple[float, str]:
 def job_benchmarks(work: Path, output: str) -> dict:
     """Per rule: jobs, summed and largest seconds, largest max_rss (MB) of its jobs' ``benchmark:``
     files (Snakemake's: s, max_rss, ...), each file's rule from the job block that names it in the
-    run's output."""
+    run's output. Snakemake samples memory from 0.5 s on, so a rule whose every job ended sooner has
+    ``max_rss`` "NA": its ``max_rss_mb`` is None (not measured), never 0."""
     import pandas as pd
 
     rules = {}
@@ -581,11 +582,13 @@ def job_benchmarks(work: Path, output: str) -> dict:
     out = {}
     for path, rule in sorted(rules.items()):
         row = pd.read_csv(work / path, sep="\t").iloc[0]
-        r = out.setdefault(rule, {"jobs": 0, "seconds_sum": 0.0, "seconds_max": 0.0, "max_rss_mb": 0.0})
+        r = out.setdefault(rule, {"jobs": 0, "seconds_sum": 0.0, "seconds_max": 0.0, "max_rss_mb": None})
         r["jobs"] += 1
         r["seconds_sum"] += float(row["s"])
         r["seconds_max"] = max(r["seconds_max"], float(row["s"]))
-        r["max_rss_mb"] = max(r["max_rss_mb"], float(row["max_rss"]) if row["max_rss"] != "-" else 0.0)
+        rss = pd.to_numeric(row["max_rss"], errors="coerce")  # "NA" (or "-"): not sampled
+        if pd.notna(rss):
+            r["max_rss_mb"] = max(r["max_rss_mb"] or 0.0, float(rss))
     return out
 
 

@@ -64,5 +64,8 @@ def test_each_rule_is_timed_from_its_jobs_benchmark_files(report):
         "prepare_data": 1, "features_stored": 9, "probes_stored": 9, "probe_tables": 1, "plot_probes": 1,
     }  # fmt: skip
     for rule in rules.values():
-        assert 0 < rule["seconds_max"] <= rule["seconds_sum"] and rule["max_rss_mb"] > 0
+        assert 0 < rule["seconds_max"] <= rule["seconds_sum"]
+        # None where every job ended before Snakemake's first memory sample (0.5 s), never 0
+        assert rule["max_rss_mb"] is None or rule["max_rss_mb"] > 0
+    assert any(rule["max_rss_mb"] for rule in rules.values())
     assert report["pipeline"]["wall_seconds"] > rules["features_stored"]["seconds_max"]
