@@ -11,7 +11,10 @@ noise) and prints one JSON object:
   (``--formats``: each layout a copy of the same activations), interleaved (A B, B A), best of
   ``--repeats``; ``warm``: from the page cache; ``cold``: each side after
   ``posix_fadvise(DONTNEED)`` on the files (the disk's own speed, where the kernel drops them).
-  ``ratio`` = plain seconds / epochlens seconds (1.0: as fast as the plain read).
+  ``ratio`` = plain seconds / epochlens seconds (1.0: as fast as the plain read). Parquet also
+  ``decoded_once``: what the workflow does with it (rule ``activations_decoded``), the split
+  decoded into ``.npy`` layers ``--decode-threads`` at a time (seconds, and against a plain read
+  of the parquet files), then those layers read as every representation job reads them.
 * ``representations``: seconds per layer of each representation of ``--representations`` (all
   train rows of one layer, batches of 1024), the mean over ``--rep-layers`` layers, and its width.
 * ``probes``: per representation of ``--probe-representations`` (default ``mean``, D wide, and
@@ -46,7 +49,8 @@ noise) and prints one JSON object:
   layers x representations x seeds x evaluation sets. Its default shape is ``--tokens 4 --dims
   192`` (768 numbers per sample and layer, as the issue's 768 dims, but with tokens, so that
   ``mean``, ``max``, ``first`` and ``last`` differ); the other parts default to ``--tokens 1 --dims
-  768``.
+  768``. ``--snapshot-format parquet``: the run reads the same snapshot as parquet files (and
+  decodes it once: one more job).
 
 Usage (the full size needs ~2 GB of disk and about as much memory):
     .venv/bin/python benchmarks/probes.py --layers 128 --samples 10000 --dims 768 --threads 1
@@ -113,6 +117,8 @@ def l2_mean(act):
 '''
 #: The pipeline part's nine representations: the built-ins of token activations and the user's.
 PIPELINE_REPS = (*REPS, USER_REP)
+#: The pipeline part's snapshot folder per layout it can run from.
+SNAPSHOT_FOLDERS = {"save_to_disk": "activations", "parquet": "activations_parquet"}
 
 
 def options() -> argparse.ArgumentParser:
@@ -139,6 +145,12 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--probe-sides", nargs="+", choices=SIDES, default=list(SIDES), help="probes to time")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     p.add_argument("--formats", nargs="+", choices=FORMATS, default=["save_to_disk"], help="read: layouts")
+    p.add_argument(
+        "--decode-threads",
+        type=int,
+        default=2,
+        help="read, parquet: layers decoded at a time (the decode job's)",
+    )
     p.add_argument("--dir", default=None, help="where to write the activations (default: a temporary folder)")
     p.add_argument(
         "--probe-kind", choices=("ridge", "softmax"), default="ridge", help="pipeline: probes.kind"
@@ -150,6 +162,12 @@ def options() -> argparse.ArgumentParser:
         help="pipeline, softmax probes: probes.batch_order",
     )
     p.add_argument("--cores", type=int, default=2, help="pipeline: snakemake --cores")
+    p.add_argument(
+        "--snapshot-format",
+        choices=tuple(SNAPSHOT_FOLDERS),
+        default="save_to_disk",
+        help="pipeline: the layout the run reads (parquet: decoded once by the workflow)",
+    )
     p.add_argument("--keep", action="store_true", help="pipeline: keep the working directory (under --dir)")
     return p
 
@@ -275,6 +293,39 @@ def bench_read(folder: Path, fmt: str, repeats: int, device: torch.device) -> di
             "ratio_opened_per_pass": times["plain"] / times["opened_per_pass"],
         }
     return out
+
+
+def bench_decode(folder: Path, tmp: Path, args, n_train: int, device: torch.device) -> dict:
+    """What the workflow does with a parquet snapshot (rule activations_decoded): its train split
+    decoded once into ``.npy`` layers (``--decode-threads`` layers at a time; seconds, best of
+    ``--repeats``, and that against one plain read of the parquet files), then the decoded layers'
+    read against their own plain read (:func:`bench_read`), as every representation job reads."""
+    from epochlens.features.stored_decode import decode_parquet
+    from epochlens.features.stored_settings import StoredFeatureSettings
+
+    settings = StoredFeatureSettings(splits=("train",))
+    dest = tmp / "parquet_decoded"
+    best = float("inf")
+    for _ in range(args.repeats):
+        done = decode_parquet(folder, dest, {"train": n_train}, settings, threads=args.decode_threads)
+        best = min(best, done.seconds)
+    files = split_files(folder)
+    plain = min(_timed(lambda: plain_read(files)) for _ in range(args.repeats))
+    out = {
+        "threads": args.decode_threads,
+        "seconds": best,
+        "decoded_gb": done.nbytes / 1e9,
+        "ratio_to_plain_read_of_the_parquet": plain / best,
+        "read_after": bench_read(dest, "npy", args.repeats, device),
+    }
+    shutil.rmtree(dest)
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def bench_representations(folder: Path, args, n_train: int) -> dict:
@@ -504,8 +555,8 @@ def pipeline_config(args, n_train: int) -> dict:
         "schedule": "none",
         "checkpoints": {
             "source": "activations",
-            "path": "activations/step_{epoch}",
-            "format": "save_to_disk",
+            "path": f"{SNAPSHOT_FOLDERS[args.snapshot_format]}/step_{{epoch}}",
+            "format": args.snapshot_format,
         },
         "features": {
             "representations": list(PIPELINE_REPS),
@@ -521,8 +572,18 @@ def pipeline_config(args, n_train: int) -> dict:
 def write_pipeline_inputs(work: Path, args, labels: dict) -> Path:
     """Beside the snapshot ``work/activations/step_1``: the run's data (the snapshot rows' labels,
     a one-pixel input of zeros: the probes read only the labels and the holdout), the user
-    representation ``code/benchreps/pool.py`` and ``config.yaml``; returns the config's path."""
+    representation ``code/benchreps/pool.py`` and ``config.yaml``; returns the config's path. With
+    ``--snapshot-format parquet`` the snapshot is also written as ``activations_parquet/step_1/
+    {train,test}.parquet`` (each split's Arrow table, pyarrow's defaults), which the run reads."""
+    import datasets
+    import pyarrow.parquet as pq
     import yaml
+
+    if args.snapshot_format == "parquet":
+        dest = work / SNAPSHOT_FOLDERS["parquet"] / "step_1"
+        dest.mkdir(parents=True)
+        for split, ds in datasets.load_from_disk(str(work / "activations" / "step_1")).items():
+            pq.write_table(ds.data.table, dest / f"{split}.parquet")
 
     (work / "data").mkdir()
     np.savez(
@@ -628,6 +689,7 @@ def bench_pipeline(work: Path, args, labels: dict) -> dict:
         "representations": list(PIPELINE_REPS),
         "probe_kind": args.probe_kind,
         "batch_order": args.batch_order if args.probe_kind == "softmax" else None,
+        "snapshot_format": args.snapshot_format,
         "cores": args.cores,
     }
 
@@ -663,6 +725,10 @@ def _main(args) -> int:
             for fmt in args.formats:
                 copy = copy_as(folder, fmt, Path(tmp) / fmt)
                 read[fmt] = bench_read(copy, fmt, args.repeats, device)
+                if fmt == "parquet":
+                    read[fmt]["decoded_once"] = bench_decode(
+                        copy, Path(tmp), args, len(labels["train"]), device
+                    )
                 if copy != folder:
                     shutil.rmtree(copy)
         reps = (

@@ -3,6 +3,7 @@
 import re
 
 from epochlens.config.checks import is_text_run
+from epochlens.features.stored_settings import decoded_once
 from epochlens.features.text_settings import text_feature_params
 from epochlens.layout import representation_name
 
@@ -71,6 +72,33 @@ def get_snapshot(wildcards):
     )
 
 
+def is_decoded(wildcards):
+    """Whether the snapshot of (run, epoch) is parquet, decoded once for every representation
+    (epochlens.features.stored_settings.decoded_once)."""
+    return decoded_once(
+        get_snapshot(wildcards), get_run(wildcards)["checkpoints"]["format"]
+    )
+
+
+def get_stored_snapshot(wildcards):
+    """The folder a representation's features are read from: the snapshot, or its decoded
+    layers where it is parquet (rule activations_decoded)."""
+    if is_decoded(wildcards):
+        return layout.decoded_activations(
+            wildcards.run, wildcards.index, wildcards.epoch
+        )
+    return get_snapshot(wildcards)
+
+
+def get_decode_params(wildcards):
+    """What a decode depends on: the layers asked for and the id column."""
+    run = get_run(wildcards)
+    return {
+        "layers": run["features"]["layers"],
+        "id_column": run["checkpoints"]["id_column"],
+    }
+
+
 def get_representation(wildcards):
     """The representation of a stored run's job, from its file name (layout.representation_file)."""
     return representation_name(wildcards.representation)
@@ -78,9 +106,12 @@ def get_representation(wildcards):
 
 def get_stored_feature_params(wildcards):
     """The spec of one representation's features (that representation only)."""
-    return run_config.stored_feature_params(
+    params = run_config.stored_feature_params(
         get_run(wildcards), get_representation(wildcards)
     )
+    if is_decoded(wildcards):
+        params["file_format"] = "npy"
+    return params
 
 
 def get_stored_code(wildcards):

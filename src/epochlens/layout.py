@@ -15,6 +15,7 @@
         features/epoch_{E}.h5, probes/epoch_{E}.csv, ablation/epoch_{E}.csv
         features/epoch_{E}/{representation}.h5, probes/epoch_{E}/{representation}.csv
                                                   a run of stored activations: one per representation
+        activations/epoch_{E}/{split}/{layer}.npy  its parquet snapshot, decoded once for them all
         influence/epoch_{E}/{method}/factors.pt, factor_diagnostics.csv, scores.npz, ...,
           shards/{covariances,corrections}_{k}-of-{S}.pt, shards/scores_{k}-of-{S}.npz
         influence/epoch_{E}/lds/retrain_{k}-of-{P}.npz
@@ -207,6 +208,11 @@ class Layout:
         """A run of stored activations: one representation's features of one snapshot (the
         :meth:`features` file format, that representation only), so that each is rebuilt alone."""
         return self._representation_file("features", "h5", run, index, epoch, representation)
+
+    def decoded_activations(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
+        """A run of stored activations: its parquet snapshot decoded once into ``.npy`` layers
+        (:mod:`epochlens.features.stored_decode`), a folder that every representation job reads."""
+        return f"{self.index_dir(run, index)}/activations/{epoch_name(epoch)}"
 
     def stored_probe_table(
         self,

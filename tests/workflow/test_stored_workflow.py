@@ -16,6 +16,7 @@ import re
 import datasets
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -217,3 +218,39 @@ def test_the_example_config_plans_features_and_probes(stored_run, tmp_path):
         "prepare_data": 1, "features_stored": 8, "probes_stored": 8, "probe_tables": 1, "plot_probes": 1,
         "class_order": 1, "all": 1,
     }  # fmt: skip
+
+
+def test_a_parquet_snapshot_is_decoded_once_for_every_representation(stored_run, tmp_path):
+    """The same snapshot as parquet files (as ``pq.write_table`` writes a Dataset's table): one
+    decode job, whose .npy layers each representation's job reads, and the same features and
+    probe tables as the save_to_disk snapshot's."""
+    tiny, root = stored_run
+    snapshot = datasets.load_from_disk(str(root / "snapshots" / f"epoch_{EPOCH}"))
+    (tmp_path / "pq" / f"epoch_{EPOCH}").mkdir(parents=True)
+    for split, ds in snapshot.items():
+        pq.write_table(ds.data.table, tmp_path / "pq" / f"epoch_{EPOCH}" / f"{split}.parquet")
+    cfg = stored_config(tiny.ckpts, root / "snapshots", root / "project")
+    reps = ["pooled", "stats"]
+    cfg["runs"] = {"acts_pq": cfg["runs"]["acts"]}
+    cfg["runs"]["acts_pq"]["checkpoints"]["path"] = str(tmp_path / "pq" / "epoch_{epoch}")
+    cfg["runs"]["acts_pq"]["features"]["representations"] = reps
+    configfile = write_config(tmp_path / "pq.yaml", cfg)
+    jobs = planned_jobs(tiny.wf, tiny.work, "probes", configfile=configfile)
+    assert jobs["activations_decoded"] == 1 and jobs["features_stored"] == jobs["probes_stored"] == 2
+    snakemake(tiny.wf, tiny.work, "probes", configfile=configfile)
+    decoded = tiny.work / RESULTS.decoded_activations("acts_pq", 0, EPOCH)
+    assert sorted(p.name for p in (decoded / "train").iterdir()) == [*(f"{n}.npy" for n in LAYERS), "idx.npy"]
+    for rep in reps:
+        got = FeatureSet(tiny.work / RESULTS.stored_features("acts_pq", 0, EPOCH, rep))
+        want = FeatureSet(tiny.work / RESULTS.stored_features("acts", 0, EPOCH, rep))
+        assert got.attrs["snapshot_format"] == "npy"  # read from the decoded layers
+        assert got.attrs["snapshot"] == RESULTS.decoded_activations("acts_pq", 0, EPOCH)
+        for split in ("train", "test"):
+            for layer in LAYERS:
+                np.testing.assert_array_equal(got.array(split, layer, rep), want.array(split, layer, rep))
+        a, b = (
+            pd.read_csv(tiny.work / RESULTS.stored_probe_table(run, 0, EPOCH, rep)).drop(columns="run")
+            for run in ("acts", "acts_pq")
+        )
+        pd.testing.assert_frame_equal(a, b)
+    assert planned_jobs(tiny.wf, tiny.work, "probes", configfile=configfile) == {}

@@ -43,7 +43,7 @@ from epochlens.atomic import atomic_path
 from epochlens.errors import FeatureError
 from epochlens.features import stored_representations as srep
 from epochlens.features.cache import CacheResult, cached_or_written, file_attrs
-from epochlens.features.stored_settings import StoredFeatureSettings
+from epochlens.features.stored_settings import StoredFeatureSettings, detect_format
 from epochlens.progress import progress_bar
 
 ARROW_FORMATS = ("save_to_disk", "parquet")
@@ -121,19 +121,6 @@ def arrow_numpy(chunk, where: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------
 # A snapshot folder
-
-
-def detect_format(folder: Path) -> str:
-    """``save_to_disk``, ``parquet``, ``npy`` or ``safetensors`` from a snapshot's files."""
-    if (folder / "dataset_dict.json").exists():
-        return "save_to_disk"
-    for fmt, pattern in (("parquet", "*.parquet"), ("npy", "*.npy"), ("safetensors", "*.safetensors")):
-        if next(folder.rglob(pattern), None) is not None:
-            return fmt
-    raise FeatureError(
-        f"{folder}: no stored activations found (a save_to_disk DatasetDict folder, train.parquet, "
-        "or train/<layer>.npy or .safetensors). Point checkpoints.path at the snapshot folders."
-    )
 
 
 def _natural(name: str) -> list:
@@ -502,17 +489,7 @@ def layer_features(
     batch_size: int,
 ) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
     """Every representation (n, d) float32 of one layer of ``split``, and its per-sample shape."""
-    array = snapshot.layer(split, layer)
-    if not array.shape:
-        raise FeatureError(
-            f"{array.file}: one number per row, not activations (N, *shape); list the layers in "
-            "features.layers (or name this column in checkpoints.id_column if it holds the ids)."
-        )
-    if len(array) != n:
-        raise FeatureError(
-            f"{array.file}: {len(array)} rows, but the run's {split} split has {n} samples; store one "
-            "row per sample (or check that the snapshot belongs to this run's data)."
-        )
+    array = checked_layer(snapshot, split, layer, n)
     order = snapshot.order(split, n)
     out: dict[str, np.ndarray] = {}  # each batch written in place (no concatenation: a copy)
     for lo in range(0, n, batch_size):
@@ -528,6 +505,23 @@ def layer_features(
     return out, array.shape
 
 
+def checked_layer(snapshot: Snapshot, split: str, layer: str, n: int) -> LayerArray:
+    """One layer of ``split``, checked to hold activations (N, *shape) of the run's ``n`` samples;
+    else an error naming its file."""
+    array = snapshot.layer(split, layer)
+    if not array.shape:
+        raise FeatureError(
+            f"{array.file}: one number per row, not activations (N, *shape); list the layers in "
+            "features.layers (or name this column in checkpoints.id_column if it holds the ids)."
+        )
+    if len(array) != n:
+        raise FeatureError(
+            f"{array.file}: {len(array)} rows, but the run's {split} split has {n} samples; store one "
+            "row per sample (or check that the snapshot belongs to this run's data)."
+        )
+    return array
+
+
 def write_stored_features(
     path: str | Path,
     snapshot: Snapshot,
@@ -538,7 +532,7 @@ def write_stored_features(
     """Build the features file at ``path`` atomically from a snapshot (layout of
     :mod:`epochlens.features.cache`); ``data``: the run's data set (labels, sample counts)."""
     t0 = time.perf_counter()
-    layers = _layers(snapshot, settings)
+    layers = selected_layers(snapshot, settings)
     functions = {name: srep.resolve(name, settings) for name in settings.representations}
     store = np.dtype(settings.dtype)
     fingerprint = snapshot.fingerprint()
@@ -560,7 +554,8 @@ def write_stored_features(
         f.attrs.update(_file_attrs(snapshot, data, settings, layers, fingerprint, t0))
 
 
-def _layers(snapshot: Snapshot, settings: StoredFeatureSettings) -> list[str]:
+def selected_layers(snapshot: Snapshot, settings: StoredFeatureSettings) -> list[str]:
+    """The layers ``settings`` asks for (None: every stored one), each checked to be stored."""
     stored = snapshot.layers(settings.splits[0])
     if settings.layers is None:
         if not stored:

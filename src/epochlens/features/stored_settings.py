@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from epochlens.errors import ConfigError
+from epochlens.errors import ConfigError, FeatureError
 from epochlens.features.settings import SPLITS, RepresentationSettings
 
 #: Bump when the meaning of features from stored activations changes: old caches rebuild.
@@ -36,6 +37,35 @@ STORED_BUILTINS = {
     "flat": "the whole activation, flattened: (B, *shape) -> (B, prod(shape))",
 }
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def detect_format(folder: Path) -> str:
+    """``save_to_disk``, ``parquet``, ``npy`` or ``safetensors`` from a snapshot's files (torch-free:
+    the workflow asks it while planning whether a snapshot is decoded once, :func:`decoded_once`)."""
+    if (folder / "dataset_dict.json").exists():
+        return "save_to_disk"
+    for fmt, pattern in (("parquet", "*.parquet"), ("npy", "*.npy"), ("safetensors", "*.safetensors")):
+        if next(folder.rglob(pattern), None) is not None:
+            return fmt
+    raise FeatureError(
+        f"{folder}: no stored activations found (a save_to_disk DatasetDict folder, train.parquet, "
+        "or train/<layer>.npy or .safetensors). Point checkpoints.path at the snapshot folders."
+    )
+
+
+def decoded_once(folder: str | Path, file_format: str) -> bool:
+    """Whether the snapshot ``folder`` (``checkpoints.format`` ``file_format``) is parquet, which
+    the workflow decodes once into ``.npy`` layers (:mod:`epochlens.features.stored_decode`) for
+    all its representations to read: Arrow decodes parquet at about 0.01x a plain read of the
+    files, each representation job would pay it again. A folder not there yet: not decoded (its
+    features job names it)."""
+    if file_format != "auto":
+        return file_format == "parquet"
+    folder = Path(folder)
+    try:
+        return folder.is_dir() and detect_format(folder) == "parquet"
+    except FeatureError:
+        return False
 
 
 def is_user_representation(name: str) -> bool:
