@@ -44,7 +44,9 @@ rule features_epoch:
 # editing a user representation's files (its input here) or its settings reruns that
 # representation's features and probes only, never the others'. A parquet snapshot is first
 # decoded once into .npy layers (activations/epoch_{E}/, rule activations_decoded): Arrow decodes
-# parquet at about 0.01x a plain read, which each representation's job would pay again.
+# parquet at about 0.01x a plain read, which each representation's job would pay again. The folder
+# stays (as many bytes as the activations): a representation added or edited later reads it, and
+# the others do not rerun (a temporary one, decoded again, would rerun them all).
 rule activations_decoded:
     input:
         dataset=rules.prepare_data.output.dataset,

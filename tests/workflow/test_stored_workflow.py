@@ -254,3 +254,13 @@ def test_a_parquet_snapshot_is_decoded_once_for_every_representation(stored_run,
         )
         pd.testing.assert_frame_equal(a, b)
     assert planned_jobs(tiny.wf, tiny.work, "probes", configfile=configfile) == {}
+    # a representation added: its jobs read the decoded layers; no decode, the others kept
+    kept = {rep: tiny.work / RESULTS.stored_features("acts_pq", 0, EPOCH, rep) for rep in reps}
+    before = {rep: p.stat().st_mtime_ns for rep, p in kept.items()}
+    cfg["runs"]["acts_pq"]["features"]["representations"] = [*reps, "flat"]
+    configfile = write_config(tmp_path / "pq.yaml", cfg)
+    jobs = planned_jobs(tiny.wf, tiny.work, "probes", configfile=configfile)
+    assert "activations_decoded" not in jobs and jobs["features_stored"] == jobs["probes_stored"] == 1
+    snakemake(tiny.wf, tiny.work, "probes", configfile=configfile)
+    assert {rep: p.stat().st_mtime_ns for rep, p in kept.items()} == before
+    assert planned_jobs(tiny.wf, tiny.work, "probes", configfile=configfile) == {}
