@@ -23,11 +23,12 @@ from epochlens import config as run_config
 from epochlens.errors import EpochlensError
 from epochlens.formats.factory import FactorySpec, factory_sources
 from epochlens.layout import RESULTS as layout
-from epochlens.provenance import module_sources
+from epochlens.provenance import PACKAGE_DIR, module_sources
 from epochlens.resources import gpu_request
 
 SCHEMA = Path(workflow.basedir) / "config" / "schema.yaml"
 SCRIPTS = Path(workflow.basedir) / "scripts"
+LAYOUT_SOURCE = PACKAGE_DIR / "layout.py"
 
 
 def validate_config(cfg):
@@ -62,9 +63,19 @@ def get_run(wildcards):
 
 def get_code(script):
     """A rule's script plus every library module (and helper) it imports: editing any of them
-    reruns the rule, and only the rules that import it."""
+    reruns the rule, and only the rules that import it (epochlens/layout.py aside: code_input)."""
     path = SCRIPTS / script
-    return [str(path)] + [str(p) for p in module_sources(path)]
+    return [str(path)] + [code_input(p) for p in module_sources(path)]
+
+
+def code_input(path):
+    """A library module as a rule's input; epochlens/layout.py as ancient (its edits rerun
+    nothing): it spells where files are, and a path it changes shows to Snakemake as outputs that
+    do not exist, which reruns what they need by itself. As a plain input it made each path added
+    to it rerun the training of every run (scripts/train.py asks it for the resume folder), then
+    everything after. Ancient, not left out: a job's set of inputs stays what earlier runs
+    recorded (a changed set reruns it too)."""
+    return ancient(str(path)) if path == LAYOUT_SOURCE else str(path)
 
 
 @cache

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from wfutil import planned_after_editing as edited
 from wfutil import planned_jobs, tiny_config, tiny_run
 
 from epochlens.layout import RESULTS
@@ -41,16 +42,8 @@ def finished(tmp_path_factory):
 
 
 def planned_after_editing(run, module: str) -> dict:
-    """Jobs planned after appending a comment to library ``module`` of the run's workflow copy;
-    the file (content and times) is restored afterwards."""
-    path = run.wf / "src" / "epochlens" / module
-    text, stat = path.read_text(), path.stat()
-    try:
-        path.write_text(text + "\n# an edit\n")
-        return planned_jobs(run.wf, run.work, configfile=run.cfg)
-    finally:
-        path.write_text(text)
-        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    """Jobs planned after an edit of library ``module`` of the run's workflow copy (restored)."""
+    return edited(run.wf, run.work, module, configfile=run.cfg)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from wfutil import copy_workflow, snakemake, write_config
+from wfutil import copy_workflow, planned_after_editing, snakemake, write_config
 
 from epochlens.layout import RESULTS, epoch_name
 
@@ -96,6 +96,12 @@ def test_killed_training_resumes_to_identical_checkpoints(tmp_path):
     snakemake(wf, reference, TARGET, configfile=cfg)
     expected = outputs(reference)
     assert not (reference / RUN / ".resume").exists()  # deleted when the job completed
+    # A path added to epochlens/layout.py (which train.py asks for the resume folder) retrains
+    # nothing; an edit of the training code retrains.
+    assert planned_after_editing(wf, reference, "layout.py", TARGET, configfile=cfg) == {}
+    assert planned_after_editing(wf, reference, "training.py", TARGET, configfile=cfg) == {
+        "train_resumable": 1
+    }
 
     work = tmp_path / "work"
     work.mkdir()
