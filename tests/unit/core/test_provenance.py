@@ -92,6 +92,7 @@ OWN = {
     "curvature_tables": {"curvature"},
     "features_epoch": {"features"},
     "features_stored": {"features"},  # the user's stored activations: no model
+    "activations_decoded": {"features"},  # their parquet snapshot decoded once
     "probes_epoch": {"features", "probes"},
     "probe_tables": {"probes"},
     "ablation_epoch": {"ablation"},
