@@ -63,7 +63,7 @@ def get_run(wildcards):
 
 def get_code(script):
     """A rule's script plus every library module (and helper) it imports: editing any of them
-    reruns the rule, and only the rules that import it (epochlens/layout.py aside: code_input)."""
+    reruns the rule, and only the rules that import it (but layout.py: code_input)."""
     path = SCRIPTS / script
     return [str(path)] + [code_input(p) for p in module_sources(path)]
 
