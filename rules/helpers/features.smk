@@ -75,9 +75,17 @@ def get_snapshot(wildcards):
 def is_decoded(wildcards):
     """Whether the snapshot of (run, epoch) is parquet, decoded once for every representation
     (epochlens.features.stored_settings.decoded_once)."""
-    return decoded_once(
+    return snapshot_decoded(
         get_snapshot(wildcards), get_run(wildcards)["checkpoints"]["format"]
     )
+
+
+@cache
+def snapshot_decoded(folder, file_format):
+    """decoded_once, looked up once per snapshot folder: each of its representations' jobs asks
+    twice (input and params), and with format auto each answer searches the folder's files.
+    """
+    return decoded_once(folder, file_format)
 
 
 def get_stored_snapshot(wildcards):
