@@ -210,7 +210,7 @@ class BatchBackprop:
     ) -> Iterator[tuple[torch.Tensor, list[torch.Tensor]]]:
         """(a, [ds per vector]) of layer ``name`` as :meth:`factored` gives them, for consecutive
         chunks of the rows, each chunk's a and ds, times ``copies`` (2 where the caller forms rotated
-        copies of them), at most :data:`epochlens.influence.layers.CHUNK_BYTES` (one sample at least).
+        copies of them), at most :func:`epochlens.influence.layers.chunk_bytes` (one sample at least).
 
         With a ``workspace`` the chunks are written into its buffer, valid until the next chunk."""
         info, item = self.layers[name], torch.finfo(dtype).bits // 8
@@ -220,7 +220,7 @@ class BatchBackprop:
         rows = _some(rows)
         index = None if rows is None else rows.nonzero().squeeze(1)
         n = self.valid.shape[0] if index is None else len(index)
-        parts = sample_chunks(n, per_sample)
+        parts = sample_chunks(n, per_sample, device=self.valid.device)
         if len(self.calls[name]) > 1:
             workspace = None  # the calls' positions are concatenated: no room to write them in place
         for part in parts:

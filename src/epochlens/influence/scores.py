@@ -28,7 +28,7 @@ with the default 2 GiB, or one pass with query_gradient_rank 32 (~50 MB, approxi
 gradients are written into buffers allocated once (for the queries that fit, at most Q), chunk by
 chunk as they are preconditioned; besides them a pass holds one batch's forward/backward (the
 network's own tensors, compute dtype) and, layer by layer, chunks of per-sample tensors of at most
-:data:`epochlens.influence.layers.CHUNK_BYTES` each.
+:func:`epochlens.influence.layers.chunk_bytes` each (16 MiB on a CPU, 256 MiB on an accelerator).
 
 Samples with NaN/Inf gradients (or a non-finite solve) get NaN scores and are reported by global
 index; samples whose gradients vanished in the compute dtype (underflow) get NaN and are reported
@@ -351,11 +351,12 @@ def _pair_block(
 
 def _pair_budget(held: torch.Tensor) -> int:
     """Bytes of a chunk of training gradients scored against a layer's held query rows at once: half
-    the held rows' bytes, within [CHUNK_BYTES, 8 x CHUNK_BYTES]. Each chunk reads every held row once;
-    a chunk of one sample makes that Q matrix-vector products, memory-bound (ResNet-18's layer4, 20
+    the held rows' bytes, within [C, 8 x C] for C the device's chunk_bytes. Each chunk reads every held
+    row once; a chunk of one sample makes that Q matrix-vector products, memory-bound (ResNet-18's layer4, 20
     queries, one CPU thread: 65 ms per sample at one sample a chunk, 10 ms at twelve)."""
     half = held.numel() * held.element_size() // 2
-    return min(max(half, layer_math.CHUNK_BYTES), 8 * layer_math.CHUNK_BYTES)
+    base = layer_math.chunk_bytes(held.device)
+    return min(max(half, base), 8 * base)
 
 
 def _low_rank_block(held: tuple, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
