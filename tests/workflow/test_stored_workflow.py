@@ -197,7 +197,7 @@ def test_bad_stored_config_is_refused_at_dry_run(stored_run, tmp_path):
     )
     assert proc.returncode != 0
     assert "runs.acts: checkpoints.source: activations has no model" in proc.stdout
-    assert "runs.acts.curvature.enabled: false" in proc.stdout
+    assert "remove runs.acts.curvature.enabled: true" in proc.stdout
 
 
 def test_the_example_config_plans_features_and_probes(stored_run, tmp_path):

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from epochlens.config import epochs
+from epochlens.config.defaults import MODEL_STAGES
 from epochlens.errors import ConfigError
 from epochlens.models.catalog import DEFAULT_LAYERS, known_layers
 from epochlens.study.settings import IMAGE_QUERY_TRANSFORMS, TEXT_QUERY_TRANSFORMS
@@ -56,19 +57,15 @@ def is_stored_run(run: dict) -> bool:
     return run["checkpoints"]["source"] == "activations"
 
 
-#: Stages that need a model, which a run of stored activations does not have.
-MODEL_STAGES = ("curvature", "ablation", "influence")
-
-
 def check_stored_config(name: str, run: dict) -> None:
     """A run of stored activations: features and probes only, no model; its snapshots exist."""
     key = f"runs.{name}"
     on = [s for s in MODEL_STAGES if run[s]["enabled"]]
     if on:
         raise ConfigError(
-            f"{key}: checkpoints.source: activations has no model, so {on} cannot run; set "
-            + ", ".join(f"{key}.{s}.enabled: false" for s in on)
-            + " (features and probes read the stored activations)."
+            f"{key}: checkpoints.source: activations has no model, so {on} cannot run; remove "
+            + ", ".join(f"{key}.{s}.enabled: true" for s in on)
+            + " (off by default for stored activations: features and probes read them)."
         )
     if run.get("model"):
         raise ConfigError(f"{key}.model: a run of stored activations has no model; remove the model section.")
