@@ -4,6 +4,7 @@
 * :mod:`.epochs`   which checkpoints a run has and which of them each stage analyses;
 * :mod:`.inputs`   where a run's checkpoints are, and every missing one in one message;
 * :mod:`.defaults` defaults that follow a run's source and task (filled before the schema's);
+* :mod:`.stored_checks` the checks of a run of stored activations;
 * :mod:`.checks`   cross-field checks that a schema cannot express (before any job runs);
 * :mod:`.results`  which settings change a stage's results (the rules' params), derived from the
   stages' settings dataclasses;
