@@ -228,7 +228,10 @@ def test_128_layers_are_lines_per_representation_of_the_targets_that_apply(rng, 
     ]  # fmt: skip
     rows += [
         {"epoch": e, "layer": layer, "representation": r, "target": t, "status": "skipped", "n_indices": 1}
-        for t in ("cohort", "curvature_q4") for r in reps for layer in layers for e in (1, 2)
+        for t in ("cohort", "curvature_q4")
+        for r in reps
+        for layer in layers
+        for e in (1, 2)
     ]
     summary = pd.DataFrame(rows)
     fig = plot_probe_accuracy(summary, "stored")
