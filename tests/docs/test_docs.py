@@ -98,3 +98,14 @@ def test_every_page_is_in_a_toctree():
     }
     listed = set(re.findall(r"^([a-z][\w/-]*)$", index, flags=re.M))
     assert pages - {"index"} <= listed | {p for p in pages if p.startswith("guides/")}
+
+
+def test_the_readme_is_a_front_page_that_starts_with_the_two_commands():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 150
+    first = readme.split("```")[1]
+    assert first.startswith("bash\nmake demo") and "\nmake test" in first
+    links = re.findall(r"\]\((docs/[^)#]+|CHANGELOG\.md)", readme)
+    later = {"docs/guides/samples.md", "docs/guides/dossier.md", "docs/reliability.md"}  # other branches
+    assert [link for link in links if not (REPO / link).exists() and link not in later] == []
+    assert (REPO / "docs" / "images" / "polarity_ablation_effect.png").exists()
