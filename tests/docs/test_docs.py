@@ -68,7 +68,7 @@ def test_every_config_key_is_described_and_in_the_reference():
 
 
 def _label(key: str) -> str:
-    """How the reference writes a key: within its section (``h_step`` of runs.<run>.curvature)."""
+    """How the reference writes a key: within its section (``n_directions`` of runs.<run>.curvature)."""
     parts = key.replace("[]", "").split(".")
     if parts[:2] == ["runs", "<run>"]:
         rest = parts[2:]
