@@ -43,8 +43,8 @@ def check_stored_config(name: str, run: dict) -> None:
 
 def check_stored_layers(name: str, run: dict, epoch: int) -> None:
     """features.layers (names or patterns) against the columns of the first snapshot's train split
-    (save_to_disk, parquet: read from the files' schemas, no values), before any job."""
-    from epochlens.features.stored_columns import arrow_schema, resolve_layers, split_columns
+    (read from the files' schemas or headers, no values), before any job."""
+    from epochlens.features.stored_columns import arrow_schema, file_columns, resolve_layers, split_columns
     from epochlens.features.stored_settings import detect_format
 
     ckpt = run["checkpoints"]
@@ -56,6 +56,8 @@ def check_stored_layers(name: str, run: dict, epoch: int) -> None:
     try:
         if fmt in ("save_to_disk", "parquet"):
             stored, others = split_columns(arrow_schema(folder, fmt), ckpt["id_column"])
-            resolve_layers(stored, run["features"]["layers"], others, str(folder / "train"))
+        else:
+            stored, others = file_columns(folder / "train", fmt, ckpt["id_column"])
+        resolve_layers(stored, run["features"]["layers"], others, str(folder / "train"))
     except FeatureError as exc:
         raise ConfigError(f"runs.{name}.features.layers: {exc}") from None

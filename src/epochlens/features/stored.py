@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +43,7 @@ from epochlens.atomic import atomic_path
 from epochlens.errors import FeatureError
 from epochlens.features import stored_representations as srep
 from epochlens.features.cache import CacheResult, cached_or_written, file_attrs
-from epochlens.features.stored_columns import resolve_layers, split_columns
+from epochlens.features.stored_columns import file_columns, resolve_layers, split_columns
 from epochlens.features.stored_settings import StoredFeatureSettings, detect_format
 from epochlens.progress import progress_bar
 
@@ -127,10 +126,6 @@ def arrow_numpy(chunk, where: str) -> np.ndarray:
 # A snapshot folder
 
 
-def _natural(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 class Snapshot:
     """Read access to one snapshot folder, a layer at a time (module doc)."""
 
@@ -174,10 +169,10 @@ class Snapshot:
         if split not in self._names:
             if self.format in ARROW_FORMATS:  # columns of scalars (a label) are not layers
                 names, self._others[split] = split_columns(self._arrow(split).schema, self.id_column)
-            else:
-                suffix = "." + self.format
-                names = sorted((p.stem for p in self._split_path(split).glob("*" + suffix)), key=_natural)
-                names, self._others[split] = [n for n in names if n != self.id_column], []
+            else:  # files of one value per row (N,) are not layers
+                names, self._others[split] = file_columns(
+                    self._split_path(split), self.format, self.id_column
+                )
             self._names[split] = names
         return list(self._names[split])
 

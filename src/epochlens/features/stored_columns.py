@@ -3,17 +3,20 @@ while planning, so that a bad ``features.layers`` fails the dry run, not a job).
 
 A ``save_to_disk`` or parquet snapshot often keeps other columns beside its layers (``label``,
 ``text``, a file name): a layer holds a list per row (``Sequence``, ``Array2D``/``Array3D``),
-those hold one scalar or string per row. They are left out of the layers (the features job names
-them in its log), as is ``checkpoints.id_column``. ``features.layers`` lists names or fnmatch
-patterns (``layer_*``, ``encoder.*.out``), as ``influence.layers`` does; the layers keep the
-snapshot's order.
+those hold one scalar or string per row; likewise a ``.npy`` or ``.safetensors`` file of shape
+(N,) beside the layer files (N, *shape), read from its header. They are left out of the layers
+(the features job names them in its log), as is ``checkpoints.id_column``. ``features.layers``
+lists names or fnmatch patterns (``layer_*``, ``encoder.*.out``), as ``influence.layers`` does.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from fnmatch import fnmatchcase
 from pathlib import Path
+
+import numpy as np
 
 from epochlens.errors import FeatureError
 
@@ -39,6 +42,41 @@ def split_columns(schema, id_column: str | None) -> tuple[list[str], list[str]]:
         if name != id_column:
             (layers if is_activation_type(arrow_type) else others).append(name)
     return layers, others
+
+
+def file_columns(folder: str | Path, file_format: str, id_column: str | None) -> tuple[list[str], list[str]]:
+    """(layers, other files) of one split's folder of ``.npy`` or ``.safetensors`` files, by stem
+    in natural order (``layer_2`` before ``layer_10``); a file of one value per row (N,) is not a
+    layer, nor is the id column's."""
+    paths = sorted(Path(folder).glob(f"*.{file_format}"), key=lambda p: _natural(p.stem))
+    layers, others = [], []
+    for path in paths:
+        if path.stem != id_column:
+            (others if _rank(path, file_format) == 1 else layers).append(path.stem)
+    return layers, others
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _rank(path: Path, file_format: str) -> int | None:
+    """The number of dimensions in a file's header (None: unreadable; the reader says why)."""
+    try:
+        with open(path, "rb") as f:
+            if file_format == "npy":
+                version = np.lib.format.read_magic(f)
+                read = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                return len(read(f)[0])
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            tensors = [v for k, v in header.items() if k != "__metadata__"]
+            return len(tensors[0]["shape"]) if len(tensors) == 1 else None
+    except (OSError, ValueError, KeyError, IndexError, AttributeError):
+        return None
 
 
 def arrow_schema(folder: str | Path, file_format: str, split: str = "train"):

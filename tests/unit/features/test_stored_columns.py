@@ -88,3 +88,29 @@ def test_a_bad_features_layers_fails_the_dry_run(tmp_path):
     for layers, match in ((["block_*"], r"no layer\(s\) \['block_\*'\]"), (["label"], "not activations")):
         with pytest.raises(ConfigError, match=rf"runs\.acts\.features\.layers: .*step_1/train: .*{match}"):
             run_config.validate({"runs": {"acts": stored_run(tmp_path, layers)}}, SCHEMA)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "safetensors"])
+def test_a_file_of_one_value_per_row_beside_the_layer_files_is_not_a_layer(tmp_path, fmt, caplog):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(1)
+    for split, n in N.items():
+        (tmp_path / "snap" / split).mkdir(parents=True)
+        files = {name: rng.normal(size=(n, 3, 2)).astype(np.float32) for name in LAYERS}
+        files["labels"] = np.arange(n) % 2
+        for name, array in files.items():
+            path = tmp_path / "snap" / split / f"{name}.{fmt}"
+            np.save(path, array) if fmt == "npy" else save_file({"x": np.ascontiguousarray(array)}, str(path))
+    snap = Snapshot(tmp_path / "snap", fmt)
+    assert snap.layers("train") == LAYERS and snap.other_columns("train") == ["labels"]
+    with caplog.at_level(logging.INFO, logger="epochlens"):
+        load_or_build(
+            tmp_path / "f.h5", tmp_path / "snap", Labels(), StoredFeatureSettings(layers=["layer_*"])
+        )
+    assert FeatureSet(tmp_path / "f.h5").layers == LAYERS and "columns ['labels']" in caplog.text
+    run = stored_run(tmp_path / "cfg", ["labels"])
+    run["checkpoints"]["path"] = str(tmp_path / "snap{epoch}")
+    (tmp_path / "snap").rename(tmp_path / "snap1")
+    with pytest.raises(ConfigError, match=r"snap1/train: \['labels'\] hold one value per row"):
+        run_config.validate({"runs": {"acts": run}}, SCHEMA)
