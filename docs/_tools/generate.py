@@ -116,7 +116,8 @@ def config_page(schema: dict) -> str:
     """The config reference: top-level keys, then a section per part of a run."""
     out = [HEADER.format(source="config/schema.yaml"), "# Configuration keys\n\n"]
     out.append(" ".join(schema.get("description", "").split()) + "\n\n")
-    out.append("A key written `runs.<run>.curvature.n_directions` is `n_directions` inside a run's `curvature` section. ")
+    out.append("A key written `runs.<run>.curvature.n_directions` is `n_directions` inside a run's ")
+    out.append("`curvature` section. ")
     out.append("Defaults are filled in before any job runs; [](../explanations/reruns.md) says which ")
     out.append("keys rerun what.\n\n")
     sections: dict[str, list[str]] = {}
