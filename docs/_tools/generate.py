@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,8 +149,8 @@ def outputs_page() -> str:
     out = [HEADER.format(source="src/epochlens/layout.py"), "# Output files\n\n"]
     out.append("Every file the pipeline writes is spelled once, in `epochlens.layout` ")
     out.append("(`from epochlens.layout import RESULTS`). The tree:\n\n```text\n")
-    tree = inspect.getdoc(layout).split("::", 1)[1].split("\n\n")[1]
-    out.append(inspect.cleandoc(tree) + "\n```\n\n")
+    tree = layout.__doc__.split("::", 1)[1].split("\n\n")[1]
+    out.append(textwrap.dedent(tree) + "\n```\n\n")
     out.append("| `RESULTS.` method | path (wildcards in braces) | what |\n|---|---|---|\n")
     for name, method in inspect.getmembers(layout.Layout, inspect.isfunction):
         if name.startswith("_"):
@@ -161,6 +163,7 @@ def outputs_page() -> str:
             continue
         path = ", ".join(path) if isinstance(path, list) else path
         what = " ".join((inspect.getdoc(method) or "").split("\n\n")[0].split()).replace("|", "\\|")
+        what = re.sub(r":(?:mod|meth|func|class|data):`~?([^`]+)`", r"`\1`", what).replace("``", "`")
         out.append(f"| `{name}` | `{path}` | {what} |\n")
     return "".join(out)
 
