@@ -10,7 +10,7 @@ CORES ?= 2
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv lint format clean slurm-profile
+.PHONY: demo test venv lint docs format clean slurm-profile
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -42,13 +42,21 @@ test: venv
 	$(BIN)/python -m pytest -n $(CORES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check src scripts tests benchmarks
-	$(BIN)/ruff format --check src scripts tests benchmarks
+	$(BIN)/ruff check src scripts tests benchmarks docs
+	$(BIN)/ruff format --check src scripts tests benchmarks docs
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint
+	$(BIN)/python docs/_tools/generate.py --check
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
+# The docs site (docs/, Sphinx + MyST + Furo): the reference pages regenerated from the code, then
+# the site built with warnings as errors into docs/_build/html (open its index.html).
+docs: venv
+	$(BIN)/python docs/_tools/generate.py
+	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 format: venv
-	$(BIN)/ruff format src scripts tests benchmarks
+	$(BIN)/ruff format src scripts tests benchmarks docs
 	$(BIN)/snakefmt Snakefile rules
 
 # The SLURM profile where the bare `snakemake --profile slurm` finds it (~/.config/snakemake/slurm),
@@ -72,4 +80,4 @@ slurm-profile:
 	@echo "installed: snakemake --profile slurm (partition: $(or $(SLURM_PARTITION),cluster default), account: $(or $(SLURM_ACCOUNT),guessed))"
 
 clean:
-	rm -rf results .snakemake
+	rm -rf results .snakemake docs/_build

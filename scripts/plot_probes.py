@@ -1,5 +1,5 @@
-"""Rule plot_probes: probe score heatmaps (layer x epoch) per target and representation: accuracy,
-or R² for a regression's ridge probe (each panel names its metric).
+"""Rule plot_probes: probe scores per layer (heatmaps layer x epoch; past 24 layers, a line per
+representation): accuracy, or R² for a regression's ridge probe (each panel names its metric).
 
 By hand, from the run's working directory: python scripts/plot_probes.py run=digits
 """

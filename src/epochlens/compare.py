@@ -57,18 +57,46 @@ REGRESSION_COLUMNS = {"mse": "mse", "mae": "mae", "r2": "r2", "loss": "mean_loss
 
 NO_SPREAD = "no spread across indices in either run: Welch's interval and p-value are undefined"
 
+#: The values each metric can take: its 95% intervals are cut to them (a Student-t interval of
+#: two seeds' accuracies reached 1.075), and the table's note says where one was.
+METRIC_RANGES = {
+    "accuracy": (0.0, 1.0),
+    "loss": (0.0, np.inf),
+    "mse": (0.0, np.inf),
+    "mae": (0.0, np.inf),
+    "r2": (-np.inf, 1.0),
+    "mean_curvature": (0.0, np.inf),
+}
+UNBOUNDED = (-np.inf, np.inf)
 
-def run_summary(values: Sequence[float] | np.ndarray) -> dict:
+
+def clipped_note(low: float, high: float, bounds: tuple[float, float], what: str) -> str:
+    """The note of an interval [low, high] that ``bounds`` cut (empty when they did not)."""
+    if low >= bounds[0] and high <= bounds[1]:
+        return ""
+    return f"{what} 95% interval cut to the metric's range [{bounds[0]:g}, {bounds[1]:g}]"
+
+
+def run_summary(values: Sequence[float] | np.ndarray, bounds: tuple[float, float] = UNBOUNDED) -> dict:
     """``n``, ``mean``, ``std`` (ddof 1) and the Student-t 95% interval ``ci95_low``, ``ci95_high``
-    of one run's values over its indices (two or more, finite)."""
+    of one run's values over its indices (two or more, finite), cut to ``bounds`` (the metric's
+    range, :data:`METRIC_RANGES`); ``note`` says where it was cut."""
     v = _sample(values)
     mean, std = float(v.mean()), float(np.sqrt(_var(v)))
     half = float(ci95_halfwidth(std, len(v)))
-    return {"n": len(v), "mean": mean, "std": std, "ci95_low": mean - half, "ci95_high": mean + half}
+    low, high = mean - half, mean + half
+    return {
+        "n": len(v), "mean": mean, "std": std,
+        "ci95_low": max(low, bounds[0]), "ci95_high": min(high, bounds[1]),
+        "note": clipped_note(low, high, bounds, "the run's Student-t"),
+    }  # fmt: skip
 
 
-def welch(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> dict:
-    """The difference of means ``a − b`` with Welch's 95% interval and two-sided p-value.
+def welch(
+    a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, bounds: tuple[float, float] = UNBOUNDED
+) -> dict:
+    """The difference of means ``a − b`` with Welch's 95% interval and two-sided p-value; the
+    interval cut to the differences that values within ``bounds`` can have.
 
     Returns:
         ``difference``, ``difference_ci95_low``, ``difference_ci95_high``, ``welch_df``, ``t``,
@@ -87,14 +115,15 @@ def welch(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> d
     df = float(se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)))
     t = d / se
     half = float(stdtrit(df, 0.975)) * se
+    span = bounds[1] - bounds[0]
     return {
         **out,
-        "difference_ci95_low": d - half,
-        "difference_ci95_high": d + half,
+        "difference_ci95_low": max(d - half, -span),
+        "difference_ci95_high": min(d + half, span),
         "welch_df": df,
         "t": t,
         "p_value": float(2 * stdtr(df, -abs(t))),
-        "note": "",
+        "note": clipped_note(d - half, d + half, (-span, span), "the difference's Welch"),
     }
 
 
@@ -114,7 +143,10 @@ def _sample(values: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def compare_runs(
-    values: Mapping[str, pd.Series], epochs: Mapping[str, int], differences: str = "baseline"
+    values: Mapping[str, pd.Series],
+    epochs: Mapping[str, int],
+    differences: str = "baseline",
+    metric: str | None = None,
 ) -> pd.DataFrame:
     """One metric of one comparison: each run's summary (:func:`run_summary`) and its differences.
 
@@ -124,30 +156,35 @@ def compare_runs(
         epochs: the checkpoint epoch of each run.
         differences: ``baseline``: each other run minus the first; ``all_pairs``: each run minus
             each run before it.
+        metric: the metric's name: its intervals are cut to its range (:data:`METRIC_RANGES`).
 
     Returns:
         One row per run and run it is set against (``versus``; the first run's own row has none),
         the columns of :data:`TABLE_COLUMNS` from ``run`` on.
     """
+    bounds = METRIC_RANGES.get(metric, UNBOUNDED)
     if differences not in ("baseline", "all_pairs"):
         raise ValueError(f"differences must be 'baseline' or 'all_pairs', not {differences!r}")
     runs = list(values)
     summaries = {}
     for run in runs:
         try:
-            summaries[run] = run_summary(values[run])
+            summaries[run] = run_summary(values[run], bounds)
         except ValueError as exc:
             raise DataError(f"run {run}: {exc} (indices {list(values[run].index)})") from None
     rows = [_row(runs[0], epochs[runs[0]], summaries[runs[0]])]
     for k, run in enumerate(runs[1:], start=1):
         for versus in runs[:k] if differences == "all_pairs" else runs[:1]:
-            diff = welch(values[run], values[versus])
-            rows.append({**_row(run, epochs[run], summaries[run]), "versus": versus, **diff})
+            diff = welch(values[run], values[versus], bounds)
+            notes = [n for n in (summaries[run]["note"], diff["note"]) if n]
+            rows.append(
+                {**_row(run, epochs[run], summaries[run]), "versus": versus, **diff, "note": "; ".join(notes)}
+            )
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS[3:]))
 
 
 def _row(run: str, epoch: int, summary: dict) -> dict:
-    return {"run": run, "epoch": int(epoch), **summary, "versus": "", "note": ""}
+    return {"run": run, "epoch": int(epoch), **summary, "versus": ""}
 
 
 def checkpoint_values(
@@ -236,7 +273,7 @@ def comparison_tables(
         for metric in comparison["metrics"]:
             split = "train" if metric == "mean_curvature" else comparison["split"]
             per_run = {run: values[(name, run, metric)] for run in epochs}
-            table = compare_runs(per_run, epochs, comparison["differences"])
+            table = compare_runs(per_run, epochs, comparison["differences"], metric)
             tables.append(table.assign(comparison=name, metric=metric, split=split))
             for run, series in per_run.items():
                 long.append(

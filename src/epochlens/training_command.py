@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import platform
+import re
 import shutil
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +81,9 @@ def train_by_command(job: CommandTraining) -> dict[str, Any]:
         "index %d: %s at commit %s%s: %s",
         job.index, what if resumed else "training", state.commit, " (dirty)" if state.dirty else "", line,
     )  # fmt: skip
+    found = python_on_path(line)
+    if found:
+        log.info("index %d: %s", job.index, found)
     started = time.time()
     result = cmd.run_streamed(line)
     if result.returncode != 0:
@@ -112,3 +117,25 @@ def train_by_command(job: CommandTraining) -> dict[str, Any]:
 def forget_attempts(run_name: str, index: int) -> None:
     """Remove the ``.resume/`` folder of a finished training (its {output}, {resume}, {subset})."""
     shutil.rmtree(Path(RESULTS.command_state(run_name, index)).parent, ignore_errors=True)
+
+
+def python_on_path(line: str) -> str | None:
+    """Which ``python`` a command line that says ``python`` (or ``python3``) will run: the first on
+    the PATH of the shell that started snakemake, not necessarily the pipeline's own (with
+    ``.venv/bin/snakemake`` and no activated environment, a system python without torch); None
+    when the line names no bare python."""
+    names = sorted(set(re.findall(r"(?:^|[\s;&|(])(python3?)(?=\s|$)", line)))
+    if not names:
+        return None
+    found = {name: shutil.which(name) for name in names}
+    own = Path(sys.executable).absolute().parent  # an environment's bin folder (links not followed:
+    # a venv's python links to the system's)
+    other = [n for n, path in found.items() if path is None or Path(path).absolute().parent != own]
+    says = ", ".join(f"{n} is {path or 'not on the PATH'}" for n, path in found.items())
+    if not other:
+        return f"the command's {says} (the pipeline's own python)"
+    return (
+        f"the command's {says} (the PATH of the shell that started snakemake), not the pipeline's "
+        f"own {sys.executable}: if the script needs its packages (torch), write that path in "
+        "checkpoints.command, or activate the environment before running snakemake"
+    )

@@ -197,7 +197,21 @@ def test_bad_stored_config_is_refused_at_dry_run(stored_run, tmp_path):
     )
     assert proc.returncode != 0
     assert "runs.acts: checkpoints.source: activations has no model" in proc.stdout
-    assert "runs.acts.curvature.enabled: false" in proc.stdout
+    assert "remove runs.acts.curvature.enabled: true" in proc.stdout
+    # a pattern of features.layers that matches no stored layer: the dry run names the snapshot
+    cfg = stored_config(tiny.ckpts, root / "snapshots", root / "project")
+    cfg["runs"]["acts"]["features"]["layers"] = ["block*", "layer_*"]
+    proc = snakemake(
+        tiny.wf, tiny.work, "--dry-run", configfile=write_config(tmp_path / "bad.yaml", cfg), check=False
+    )
+    assert proc.returncode != 0
+    assert (
+        "runs.acts.features.layers: " in proc.stdout
+        and "epoch_2/train: no layer(s) ['layer_*']" in proc.stdout
+    )
+    cfg["runs"]["acts"]["features"]["layers"] = ["block[12]"]  # a pattern: block1 and block2
+    jobs = planned_jobs(tiny.wf, tiny.work, "probes", configfile=write_config(tmp_path / "ok.yaml", cfg))
+    assert jobs["features_stored"] == len(STORED_REPS)
 
 
 def test_the_example_config_plans_features_and_probes(stored_run, tmp_path):

@@ -3,6 +3,8 @@
 * :mod:`.schema`   schema validation with the schema's defaults filled in, errors by key;
 * :mod:`.epochs`   which checkpoints a run has and which of them each stage analyses;
 * :mod:`.inputs`   where a run's checkpoints are, and every missing one in one message;
+* :mod:`.defaults` defaults that follow a run's source and task (filled before the schema's);
+* :mod:`.stored_checks` the checks of a run of stored activations;
 * :mod:`.checks`   cross-field checks that a schema cannot express (before any job runs);
 * :mod:`.results`  which settings change a stage's results (the rules' params), derived from the
   stages' settings dataclasses;
@@ -30,6 +32,7 @@ from epochlens.config.comparisons import (
     comparison_plan,
     comparison_sources,
 )
+from epochlens.config.defaults import source_defaults
 from epochlens.config.epochs import (
     analysis_epochs,
     checkpoint_epochs,
@@ -78,8 +81,10 @@ from epochlens.schedule import NO_SCHEDULE
 
 def validate(config: dict, schema_path: str | Path) -> dict:
     """Check ``config`` against the schema (filling its defaults in place), then every run's
-    cross-field checks and the comparisons'. Raises :class:`~epochlens.errors.ConfigError` naming
+    cross-field checks and the comparisons'. The defaults that follow a run's source and task
+    (:mod:`.defaults`) are filled first. Raises :class:`~epochlens.errors.ConfigError` naming
     the keys to fix."""
+    source_defaults(config)
     fill_defaults(config, schema_path)
     for run in config.get("runs", {}).values():
         if run.get("schedule") == "none":

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from epochlens.config import epochs
+from epochlens.config.stored_checks import check_stored_config
 from epochlens.errors import ConfigError
 from epochlens.models.catalog import DEFAULT_LAYERS, known_layers
 from epochlens.study.settings import IMAGE_QUERY_TRANSFORMS, TEXT_QUERY_TRANSFORMS
@@ -21,6 +22,7 @@ def check_run(name: str, run: dict) -> None:
     check_checkpoint_config(name, run)
     if is_stored_run(run):
         check_stored_config(name, run)
+        check_probe_config(name, run)
         return
     if "model" not in run:
         raise ConfigError(
@@ -54,41 +56,6 @@ def check_checkpoint_config(name: str, run: dict) -> None:
 def is_stored_run(run: dict) -> bool:
     """Whether the run's features come from stored activations (no model, no checkpoints)."""
     return run["checkpoints"]["source"] == "activations"
-
-
-#: Stages that need a model, which a run of stored activations does not have.
-MODEL_STAGES = ("curvature", "ablation", "influence")
-
-
-def check_stored_config(name: str, run: dict) -> None:
-    """A run of stored activations: features and probes only, no model; its snapshots exist."""
-    key = f"runs.{name}"
-    on = [s for s in MODEL_STAGES if run[s]["enabled"]]
-    if on:
-        raise ConfigError(
-            f"{key}: checkpoints.source: activations has no model, so {on} cannot run; set "
-            + ", ".join(f"{key}.{s}.enabled: false" for s in on)
-            + " (features and probes read the stored activations)."
-        )
-    if run.get("model"):
-        raise ConfigError(f"{key}.model: a run of stored activations has no model; remove the model section.")
-    if "probes" in run and run["probes"]["enabled"] and not run["features"]["enabled"]:
-        raise ConfigError(
-            f"{key}.probes.enabled: probes need the features; set {key}.features.enabled: true."
-        )
-    from epochlens.features.stored_settings import StoredFeatureSettings
-
-    spec = run["features"]
-    StoredFeatureSettings(
-        layers=spec["layers"],
-        representations=spec["representations"],
-        file_format=run["checkpoints"]["format"],
-        id_column=run["checkpoints"]["id_column"],
-        dtype=spec["dtype"],
-    )
-    epochs.analysis_epochs(name, run)
-    epochs.section_epochs(name, run, "features")
-    check_probe_config(name, run)
 
 
 def check_command_config(name: str, run: dict) -> None:

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +43,11 @@ from epochlens.atomic import atomic_path
 from epochlens.errors import FeatureError
 from epochlens.features import stored_representations as srep
 from epochlens.features.cache import CacheResult, cached_or_written, file_attrs
+from epochlens.features.stored_columns import file_columns, resolve_layers, split_columns
 from epochlens.features.stored_settings import StoredFeatureSettings, detect_format
 from epochlens.progress import progress_bar
+
+log = logging.getLogger("epochlens")
 
 ARROW_FORMATS = ("save_to_disk", "parquet")
 
@@ -123,10 +126,6 @@ def arrow_numpy(chunk, where: str) -> np.ndarray:
 # A snapshot folder
 
 
-def _natural(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 class Snapshot:
     """Read access to one snapshot folder, a layer at a time (module doc)."""
 
@@ -141,6 +140,7 @@ class Snapshot:
         # looked up once per split, not per layer (a glob of 128 files cost a quarter of a layer's read)
         self._paths: dict[str, Path] = {}
         self._names: dict[str, list[str]] = {}
+        self._others: dict[str, list[str]] = {}
 
     def _split_path(self, split: str) -> Path:
         if split not in self._paths:
@@ -167,13 +167,19 @@ class Snapshot:
     def layers(self, split: str) -> list[str]:
         """Layer names of ``split`` in stored order (files: natural sort), the id column left out."""
         if split not in self._names:
-            if self.format in ARROW_FORMATS:
-                names = self._arrow(split).names
-            else:
-                suffix = "." + self.format
-                names = sorted((p.stem for p in self._split_path(split).glob("*" + suffix)), key=_natural)
-            self._names[split] = [n for n in names if n != self.id_column]
+            if self.format in ARROW_FORMATS:  # columns of scalars (a label) are not layers
+                names, self._others[split] = split_columns(self._arrow(split).schema, self.id_column)
+            else:  # files of one value per row (N,) are not layers
+                names, self._others[split] = file_columns(
+                    self._split_path(split), self.format, self.id_column
+                )
+            self._names[split] = names
         return list(self._names[split])
+
+    def other_columns(self, split: str) -> list[str]:
+        """The columns of ``split`` that are not activations (a label, a text), left out of the layers."""
+        self.layers(split)
+        return list(self._others[split])
 
     def file(self, split: str, layer: str) -> str:
         """The file (or folder) a layer is read from, for messages."""
@@ -252,9 +258,9 @@ class ArrowSplit:
             self.tables.append(pa.ipc.open_stream(mapped).read_all())
 
     @property
-    def names(self) -> list[str]:
-        """The split's columns (its first file's)."""
-        return list(self.tables[0].schema.names)
+    def schema(self):
+        """The split's Arrow schema (its first file's)."""
+        return self.tables[0].schema
 
     def read_column(self, name: str, where: str, reuse: bool = False) -> list[np.ndarray]:
         """The column's rows (n, *shape), read into memory: one array over every file and chunk
@@ -301,9 +307,9 @@ class ParquetSplit:
         self.handles = [pq.ParquetFile(str(f)) for f in self.files]
 
     @property
-    def names(self) -> list[str]:
-        """The split's columns (its first file's)."""
-        return list(self.handles[0].schema_arrow.names)
+    def schema(self):
+        """The split's Arrow schema (its first file's)."""
+        return self.handles[0].schema_arrow
 
     def read_column(self, name: str, where: str, reuse: bool = False) -> list[np.ndarray]:
         """The column's rows (n, *shape), one array per file and chunk (``reuse``: unused, the
@@ -555,19 +561,17 @@ def write_stored_features(
 
 
 def selected_layers(snapshot: Snapshot, settings: StoredFeatureSettings) -> list[str]:
-    """The layers ``settings`` asks for (None: every stored one), each checked to be stored."""
-    stored = snapshot.layers(settings.splits[0])
-    if settings.layers is None:
-        if not stored:
-            raise FeatureError(f"{snapshot.folder}: the snapshot holds no layers.")
-        return stored
-    missing = [name for name in settings.layers if name not in stored]
-    if missing:
-        raise FeatureError(
-            f"{snapshot.file(settings.splits[0], missing[0])}: no layer(s) {missing}; the snapshot "
-            f"has {stored[:40]}. Fix features.layers (null: every stored layer) or store them."
+    """The layers ``settings`` asks for (names or patterns; None: every stored one), each checked
+    to be stored (:func:`epochlens.features.stored_columns.resolve_layers`); the columns that are
+    not activations are named in the log."""
+    split = settings.splits[0]
+    stored, others = snapshot.layers(split), snapshot.other_columns(split)
+    if others:
+        log.info(
+            "%s: columns %s are not activations (one value per row): not layers", snapshot.folder, others
         )
-    return list(settings.layers)
+    where = str(snapshot._split_path(split))
+    return resolve_layers(stored, settings.layers, others, where)
 
 
 def _check_range(values: np.ndarray, store: np.dtype, layer: str, name: str, file: str) -> None:

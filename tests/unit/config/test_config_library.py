@@ -502,8 +502,10 @@ def test_what_a_regression_run_must_change_is_named_at_once(tmp_path):
 
 def test_a_regressions_influence_queries_and_transforms(tmp_path):
     run = regression_run(tmp_path, influence={"enabled": True, "methods": ["identity"]})
+    assert _validate(copy.deepcopy(run))["influence"]["queries"]["select"] == "all"  # its default
+    run["influence"]["queries"] = {"select": "misclassified"}  # no meaning for a regression
     with pytest.raises(ConfigError, match="select: all or highest_loss and queries.labels: correct"):
-        _validate(run)  # the default select (misclassified) has no meaning for a regression
+        _validate(copy.deepcopy(run))
     run["influence"]["queries"] = {"select": "highest_loss"}
     assert _validate(run)["influence"]["queries"]["select"] == "highest_loss"
     run["influence"]["transforms"] = ["none", "hflip"]

@@ -271,3 +271,22 @@ def test_corrupted_training_labels_keep_the_test_and_holdout_fingerprints(tmp_pa
     assert split_fingerprint(clean, "holdout") != split_fingerprint(flipped_holdout, "holdout")
     with pytest.raises(DataError, match="not a complete epochlens dataset.h5"):
         split_fingerprint(tmp_path / "missing.h5", "test")
+
+
+def test_an_accuracys_interval_stays_within_0_and_1_and_says_where_it_was_cut():
+    """Two seeds' accuracies 0.95 and 1.0: the Student-t interval is 0.975 ± 0.318 (t = 12.7), which
+    an accuracy cannot reach; the table's interval ends at 1 (and the difference's at ±1) and its
+    note says so. An unbounded metric's interval is scipy's, as it was."""
+    values = {"a": pd.Series([0.95, 1.0]), "b": pd.Series([0.2, 0.9])}
+    table = compare_runs(values, {"a": 3, "b": 3}, metric="accuracy")
+    assert table["ci95_high"].max() == 1.0 and table["ci95_low"].min() == 0.0
+    assert table.loc[1, "difference_ci95_low"] >= -1.0 and table.loc[1, "difference_ci95_high"] <= 1.0
+    assert "the run's Student-t 95% interval cut to the metric's range [0, 1]" in table.loc[0, "note"]
+    assert "the difference's Welch 95% interval cut to the metric's range [-1, 1]" in table.loc[1, "note"]
+    r2 = compare_runs(
+        {"a": pd.Series([0.95, 1.0]), "b": pd.Series([0.2, 0.9])}, {"a": 3, "b": 3}, metric="r2"
+    )
+    assert r2.loc[0, "ci95_high"] == 1.0 and r2.loc[0, "ci95_low"] == pytest.approx(0.975 - 0.3177, abs=1e-3)
+    free = compare_runs(values, {"a": 3, "b": 3})
+    low, high = scipy.stats.t.interval(0.95, 1, loc=0.975, scale=scipy.stats.sem([0.95, 1.0]))
+    assert (free.loc[0, "ci95_low"], free.loc[0, "ci95_high"]) == (pytest.approx(low), pytest.approx(high))

@@ -64,7 +64,7 @@ def test_bad_snapshots_fail_naming_the_parquet_file_and_leave_no_folder(tmp_path
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "npy").rglob("*.npy")}
     cases = [
         ({"train": 10, "test": 5}, settings, r"train\.parquet.*not the positions 0\.\.9"),
-        (N, StoredFeatureSettings(), r"train\.parquet \(layer 'idx'\): one number per row"),
+        (N, StoredFeatureSettings(layers=["idx"]), r"train\.parquet: \['idx'\] hold one value per row"),
         (N, StoredFeatureSettings(layers=["layer_7"], id_column="idx"), r"train\.parquet.*no layer\(s\)"),
     ]  # fmt: skip
     for counts, bad, message in cases:

@@ -302,3 +302,21 @@ def test_checkpoints_are_linked_into_the_layout_and_missing_ones_are_named(tmp_p
         out, [out / "e000" / "model.pt", out / "e010" / "model.pt"], tmp_path / "extra"
     )
     assert kept == ["metrics.json"] and (tmp_path / "extra" / "metrics.json").read_text() == "{}"
+
+
+def test_the_job_log_says_which_python_the_command_finds(tmp_path, monkeypatch):
+    """The command runs ``python`` from the PATH of the shell that started snakemake: the job's log
+    says which one, and when it is not the pipeline's own (a system python without torch)."""
+    import shutil
+
+    from epochlens.training_command import python_on_path
+
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python").symlink_to(shutil.which("python3", path="/usr/bin:/bin") or sys.executable)
+    monkeypatch.setenv("PATH", str(other))
+    said = python_on_path("python train.py --out o")
+    assert f"python is {other / 'python'}" in said and f"not the pipeline's own {sys.executable}" in said
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    assert "(the pipeline's own python)" in python_on_path("cd x && python3 -u train.py")
+    assert python_on_path(f"{sys.executable} train.py") is None  # a path: what it says

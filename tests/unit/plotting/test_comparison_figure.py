@@ -74,3 +74,20 @@ def test_the_comparison_job_imports_no_torch_and_no_scipy_stats():
     code = "import sys, epochlens.compare; print('torch' in sys.modules, 'scipy.stats' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_two_seeds_accuracy_bar_ends_at_1(tmp_path):
+    """Two seeds of 0.95 and 1.0 (Student-t: up to 1.29): the bar ends at 1, and the title says the
+    intervals are cut to the metric's range."""
+    plan = [{"name": "two", "metrics": ["accuracy"], "split": "test", "differences": "baseline",
+             "runs": [{"run": "a", "epoch": 3}, {"run": "b", "epoch": 3}]}]  # fmt: skip
+    values = {
+        ("two", "a", "accuracy"): pd.Series([0.95, 1.0]),
+        ("two", "b", "accuracy"): pd.Series([0.6, 0.9]),
+    }
+    table, long = comparison_tables(plan, values)
+    fig = plot_comparisons(table, long)
+    tops = [seg[:, 1].max() for c in fig.axes[0].collections for seg in getattr(c, "get_segments", list)()]
+    assert tops and max(tops) == 1.0
+    assert "intervals cut to what the metric can take" in fig.get_suptitle()
+    save_figure(fig, [tmp_path / "comparisons.png"])

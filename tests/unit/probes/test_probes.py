@@ -210,28 +210,43 @@ def test_probe_features_batched_and_one_at_a_time_tables_agree(rng) -> None:
     assert len(tables[0]) == 3 * 2 * 2 * 2  # layers x representations x seeds x eval splits
 
 
-def test_heatmap_of_128_layers_puts_layers_along_x(rng) -> None:
-    """128 layers x 9 representations: one panel per representation, layers along x (every 4th
-    labelled), a row per epoch under the chance row; a page, not metres, high."""
+def test_128_layers_are_lines_per_representation_of_the_targets_that_apply(rng, tmp_path) -> None:
+    """128 layers x 9 representations x 2 snapshots: a panel per snapshot of the one target that
+    applies (cohort and curvature were skipped at every snapshot: named, not drawn as grey
+    panels), a line per representation (accuracy against layer) with its band inside [0, 1], the
+    constant guess dashed; a figure of a page, not 6,236 px wide."""
+    from epochlens.plotting.common import save_figure
     from epochlens.plotting.probes import plot_probe_accuracy
 
     reps = ["mean", "max", "first", "last", "norms", "flat", "stats", "spectral", "pkg.mod:fn"]
-    layers = [f"layer_{i}" for i in range(128)]
-    summary = pd.DataFrame(
-        [
-            {"epoch": e, "layer": layer, "representation": r, "target": "class", "eval_split": "holdout",
-             "status": "ok", "accuracy_mean": rng.uniform(), "chance": 0.1, "n_indices": 1, "n_seeds": 10}
-            for r in reps for layer in layers for e in (1, 2)
-        ]
-    )  # fmt: skip
+    layers = [f"layer_{i:03d}" for i in range(128)]
+    rows = [
+        {"epoch": e, "layer": layer, "representation": r, "target": "class", "eval_split": "holdout",
+         "status": "ok", "accuracy_mean": rng.uniform(0.5, 1.0), "accuracy_seed_std": 0.2,
+         "accuracy_ci95": np.nan, "chance": 0.1, "n_indices": 1, "n_seeds": 10}
+        for r in reps for layer in layers for e in (1, 2)
+    ]  # fmt: skip
+    rows += [
+        {"epoch": e, "layer": layer, "representation": r, "target": t, "status": "skipped", "n_indices": 1}
+        for t in ("cohort", "curvature_q4")
+        for r in reps
+        for layer in layers
+        for e in (1, 2)
+    ]
+    summary = pd.DataFrame(rows)
     fig = plot_probe_accuracy(summary, "stored")
-    axes = [ax for ax in fig.axes if ax.get_ylabel() in reps]
-    assert [ax.get_ylabel() for ax in axes] == reps
-    image = axes[0].images[0].get_array()
-    assert image.shape == (3, 128)  # chance, epoch 1, epoch 2 x layers
-    np.testing.assert_allclose(
-        image[1, :3], summary.query("representation == 'mean' and epoch == 1")["accuracy_mean"][:3]
-    )
-    assert [t.get_text() for t in axes[0].get_xticklabels()][:3] == ["layer_0", "layer_4", "layer_8"]
-    assert axes[-1].get_xlabel() == "layer" and fig.get_size_inches()[1] < 25
-    plt.close(fig)
+    panels = [ax for ax in fig.axes if ax.lines]
+    assert [ax.get_title() for ax in panels] == [
+        "class (among the active classes), epoch 1", "class (among the active classes), epoch 2"
+    ]  # fmt: skip
+    mean = summary.query("representation == 'max' and epoch == 2 and target == 'class'")["accuracy_mean"]
+    line = next(ln for ln in panels[1].lines if ln.get_label() == "max")
+    np.testing.assert_allclose(line.get_ydata(), mean.to_numpy())
+    assert len(panels[1].lines) == len(reps) + 1  # and the constant guess
+    bands = np.concatenate([c.get_paths()[0].vertices[:, 1] for c in panels[1].collections])
+    assert bands.min() >= 0.0 and bands.max() <= 1.0  # mean ± 0.2 sd clipped to an accuracy's range
+    skipped = "not shown, skipped at every epoch: old vs new classes, curvature quantile bin"
+    assert skipped in fig.get_suptitle()
+    save_figure(fig, [tmp_path / "probe_accuracy.png"])
+    width, height = plt.imread(tmp_path / "probe_accuracy.png").shape[1::-1]
+    assert width < 2000 and height < 1400, (width, height)
