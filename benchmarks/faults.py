@@ -667,6 +667,62 @@ def hf_cases(root: Path) -> list[Case]:
     return cases
 
 
+def stored_built(folder: Path, data) -> Callable[[], None]:
+    """What the features job of a stored-activations run does with a snapshot folder."""
+
+    def check() -> None:
+        from epochlens.features.stored import load_or_build
+        from epochlens.features.stored_settings import StoredFeatureSettings
+
+        load_or_build(folder.parent / f"{folder.name}.h5", folder, data, StoredFeatureSettings())
+
+    return check
+
+
+def stored_cases(root: Path) -> list[Case]:
+    """Snapshots of stored activations (``npy`` layout: ``{split}/{layer}.npy``) of a 60 + 20
+    sample data set, each broken one way."""
+    from epochlens.data import load_source
+
+    rng = np.random.default_rng(0)
+    np.savez(root / "stored-data.npz", **npz_arrays(rng))
+    data = load_source("npz", str(root / "stored-data.npz"))
+    sizes = {"train": 60, "test": 20}
+
+    def snapshot(name: str, fix: Callable[[Path], None]) -> Case:
+        folder = root / "stored" / name.replace(" ", "_")
+        for split, n in sizes.items():
+            (folder / split).mkdir(parents=True)
+            for layer in ("block1", "block2"):
+                np.save(folder / split / f"{layer}.npy", rng.standard_normal((n, 8)).astype(np.float32))
+        fix(folder)
+        return Case("stored activations", name, (str(folder),), stored_built(folder, data))
+
+    def nan(folder: Path) -> None:
+        a = np.load(folder / "train" / "block1.npy")
+        a[5, 2] = np.nan
+        np.save(folder / "train" / "block1.npy", a)
+
+    npy = "train/block1.npy"
+    return [
+        snapshot("a layer missing in test", lambda f: (f / "test" / "block2.npy").unlink()),
+        snapshot("rows missing (50 of 60)", lambda f: np.save(f / npy, np.zeros((50, 8), np.float32))),
+        snapshot("rows extra (70 of 60)", lambda f: np.save(f / npy, np.zeros((70, 8), np.float32))),
+        snapshot(
+            "no test split", lambda f: [p.unlink() for p in (f / "test").iterdir()] and (f / "test").rmdir()
+        ),
+        snapshot("a layer truncated", lambda f: (f / npy).write_bytes((f / npy).read_bytes()[:200])),
+        snapshot("a layer empty", lambda f: (f / npy).write_bytes(b"")),
+        snapshot("one number per row", lambda f: np.save(f / npy, np.zeros(60, np.float32))),
+        snapshot("NaN activations", nan),
+        snapshot(
+            "test layer of another width",
+            lambda f: np.save(f / "test" / "block1.npy", np.zeros((20, 5), np.float32)),
+        ),
+        snapshot("no layers", lambda f: [p.unlink() for s in sizes for p in (f / s).iterdir()]),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # The report
 
@@ -681,6 +737,7 @@ def corpus(root: Path, dry_run: bool = True) -> list[Case]:
         *npz_cases(root),
         *cifar_cases(root),
         *hf_cases(root),
+        *stored_cases(root),
     ]
 
 

@@ -3,7 +3,8 @@ names the key or the file, never a Python traceback and never a result computed 
 inputs that issue 33's corpus found passing silently or with a traceback are all here: NaN or Inf
 weights (a .pt, a safetensors file, a Hugging Face folder), NaN or Inf inputs of an .npz, an empty
 split, an array of Python objects, CIFAR-100 labels out of 0..99, truncated or empty weights of a
-Hugging Face folder.
+Hugging Face folder, an empty .npy of stored activations, a layer stored with another shape in
+the test split than in the training split.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ FOUND = [
     ("Hugging Face folder", "weights truncated"),
     ("Hugging Face folder", "weights empty"),
     ("Hugging Face folder", "NaN weights"),
+    ("stored activations", "a layer empty"),
+    ("stored activations", "test layer of another width"),
 ]
 SAMPLE = [
     ("checkpoint (.pt)", "another architecture (resnet18_lop)"),
@@ -40,6 +43,7 @@ SAMPLE = [
     ("data (cifar-100-python)", "train truncated"),
     ("Hugging Face folder", "no config.json"),
     ("tokenizer folder", "no tokenizer files"),
+    ("stored activations", "rows missing (50 of 60)"),
 ]
 
 
@@ -65,6 +69,7 @@ def corpus(tmp_path_factory) -> dict:
         *faults.npz_cases(root),
         *faults.cifar_cases(root),
         *faults.hf_cases(root),
+        *faults.stored_cases(root),
     ]
     return {(c.family, c.name): c for c in cases}
 
