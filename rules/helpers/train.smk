@@ -91,7 +91,8 @@ def _finished_command_job(run, index):
 
 def _finished_as_they_are(run, state, files, edit):
     """The inputs of a finished command job whose repository has uncommitted changes (``edit``:
-    the error naming them where they are the job's files): its files as ancient, so that neither
+    the error naming them where they are the job's files, else its files as they are: a commit of
+    them still plans the job, which refuses as it starts): its files as ancient, so that neither
     it nor anything reading its checkpoints reruns for them (the model code, also the analysis
     jobs' input, is ancient there: get_model_code): every stage stays on the checkpoints and the
     model that trained them until the edit is committed. Raising here instead let Snakemake drop
@@ -109,7 +110,7 @@ def _finished_as_they_are(run, state, files, edit):
             "finished trainings stay as they are, but a training job of it that has to run "
             "refuses to until they are committed (or allow_dirty: true)."
         )
-    return [ancient(str(f)) for f in files]
+    return [ancient(str(f)) if edit else str(f) for f in files]
 
 
 def get_command_files(run):
