@@ -119,11 +119,22 @@ def get_model_param(wildcards):
 
 def get_model_code(wildcards):
     """Your model's source files (the project files model.factory imports): inputs of every job
-    that builds the model, so that editing them reruns those jobs only."""
-    model = get_run(wildcards)["model"]
-    if "factory" not in model:
+    that builds the model, so that editing them reruns those jobs only. Where your command trains
+    the run, they are its training's inputs (get_command_files) and ancient here: an edit reaches
+    every stage through the checkpoints it retrains, and none before (docs/reliability.md).
+    """
+    run = get_run(wildcards)
+    files = model_sources(run)
+    if run["checkpoints"]["source"] == "command":
+        return [ancient(f) for f in files]
+    return files
+
+
+def model_sources(run):
+    """The run's model.factory source files ([] for a built-in or Hugging Face model)."""
+    if "factory" not in run["model"]:
         return []
-    return [str(p) for p in factory_sources(FactorySpec.from_config(model))]
+    return [str(p) for p in factory_sources(FactorySpec.from_config(run["model"]))]
 
 
 _warned_missing = []

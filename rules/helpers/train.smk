@@ -89,25 +89,37 @@ def _finished_command_job(run, index):
     )
 
 
-def _refuse_command_job(run, index, message):
-    """Fail the planning of run's command job for ``index`` with ``message``. When its outputs all
-    exist, Snakemake takes them as they are without a word (an input function's error only
-    removes the job that would make them): say so, once per run."""
-    if _finished_command_job(run, index) and run not in _warned_dirty:
+def _finished_as_they_are(run, state, files, edit):
+    """The inputs of a finished command job whose repository has uncommitted changes (``edit``:
+    the error naming them where they are the job's files, else its files as they are: a commit of
+    them still plans the job, which refuses as it starts): its files as ancient, so that neither
+    it nor anything reading its checkpoints reruns for them (the model code, also the analysis
+    jobs' input, is ancient there: get_model_code): every stage stays on the checkpoints and the
+    model that trained them until the edit is committed. Raising here instead let Snakemake drop
+    some readers of the checkpoints (their outputs taken as they are, whatever else changed) and
+    plan others with the edited model. A job that has to run for another reason still refuses as
+    it starts. Warned once per run."""
+    if run not in _warned_dirty:
         _warned_dirty.add(run)
         logger.warning(
-            f"{message}\nUntil then the finished checkpoints of runs.{run} are analysed as they "
-            "are: its training does not run again (the pipeline trains committed code only)."
+            f"{edit}\nUntil then the finished checkpoints of runs.{run} are analysed as they "
+            "are, by every stage: its training does not run again (the pipeline trains committed "
+            "code only), nor does a job that builds its model."
+            if edit
+            else f"runs.{run}: the repository {state.root} has uncommitted changes; the run's "
+            "finished trainings stay as they are, but a training job of it that has to run "
+            "refuses to until they are committed (or allow_dirty: true)."
         )
-    raise WorkflowError(message)
+    return [ancient(str(f)) if edit else str(f) for f in files]
 
 
 def get_command_files(run):
     """Input function of train_<run>: the files the command depends on (it names, its scripts
-    import, checkpoints.files), so that editing them trains again; and the pin check: a job that
-    is to run with uncommitted changes of the code's repository, or after the repository moved
-    away from the commit this run was planned at, fails the planning with the fix (the job checks
-    again when it starts)."""
+    import, checkpoints.files, the model's sources), so that editing them trains again; and the pin
+    check: an unfinished job with uncommitted changes of the code's repository, or one to run
+    after the repository moved away from the commit this run was planned at, fails the planning
+    with the fix (the job checks again when it starts); a finished one stays as it is
+    (_finished_as_they_are)."""
 
     def command_files(wildcards):
         spec, cfg = get_command_spec(run), config["runs"][run]
@@ -124,9 +136,10 @@ def get_command_files(run):
                 roots=roots,
                 within=[repository] if repository else [],
             )
+            files = sorted({*files, *map(Path, model_sources(cfg))})
             state = _repository_state(repository, tuple(files))
         except user_command.CommandError as exc:
-            _refuse_command_job(run, index, str(exc))
+            raise WorkflowError(str(exc)) from None
         problems = user_command.pin_problems(state, spec.allow_dirty)
         planned = user_command.pin_commit(state)
         moved = (
@@ -139,19 +152,14 @@ def get_command_files(run):
                 layout.checkpoint(run, index, e) for e in get_command_epochs(run)
             ]
             outputs.append(layout.train_metadata(run, index))
-            if not _finished_command_job(run, index) or user_command.will_run(
-                outputs, files, state
-            ):
-                _refuse_command_job(
-                    run, index, moved or user_command.pin_error(spec, state, problems)
+            edited = user_command.will_run(outputs, files, state)
+            if not _finished_command_job(run, index) or (moved and edited):
+                raise WorkflowError(
+                    moved or user_command.pin_error(spec, state, problems)
                 )
-            if problems and run not in _warned_dirty:
-                _warned_dirty.add(run)
-                logger.warning(
-                    f"runs.{run}: the repository {state.root} has uncommitted changes; the "
-                    "run's finished trainings stay as they are, but a training job of it that "
-                    "has to run refuses to until they are committed (or allow_dirty: true)."
-                )
+            if problems:
+                message = user_command.pin_error(spec, state, problems)
+                return _finished_as_they_are(run, state, files, edited and message)
         return [str(f) for f in files]
 
     command_files.__name__ = f"get_command_files_{run}"

@@ -93,9 +93,22 @@ def load_into(model: nn.Module, path: str | Path) -> nn.Module:
             + "). Set model.name (and the data set, which fixes the number of classes) in the "
             "config to the architecture that wrote this checkpoint."
         )
+    check_finite(state, path)
     model.load_state_dict(state)
     return model
 
 
 def _short(items: list[str], n: int = 6) -> str:
     return str(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def check_finite(state: Mapping[str, torch.Tensor], source: str | Path) -> None:
+    """CheckpointError naming the tensors of ``state`` with NaN or Inf values: every result of such
+    a model (losses, curvature, influence) would be NaN or a wrong number without a word."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(
+            f"{source}: {len(bad)} tensor(s) hold NaN or Inf values ({_short(bad)}): the training "
+            "diverged before this checkpoint was saved, or the file was written wrongly. Leave this "
+            "epoch out (epochs: in the config) or replace the file."
+        )

@@ -91,10 +91,11 @@ class CheckpointJob:
         from epochlens.formats.weights import fit_weights, load_weights
 
         if "factory" in spec:
-            from epochlens.formats.factory import FactorySpec
+            from epochlens.formats.factory import FactorySpec, check_trained_with
             from epochlens.formats.user_model import attach_output_adapter, build_user_model
 
             factory = FactorySpec.from_config(spec)
+            check_trained_with(factory, path)
             model = build_user_model(factory, self.factory_defaults())
             attach_output_adapter(model, factory.output)
         else:

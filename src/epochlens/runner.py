@@ -16,8 +16,12 @@ restores the normal exit (e.g. for a coverage tool's exit handlers).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import re
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -38,13 +42,15 @@ class _Tee:
     def write(self, text: str) -> int:
         self.terminal.write(text)
         if not text.startswith("\r"):  # tqdm redraws a bar by writing "\r..."
-            self.logfile.write(text)
+            with contextlib.suppress(OSError):  # a full disk: the terminal still gets the error
+                self.logfile.write(text)
         self.flush()
         return len(text)
 
     def flush(self) -> None:
         self.terminal.flush()
-        self.logfile.flush()
+        with contextlib.suppress(OSError):
+            self.logfile.flush()
 
     def isatty(self) -> bool:
         return False
@@ -69,14 +75,53 @@ def run_step(main: Callable[[], None], log_path: str | Path | None) -> None:
     except EpochlensError as exc:
         log.error("%s", exc)
         raise SystemExit(1) from None
-    except Exception:
-        traceback.print_exc()
+    except Exception as exc:
+        if not _short_write(exc):
+            traceback.print_exc()
+        else:
+            log.error("%s", disk_full_message(exc, Path(log_path or ".")))
         raise SystemExit(1) from None
     finally:
         sys.stderr = original
         if handle:
-            handle.close()
+            with contextlib.suppress(OSError):
+                handle.close()
     _end_cuda_process()
+
+
+#: What a write cut short by a full file system raises: errno 28 (open, write, h5py), numpy's
+#: "N requested and M written", PyTorch's zip writer "unexpected pos".
+_SHORT_WRITE = re.compile(
+    r"No space left on device|errno = 28|requested and \d+ written|unexpected pos \d+ vs"
+)
+
+
+def _short_write(exc: BaseException) -> bool:
+    chain = [exc, exc.__cause__, exc.__context__]
+    return any(
+        e is not None and (getattr(e, "errno", None) == errno.ENOSPC or _SHORT_WRITE.search(str(e)))
+        for e in chain
+    )
+
+
+def disk_full_message(exc: BaseException, near: Path) -> str:
+    """The error of a step whose write a full file system cut short: the file system (of ``near``,
+    the step's log) with its size and free space, and what to do. The step's outputs are written
+    atomically, so nothing half-written is left."""
+    folder = near.resolve().parent if not near.is_dir() else near.resolve()
+    while not folder.exists():
+        folder = folder.parent
+    mount = folder
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    usage = shutil.disk_usage(folder)
+    return (
+        f"a write failed: the file system is full ({type(exc).__name__}: {str(exc)[:200]}). The file "
+        f"system mounted at {mount} holds {usage.total / 2**20:.1f} MiB, {usage.free / 2**20:.1f} MiB "
+        "free as the step failed (its partial outputs are removed: nothing half-written is kept). Free "
+        "space there, or point the results at a larger file system, and run snakemake again: the "
+        "finished results stay and only what is missing runs."
+    )
 
 
 def _end_cuda_process() -> None:

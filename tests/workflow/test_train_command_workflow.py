@@ -11,6 +11,7 @@ or writes no checkpoint fails with a message that says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 from userproject.training_project import FACTORY, TrainingProject, build_training_project
 from wfutil import REPO, copy_workflow, job_stats, planned_jobs, snakemake, write_config
@@ -74,8 +76,12 @@ def run_config(command: str = COMMAND, influence: dict = OFF, **checkpoints) -> 
     }
 
 
+# every stage that builds the model, at the last epoch (cheap): a model edit must reach all or none
+ANALYSED = {"curvature": {"epochs": [4], "n_directions": 2}, "features": {"epochs": [4]}}
+
+
 def config(**runs) -> dict:
-    return {"device": "cpu", "runs": runs or {RUN: run_config(influence=INFLUENCE)}}
+    return {"device": "cpu", "runs": runs or {RUN: {**run_config(influence=INFLUENCE), **ANALYSED}}}
 
 
 class Finished:
@@ -155,6 +161,28 @@ def test_lds_retrains_by_the_command_on_each_subset(finished):
     assert not Path(paths.influence_dir(RUN, 1, EPOCHS[-1], "ekfac")).exists()  # influence.indices: [0]
 
 
+# What retraining every replicate plans: the training and every job that reads its checkpoints
+RETRAINED = {
+    "train_mlp": 3,
+    "evaluate_checkpoint": 9,
+    "regression_tables": 1,
+    "plot_regression": 1,
+    "curvature_shard": 3,
+    "curvature_epoch": 3,
+    "curvature_tables": 1,
+    "plot_curvature": 1,
+    "features_epoch": 3,
+    "influence_factors": 1,
+    "influence_scores": 2,
+    "poison_detection": 1,
+    "plot_influence": 1,
+    "lds_retrain": 1,  # the command's retrainings run the edited script too
+    "lds_tables": 1,
+    "plot_lds": 1,
+    "all": 1,
+}
+
+
 def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished):
     project = finished.project
     script = project.repo / "train.py"
@@ -178,21 +206,7 @@ def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished)
         # ... retrains once committed: the training and what reads its checkpoints, not the data.
         project.git("commit", "-q", "-am", "tune")
         out = finished.dry_run(finished.cfg).stdout
-        jobs = job_stats(out)
-        assert jobs == {
-            "train_mlp": 3,
-            "evaluate_checkpoint": 9,
-            "regression_tables": 1,
-            "plot_regression": 1,
-            "influence_factors": 1,
-            "influence_scores": 2,
-            "poison_detection": 1,
-            "plot_influence": 1,
-            "lds_retrain": 1,  # the command's retrainings run the edited script too
-            "lds_tables": 1,
-            "plot_lds": 1,
-            "all": 1,
-        }
+        assert job_stats(out) == RETRAINED
         reasons = {line.strip() for line in out.splitlines() if "reason: Updated input files" in line}
         assert reasons == {f"reason: Updated input files: {project.repo / 'train.py'}"}, out[-3000:]
     finally:
@@ -200,6 +214,104 @@ def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished)
         script.write_text(text)
         os.utime(script, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert finished.planned() == {}
+
+
+@contextlib.contextmanager
+def restored(*paths: Path, repo: TrainingProject | None = None):
+    """Edit ``paths`` within; afterwards their text and times are as before (and ``repo`` back at
+    its first commit)."""
+    saved = [(p, p.read_bytes(), p.stat()) for p in paths]
+    try:
+        yield
+    finally:
+        if repo is not None:
+            repo.git("reset", "-q", "--hard", repo.commit)
+        for path, data, stat in saved:
+            path.write_bytes(data)
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def copy_of_finished(finished: Finished, work: Path) -> Path:
+    """A working directory with the finished run's results and Snakemake records (times kept)."""
+    for name in ("code", "data"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).symlink_to(finished.work / name)
+    shutil.copytree(finished.work / "results", work / "results", symlinks=True)
+    shutil.copytree(finished.work / ".snakemake" / "metadata", work / ".snakemake" / "metadata")
+    return work
+
+
+def test_a_model_edit_reaches_every_stage_or_none(finished, tmp_path):
+    """The model's file (the factory's, imported by the training script): uncommitted, no job
+    plans (not one stage on the edited model while the others keep the old one), and a job that
+    has to run anyway refuses the edited model as it starts; committed, the training and every
+    stage run again, exactly as for the script's commit."""
+    project = finished.project
+    model = project.repo / "invnet" / "model.py"
+    with restored(model, repo=project):
+        model.write_text(model.read_text().replace("nn.Tanh()", "nn.ReLU()"))
+        out = finished.dry_run(finished.cfg)
+        assert out.returncode == 0 and job_stats(out.stdout) == {}, out.stdout[-3000:]
+        assert "modified: invnet/model.py" in out.stdout
+        assert "analysed as they are, by every stage" in out.stdout
+
+        # a curvature setting changed: its jobs have to run, and refuse the edited model
+        work = copy_of_finished(finished, tmp_path / "copy")
+        cfg = config(**{RUN: {**run_config(influence=INFLUENCE), **ANALYSED, "curvature": {"epochs": [4]}}})
+        target = Layout("results").curvature_metadata(RUN, 0, 4)
+        proc = snakemake(
+            finished.wf, work, target, configfile=write_config(tmp_path / "c.yaml", cfg), check=False
+        )
+        assert proc.returncode != 0
+        for line in ("invnet/model.py in", "changed since the checkpoint", "Commit the edit"):
+            assert line in proc.stdout, proc.stdout[-4000:]
+        assert "Traceback" not in proc.stdout.split("invnet/model.py in")[0][-2000:]
+
+        project.git("commit", "-q", "-am", "relu")
+        assert finished.planned() == RETRAINED
+    assert finished.planned() == {}
+
+
+def test_each_kind_of_edit_plans_its_stages(finished):
+    """Each section of the config, the data file and a checkpoint replaced: the set of jobs each
+    plans (the training and everything after it, or one stage and its tables)."""
+    planned = finished.planned
+    everything = {**RETRAINED, "prepare_data": 1, "class_order": 3, "training_data": 1}
+    with restored(finished.project.npz):
+        with np.load(finished.project.npz) as data:
+            arrays = dict(data)
+        arrays["y_train"] = arrays["y_train"] * 2
+        np.savez(finished.project.npz, **arrays)
+        assert planned() == everything
+
+    def edited(section: str, **values) -> dict:
+        run = {**run_config(influence=INFLUENCE), **ANALYSED}
+        run[section] = {**run[section], **values}
+        return planned(write_config(finished.work / f"{section}.yaml", config(**{RUN: run})))
+
+    assert edited("train", seed=11) == RETRAINED  # the command uses {seed}
+    curvature = {"curvature_shard": 3, "curvature_epoch": 3, "curvature_tables": 1, "plot_curvature": 1}
+    assert edited("curvature", n_directions=3) == {**curvature, "all": 1}
+    assert edited("features", representations=["pooled"]) == {"features_epoch": 3, "all": 1}
+    scores = {"influence_scores": 1, "poison_detection": 1, "plot_influence": 1}  # ekfac's; factors kept
+    assert edited("influence", damping=0.2) == {**scores, "lds_tables": 1, "plot_lds": 1, "all": 1}
+    # model.kwargs build the model the checkpoints are loaded into (the command has its own):
+    # every job that builds it, and not the training
+    builds = {k: n for k, n in RETRAINED.items() if k not in ("train_mlp", "lds_retrain")}
+    assert {
+        k: n for k, n in edited("model", kwargs={"num_outputs": 4, "hidden": 8}).items() if k != "lds_retrain"
+    } == builds
+
+    checkpoint = Path(finished.paths.checkpoint(RUN, 0, 4))
+    with restored(checkpoint):  # a checkpoint replaced: every job that reads it, not its training
+        state = torch.load(checkpoint, weights_only=True)
+        state["model"] = {k: v + 0.01 for k, v in state["model"].items()}
+        torch.save(state, checkpoint)
+        jobs = planned()
+    per_checkpoint = {"evaluate_checkpoint", "curvature_shard", "curvature_epoch", "features_epoch"}
+    assert {k: jobs.get(k) for k in per_checkpoint} == dict.fromkeys(per_checkpoint, 1), jobs
+    assert {"influence_factors", "influence_scores", "regression_tables", "curvature_tables"} <= set(jobs)
+    assert "train_mlp" not in jobs and "prepare_data" not in jobs
 
 
 def test_a_dirty_tree_is_refused_before_anything_runs_and_allow_dirty_passes(finished, tmp_path):

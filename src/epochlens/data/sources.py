@@ -109,6 +109,11 @@ def load_cifar100(folder: str | Path) -> Dataset:
                 f"{folder / split}: {len(data)} images but {len(labels)} fine_labels; the file is "
                 "truncated or mixed up. Re-extract it."
             )
+        if len(labels) and (labels.min() < 0 or labels.max() > 99):
+            raise DataError(
+                f"{folder / split}: fine_labels must be class ids 0..99, found {labels.min()}..."
+                f"{labels.max()}; this is not CIFAR-100's fine labelling. Re-extract the archive."
+            )
         splits[split] = (data.reshape(-1, 3, 32, 32), labels)
     meta = _unpickle(folder / "meta")
     names = list(meta.get("fine_label_names", [str(c) for c in range(100)]))
@@ -184,12 +189,14 @@ def load_npz(
             f"{path}: missing arrays {missing} (found {archive.files}); save it with "
             "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)."
         )
-    x_train = _to_nchw(archive["x_train"], layout, path, "x_train")
-    x_test = _to_nchw(archive["x_test"], layout, path, "x_test")
-    y_train, y_test = archive["y_train"], archive["y_test"]
+    x_train, y_train, x_test, y_test = (_array(archive, key, path) for key in keys)
+    x_train = _to_nchw(x_train, layout, path, "x_train")
+    x_test = _to_nchw(x_test, layout, path, "x_test")
     for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
         if len(x) != len(y):
             raise DataError(f"{path}: x_{split} has {len(x)} samples but y_{split} {len(y)} labels.")
+        if not len(x):
+            raise DataError(f"{path}: the {split} split is empty (x_{split} has no samples).")
     if x_train.shape[1:] != x_test.shape[1:]:
         raise DataError(f"{path}: train inputs {x_train.shape[1:]} vs test {x_test.shape[1:]}.")
     regression = np.issubdtype(y_train.dtype, np.floating) or np.issubdtype(y_test.dtype, np.floating)
@@ -232,6 +239,24 @@ def load_npz(
         kind="regression" if regression else "classification",
         ground_truth=ground_truth,
     )
+
+
+def _array(archive: np.lib.npyio.NpzFile, key: str, path: Path) -> np.ndarray:
+    """``archive[key]``, numeric and finite, or DataError naming the file, the array and the fix."""
+    try:
+        x = archive[key]
+    except ValueError as exc:  # an object array: pickled Python objects
+        raise DataError(
+            f"{path}: '{key}' holds Python objects ({exc}); store numbers, e.g. "
+            f"np.savez(path, {key}=np.asarray(values, dtype=np.float32))."
+        ) from None
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        rows = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
+        raise DataError(
+            f"{path}: '{key}' holds NaN or Inf values in {len(rows)} sample(s) (positions "
+            f"{rows[:5].tolist()}...); repair or remove them before analysing."
+        )
+    return x
 
 
 def _class_ids(y_train: np.ndarray, y_test: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -349,11 +349,14 @@ def read_npy(path: Path, where: str, buffer: ReusedBuffer, reuse: bool) -> np.nd
     if not path.exists():
         raise FeatureError(f"{where}: no such file; store the layer or fix features.layers.")
     with open(path, "rb", buffering=0) as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0
+            if version != (1, 0):
+                read_header = np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
+        except ValueError as exc:
+            raise FeatureError(f"{where}: not a readable .npy file ({exc}); store the layer again.") from None
         if fortran or dtype.hasobject or not shape:
             return np.load(path, mmap_mode="r")
         nbytes = int(np.prod(shape)) * dtype.itemsize
@@ -542,6 +545,7 @@ def write_stored_features(
     functions = {name: srep.resolve(name, settings) for name in settings.representations}
     store = np.dtype(settings.dtype)
     fingerprint = snapshot.fingerprint()
+    shapes: dict[str, tuple[int, ...]] = {}
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for split in settings.splits:
             labels = np.asarray(data.labels(split))
@@ -553,6 +557,12 @@ def write_stored_features(
                 feats, shape = layer_features(
                     snapshot, split, layer, len(labels), functions, settings.batch_size
                 )
+                if shapes.setdefault(layer, shape) != shape:
+                    raise FeatureError(
+                        f"{snapshot.file(split, layer)}: activations of shape {shape} per sample, but "
+                        f"{shapes[layer]} in {snapshot.file(settings.splits[0], layer)}; every split "
+                        "of a layer holds the same activations. Store the layer again."
+                    )
                 for name, values in feats.items():
                     _check_range(values, store, layer, name, snapshot.file(split, layer))
                     ds = group.create_dataset(f"{layer}/{name}", data=values.astype(store, copy=False))

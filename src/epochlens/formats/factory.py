@@ -171,6 +171,37 @@ def factory_fingerprint(spec: FactorySpec) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def check_trained_with(spec: FactorySpec, checkpoint: str | Path) -> None:
+    """Refuse to build the model for ``checkpoint`` from sources other than those that trained it.
+
+    A checkpoint that the user's command trained (``checkpoints.source: command``) has the
+    training's ``train_metadata.json`` two folders up (``results/{run}/index-{i}/``): the SHA-256
+    of every file the command used, relative to its git repository. A source of the factory among
+    them whose content differs now (an uncommitted edit) would give this job a model that the
+    checkpoint was not trained with, while the other stages keep the old one: FactoryError naming
+    the files and the fixes. Checkpoints without that record (your own folder) pass.
+    """
+    record = Path(checkpoint).parent.parent / "train_metadata.json"
+    if spec.project_path is None or not record.is_file():
+        return
+    meta = json.loads(record.read_text())
+    root, trained = meta.get("git", {}).get("repository"), meta.get("provenance", {}).get("inputs", {})
+    if not root:
+        return
+    changed = []
+    for path in factory_sources(spec):
+        name = path.relative_to(root).as_posix() if path.is_relative_to(root) else None
+        if name in trained and hashlib.sha256(path.read_bytes()).hexdigest() != trained[name]:
+            changed.append(name)
+    if changed:
+        raise FactoryError(
+            f"model.factory {spec.factory!r}: {', '.join(changed)} in {root} changed since the "
+            f"checkpoint {checkpoint} was trained ({record}); built from the edited code it would "
+            "be analysed with a model it was not trained with. Commit the edit (snakemake then "
+            f"trains again and reruns every stage), or undo it (git -C {root} diff shows it)."
+        )
+
+
 def _project_root(spec: FactorySpec) -> Path:
     assert spec.project_path is not None
     root = spec.project_path.resolve()

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from epochlens.checkpoints import _WRAPPER_KEYS
+from epochlens.checkpoints import _WRAPPER_KEYS, check_finite
 from epochlens.errors import CheckpointError
 from epochlens.formats.trainer_folders import CHECKPOINT_DIR_RE, weights_file
 
@@ -317,6 +317,7 @@ def fit_weights(
     fit = compare_keys(state, expected)
     if fit.shapes or (strict and not fit.ok):
         raise CheckpointError(_misfit_message(model, state, expected, fit, source, candidates))
+    check_finite(state, source)
     model.load_state_dict(state, strict=False)
     return fit
 

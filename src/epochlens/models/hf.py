@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from epochlens.checkpoints import check_finite
 from epochlens.errors import CheckpointError, ConfigError
 
 #: Head kinds and the Auto class that builds each.
@@ -263,6 +264,8 @@ def load_hf_model(
                 "wait for training to save it."
             )
         _offline()
+        from safetensors import SafetensorError
+
         try:
             with _quiet():
                 model, info = _auto_class(task).from_pretrained(
@@ -273,7 +276,7 @@ def load_hf_model(
                     attn_implementation=attention,
                     output_loading_info=True,
                 )
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
             from epochlens.models.hf_heads import task_problem
 
             problem = task_problem(path / CONFIG_FILE, task) if (path / CONFIG_FILE).is_file() else None
@@ -287,6 +290,7 @@ def load_hf_model(
                 "The files are truncated or were written for another model: copy them again."
             ) from exc
         _check_loading(info, path, task)
+        check_finite(model.state_dict(), path)
         return _finish(model, task, path)
     if config is None:
         raise CheckpointError(
@@ -330,6 +334,7 @@ def _load_state(model: nn.Module, state: Mapping[str, torch.Tensor], path: Path)
         if state[k].shape != expected[k].shape
     ]
     _raise_unfit(path, missing, unexpected, shapes)
+    check_finite(state, path)
     model.load_state_dict({**expected, **{k: v.to(expected[k].dtype) for k, v in state.items()}})
     if tied:
         model.tie_weights()

@@ -58,3 +58,51 @@ def test_full_teardown_can_be_asked_for(cuda_used, tmp_path, monkeypatch):
 def test_a_cpu_step_returns(tmp_path):
     assert not torch.cuda.is_initialized()
     runner.run_step(lambda: None, tmp_path / "job.log")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (as root; skipped where mounting is not allowed), unmounted afterwards."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)  # lazily: a failed writer's handle
+
+
+def h5_write(path, array) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=array)
+
+
+@pytest.mark.parametrize("kind", ["npy", "torch", "h5", "text"])
+def test_a_full_disk_is_named_with_its_space_and_leaves_nothing_half_written(small_disk, kind, capsys):
+    """Each writer the library uses, cut short by a full file system: one error naming the file
+    system and its space (no traceback), no output and no temporary file left."""
+    import numpy as np
+
+    from epochlens.atomic import save_npy, write_atomic
+
+    out = small_disk / "results" / f"out.{kind}"
+    writers = {
+        "npy": lambda: save_npy(out, np.zeros(10**6)),
+        "torch": lambda: write_atomic(out, lambda p: torch.save(torch.zeros(10**6), p)),
+        "h5": lambda: write_atomic(out, lambda p: h5_write(p, np.zeros(10**6))),
+        "text": lambda: write_atomic(out, lambda p: p.write_text("x" * 3 * 10**6)),
+    }
+    with pytest.raises(SystemExit) as exit_:
+        runner.run_step(writers[kind], small_disk / "logs" / "step.log")
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "the file system is full" in err and f"mounted at {small_disk}" in err and "MiB free" in err, err
+    assert "Traceback" not in err
+    assert list((small_disk / "results").iterdir()) == []
