@@ -57,6 +57,7 @@ include: "rules/ablation.smk"
 include: "rules/influence.smk"
 include: "rules/compare.smk"
 include: "rules/figures.smk"
+include: "rules/explorer.smk"
 
 
 localrules:

@@ -19,6 +19,7 @@
         influence/epoch_{E}/{method}/factors.pt, factor_diagnostics.csv, scores.npz, ...,
           shards/{covariances,corrections}_{k}-of-{S}.pt, shards/scores_{k}-of-{S}.npz
         influence/epoch_{E}/lds/retrain_{k}-of-{P}.npz
+      samples/explorer/                           the sample explorer (index.html, manifest.json, ...)
       tables/{name}.csv, tables/{name}.provenance.json
       figures/{name}.png and .pdf
       logs/{stage}[/index-{index}][/epoch_{E}][/{name}].log, benchmarks/... .tsv
@@ -111,6 +112,10 @@ class Layout:
     def figures(self, name: str, run: str = "{run}") -> list[str]:
         """A figure as its PNG and PDF pair."""
         return [self.figure(name, ext, run) for ext in FIGURE_FORMATS]
+
+    def explorer(self, run: str = "{run}") -> str:
+        """The sample explorer's folder (static page, epochlens.explorer), built from the dossier."""
+        return f"{self.run_dir(run)}/samples/explorer"
 
     def log(self, stage: str, run: str = "{run}", index=None, epoch=None, name=None) -> str:
         """``logs/{stage}[/index-{index}][/epoch_{E}][/{name}].log``."""

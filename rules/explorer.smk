@@ -1,0 +1,31 @@
+# The sample explorer (a static page) of each run, built from the run's dossier.
+
+#: The page's files (package data): editing one rebuilds every explorer.
+EXPLORER_ASSETS = sorted(
+    str(p) for p in (PACKAGE_DIR / "explorer" / "static").glob("*")
+)
+
+
+rule sample_explorer:
+    input:
+        dossier=f"{layout.run_dir()}/samples/dossier.parquet",
+        code=get_code("sample_explorer.py"),
+        assets=EXPLORER_ASSETS,
+    output:
+        manifest=f"{layout.explorer()}/manifest.json",
+        page=f"{layout.explorer()}/index.html",
+    log:
+        layout.log("sample_explorer"),
+    benchmark:
+        layout.benchmark("sample_explorer")
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    script:
+        "../scripts/sample_explorer.py"
+
+
+# Seconds of work on one file: on a cluster it runs on the submit host instead of queueing.
+localrules:
+    sample_explorer,
