@@ -86,15 +86,12 @@ def _with_key(table: pa.Table, role: str) -> pa.Table:
     return table.append_column("position", pa.array(np.arange(n, dtype=np.int64)))
 
 
-def write_synthetic_dossier(
-    path: str | Path, n_train: int, n_epochs: int, n_query: int = 200, k: int = 5, seed: int = 0
-) -> Path:
-    """Write the dossier of ``n_train`` training samples over ``n_epochs`` checkpoints to ``path``."""
+def synthetic_dossier(n_train: int, n_epochs: int, n_query: int = 200, k: int = 5, seed: int = 0) -> pa.Table:
+    """The dossier table of ``n_train`` training samples over ``n_epochs`` checkpoints."""
     rng = np.random.default_rng(seed)
     epochs = np.arange(n_epochs, dtype=np.int32) * 200
-    train = pa.table(_train_columns(rng, n_train, epochs, n_query, k))
-    query = pa.table(_query_columns(rng, n_query, n_train, k))
-    train, query = _with_key(train, "train"), _with_key(query, "query")
+    train = _with_key(pa.table(_train_columns(rng, n_train, epochs, n_query, k)), "train")
+    query = _with_key(pa.table(_query_columns(rng, n_query, n_train, k)), "query")
     table = pa.concat_tables([train, query], promote_options="default")
     meta = {
         "version": 1,
@@ -105,7 +102,11 @@ def write_synthetic_dossier(
         "detectors": ["loss", "ekfac"],
         "columns": {},
     }
-    table = table.replace_schema_metadata({b"epochlens": json.dumps(meta).encode()})
+    return table.replace_schema_metadata({b"epochlens": json.dumps(meta).encode()})
+
+
+def write_dossier(table: pa.Table, path: str | Path) -> Path:
+    """Write ``table`` as the dossier writes it (parquet, zstd)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="zstd")
     return Path(path)

@@ -504,6 +504,7 @@ function seriesSection(d) {
   const correct = d.series.correct;
   const marks = correct ? forgettingEvents(correct) : [];
   const box = document.createElement('div');
+  if (Object.values(d.series).every((v) => v.every((x) => Number.isNaN(x)))) return box; // a query
   box.innerHTML = `<h3>Across checkpoints</h3><p class="hint">${marks.length} forgetting event(s)` +
     `${marks.length ? ' (red: correct at the checkpoint before, wrong at this one)' : ''}</p>`;
   for (const [name, values] of Object.entries(d.series)) {
