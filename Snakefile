@@ -55,6 +55,7 @@ include: "rules/features.smk"
 include: "rules/probes.smk"
 include: "rules/ablation.smk"
 include: "rules/influence.smk"
+include: "rules/samples.smk"
 include: "rules/compare.smk"
 include: "rules/figures.smk"
 

@@ -191,6 +191,7 @@ def all_targets():
         + probe_targets()
         + ablation_targets()
         + influence_targets()
+        + sample_targets()
         + comparison_targets()
     )
     return list(dict.fromkeys(targets))
