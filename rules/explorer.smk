@@ -6,9 +6,14 @@ EXPLORER_ASSETS = sorted(
 )
 
 
+def explorer_targets():
+    """Each dossier's explorer (rules/samples.smk: the runs that get a dossier)."""
+    return [f"{layout.explorer(run)}/index.html" for run in dossier_runs()]
+
+
 rule sample_explorer:
     input:
-        dossier=f"{layout.run_dir()}/samples/dossier.parquet",
+        dossier=rules.sample_dossier.output.dossier,
         code=get_code("sample_explorer.py"),
         assets=EXPLORER_ASSETS,
     output:

@@ -31,6 +31,7 @@ GPU_RULES = {
     "influence_score_shard",
     "influence_scores",
     "lds_retrain",
+    "sample_outputs",
 }
 
 
