@@ -104,6 +104,7 @@ def test_default_config_job_list(tmp_path):
         "plot_training": 3,
         "comparison_tables": 1,
         "plot_comparisons": 1,
+        "sample_explorer": 3,  # one explorer per dossier
         "all": 1,
     }
 

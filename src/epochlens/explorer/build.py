@@ -171,6 +171,19 @@ def _rocs(table: pa.Table, scalars: list[cols.Scalar]) -> dict:
     return detector_rocs(scores, truth, train)
 
 
+def _class_names(table: pa.Table) -> dict[str, str]:
+    """{label: label_name} from the rows that have both (the panel names the predicted class)."""
+    if not {"label", "label_name"} <= set(table.column_names):
+        return {}
+    pairs = (
+        pa.table({"l": table.column("label"), "n": table.column("label_name")})
+        .group_by(["l", "n"])
+        .aggregate([])
+    )
+    labels, names = pairs["l"].to_pylist(), pairs["n"].to_pylist()
+    return {str(k): v for k, v in zip(labels, names, strict=True) if k is not None}
+
+
 def _default_view(scalars: list[cols.Scalar]) -> dict:
     numbers = [s.name for s in scalars if s.kind == "number"]
     names = {s.name for s in scalars}
@@ -206,6 +219,7 @@ def build_explorer(dossier: str | Path, out: str | Path) -> dict:
         "chunk_size": _write_chunks(partial, table, parts, nbs, layout["width"]),
         "roc": _rocs(table, parts["scalars"]),
         "descriptions": meta.get("columns", {}),
+        "class_names": _class_names(table),
         "default": _default_view(parts["scalars"]),
     }
     (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))

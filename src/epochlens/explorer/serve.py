@@ -37,7 +37,8 @@ def explorer_folder(run: str, results: str | Path = "results", build: bool = Tru
         return folder
     raise DataError(
         f"no explorer for {run!r}: neither {folder}/manifest.json nor {dossier} exists. Build it with "
-        f"`snakemake {folder}/index.html` in the run's working directory (or pass --results, or the folder itself)"
+        f"`snakemake {folder}/index.html` in the run's working directory (or pass --results, or the "
+        "folder itself)"
     )
 
 

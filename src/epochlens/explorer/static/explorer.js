@@ -553,6 +553,12 @@ async function renderPanel(row) {
   if (s.text !== undefined) head.innerHTML += `<div class="sample-text"></div>`;
   const kv = document.createElement('table');
   kv.className = 'kv';
+  const predicted = d.series.predicted ? d.series.predicted.filter(Number.isFinite) : [];
+  if (predicted.length) {
+    const p = predicted[predicted.length - 1];
+    const name = p < 0 ? 'no active class' : (app.m.class_names[String(p)] ?? String(p));
+    kv.insertRow().innerHTML = `<td>prediction (last checkpoint)</td><td data-column="prediction">${name}</td>`;
+  }
   for (const [name, v] of Object.entries(d.scalars)) {
     const text = label(name, v);
     if (text !== '') kv.insertRow().innerHTML = `<td>${name}</td><td data-column="${name}">${text}</td>`;
