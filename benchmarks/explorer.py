@@ -1,11 +1,12 @@
 """Benchmark: the sample explorer at the lop study's shape (50,000 samples x 21 checkpoints) and at
 1,000,000 samples, in headless chromium (Debian's package; software rendering, no GPU).
 
-For each size (``--sizes``), on a synthetic dossier in the contract's format
-(benchmarks/_synthetic_dossier.py: random numbers shaped like a run's):
+For each size (``--sizes``), from a synthetic run's cached results (benchmarks/_synthetic_run.py:
+random numbers shaped like a 10-class run's, ``--queries`` EK-FAC influence queries), written first
+and not timed:
 
-* ``dossier``: seconds to write ``dossier.parquet`` from the run's arrays (the synthetic data
-  generated in memory first, not timed) and its size;
+* ``dossier``: seconds of :func:`epochlens.samples.dossier.build_dossier` and ``write_dossier``
+  (what rule sample_dossier does) and the parquet's size;
 * ``explorer``: seconds of :func:`epochlens.explorer.build.build_explorer` and the folder's size;
 * ``page``: served on 127.0.0.1 by ``epochlens explore``'s server, the seconds from ``page.goto``
   to the scatter drawn (the canvas's ``data-drawn``), and from a click on a sample to its panel
@@ -32,10 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _synthetic_dossier import synthetic_dossier, write_dossier  # noqa: E402
+from _synthetic_run import write_synthetic_run  # noqa: E402
 
 from epochlens.explorer.build import build_explorer  # noqa: E402
 from epochlens.explorer.serve import address, make_server  # noqa: E402
+from epochlens.samples.dossier import build_dossier, write_dossier  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -44,13 +46,14 @@ def folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def build(root: Path, n: int, epochs: int) -> dict:
+def build(root: Path, n: int, epochs: int, queries: int) -> dict:
+    """The dossier of a synthetic run's cached results, as rule sample_dossier builds it, then its
+    explorer, as rule sample_explorer builds it: seconds and sizes."""
+    inputs = write_synthetic_run(root / f"n{n}/cache", n, epochs, queries)
     dossier = root / f"n{n}/samples/dossier.parquet"
-    table = synthetic_dossier(n, epochs)
     t = time.perf_counter()
-    write_dossier(table, dossier)
-    write_s = time.perf_counter() - t
-    del table
+    write_dossier(build_dossier(inputs), dossier)
+    dossier_s = time.perf_counter() - t
     out = dossier.parent / "explorer"
     t = time.perf_counter()
     manifest = build_explorer(dossier, out)
@@ -58,8 +61,9 @@ def build(root: Path, n: int, epochs: int) -> dict:
     return {
         "samples": n,
         "epochs": epochs,
+        "queries": queries,
         "rows": manifest["n_rows"],
-        "dossier": {"write_s": round(write_s, 2), "mb": round(dossier.stat().st_size / 1e6, 1)},
+        "dossier": {"build_s": round(dossier_s, 2), "mb": round(dossier.stat().st_size / 1e6, 1)},
         "explorer": {"build_s": round(explorer_s, 2), "mb": round(folder_size(out) / 1e6, 1)},
         "folder": str(out),
     }
@@ -131,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[50_000, 1_000_000])
     p.add_argument("--epochs", type=int, default=21)
+    p.add_argument("--queries", type=int, default=100, help="influence queries of the synthetic run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--keep", help="build into this folder and keep it (default: a temporary one)")
     args = p.parse_args(argv)
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"{CHROMIUM} is missing: install Debian's package chromium (apt-get install chromium)")
     root = Path(args.keep or tempfile.mkdtemp(prefix="explorer-bench-"))
     try:
-        builds = [build(root, n, args.epochs) for n in args.sizes]
+        builds = [build(root, n, args.epochs, args.queries) for n in args.sizes]
         pages = measure({b["samples"]: Path(b["folder"]) for b in builds}, args.repeats)
     finally:
         if not args.keep:
