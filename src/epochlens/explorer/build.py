@@ -32,7 +32,7 @@ from epochlens.explorer import columns as cols
 from epochlens.explorer.roc import detector_columns, detector_rocs
 
 STATIC = Path(__file__).parent / "static"
-ASSETS = ("index.html", "explorer.js", "explorer.css")
+ASSETS = ("index.html", "explorer.css", "explorer.js", "plot.js", "panel.js", "main.js")
 #: Bytes of one row chunk (chunks/{c}.bin) the page fetches to open a sample.
 CHUNK_BYTES = 1 << 20
 
