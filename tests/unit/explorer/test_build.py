@@ -9,44 +9,12 @@ import urllib.request
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from tiny_dossier import EPOCHS, write_tiny_dossier
 
 from epochlens.errors import DataError
 from epochlens.explorer.build import build_explorer
 from epochlens.explorer.serve import address, explorer_folder, make_server
-
-EPOCHS = [0, 5, 10]
-
-
-def _dossier(path, rows=None, meta=True):
-    """Two training sentences and two queries of index 0, one training sentence of index 1."""
-    cols = rows or {
-        "index": pa.array([0, 0, 0, 0, 1], pa.int32()),
-        "role": ["train", "train", "query", "query", "train"],
-        "position": pa.array([0, 1, 0, 1, 0], pa.int64()),
-        "id": ["a", "b", "q0", "q1", "a"],
-        "label": pa.array([1, 0, 1, 0, 1], pa.int64()),
-        "text": ["good film", "cf bad film", "query one", "query two", "good film"],
-        "is_corrupted": pa.array([False, True, None, None, False]),
-        "epochs": pa.array([EPOCHS, EPOCHS, None, None, EPOCHS], pa.list_(pa.int32())),
-        "loss": pa.array(
-            [[1.0, 0.5, 0.25], [2.0, float("nan"), 3.0], None, None, [1.5, 1.0, 0.5]], pa.list_(pa.float32())
-        ),
-        "correct": pa.array([[False, True, True], [True, False, True], None, None, [True, True, False]]),
-        "confidence": pa.array([0.6, 0.2, None, None, 0.5]),
-        "loss_score": pa.array([0.1, 0.9, None, None, 0.95]),
-        "proponents_ekfac": pa.array([[1, 0], [0], None, None, [0]], pa.list_(pa.int64())),
-        "proponent_scores_ekfac": pa.array([[0.5, 0.25], [0.75], None, None, [0.1]], pa.list_(pa.float64())),
-        "top_train_ekfac": pa.array([None, None, [1, 0], [0], None], pa.list_(pa.int64())),
-        "top_train_scores_ekfac": pa.array([None, None, [2.0, 1.0], [3.0], None], pa.list_(pa.float64())),
-    }
-    table = pa.table(cols)
-    if meta:
-        m = {"version": 1, "run": "tiny", "task": "text_classification", "epochs": EPOCHS, "columns": {}}
-        table = table.replace_schema_metadata({b"epochlens": json.dumps(m).encode()})
-    pq.write_table(table, path)
-    return path
 
 
 def _load(out, manifest, name):
@@ -60,9 +28,9 @@ def _row(out, manifest, row):
     return chunk[row % size]
 
 
-def test_columns_and_rows_match_the_dossier(tmp_path):
+def test_columns_and_rows_match_thewrite_tiny_dossier(tmp_path):
     out = tmp_path / "explorer"
-    m = build_explorer(_dossier(tmp_path / "dossier.parquet"), out)
+    m = build_explorer(write_tiny_dossier(tmp_path / "dossier.parquet"), out)
     assert m["n_rows"] == 5 and m["epochs"] == EPOCHS
     c, conf = _load(out, m, "confidence")
     assert c["kind"] == "number"
@@ -78,7 +46,7 @@ def test_columns_and_rows_match_the_dossier(tmp_path):
 
 def test_series_and_neighbours_in_the_chunks(tmp_path):
     out = tmp_path / "explorer"
-    m = build_explorer(_dossier(tmp_path / "dossier.parquet"), out)
+    m = build_explorer(write_tiny_dossier(tmp_path / "dossier.parquet"), out)
     layout = m["layout"]
     loss = next(s for s in layout["series"] if s["name"] == "loss")["offset"]
     np.testing.assert_array_equal(_row(out, m, 1)[loss : loss + 3], [2.0, np.nan, 3.0])
@@ -97,7 +65,7 @@ def test_series_and_neighbours_in_the_chunks(tmp_path):
 
 
 def test_auroc_of_each_detector_is_exact(tmp_path):
-    m = build_explorer(_dossier(tmp_path / "dossier.parquet"), tmp_path / "explorer")
+    m = build_explorer(write_tiny_dossier(tmp_path / "dossier.parquet"), tmp_path / "explorer")
     (curve,) = m["roc"]["curves"]
     # training rows only: scores 0.1 (clean), 0.9 (corrupted), 0.95 (clean): 1 of 2 pairs ranked right
     assert curve["name"] == "loss_score" and curve["auroc"] == 0.5
@@ -109,7 +77,7 @@ def test_bad_dossiers_say_what_to_do(tmp_path):
     with pytest.raises(DataError, match="no dossier.*rule sample_dossier"):
         build_explorer(tmp_path / "missing.parquet", tmp_path / "explorer")
     with pytest.raises(DataError, match="'epochlens' metadata"):
-        build_explorer(_dossier(tmp_path / "plain.parquet", meta=False), tmp_path / "explorer")
+        build_explorer(write_tiny_dossier(tmp_path / "plain.parquet", meta=False), tmp_path / "explorer")
     rows = {
         "index": pa.array([0], pa.int32()),
         "role": ["train"],
@@ -118,14 +86,14 @@ def test_bad_dossiers_say_what_to_do(tmp_path):
         "loss": pa.array([[1.0, 2.0]], pa.list_(pa.float32())),
     }
     with pytest.raises(DataError, match="'loss': row 0 holds 2 values for 3 epochs"):
-        build_explorer(_dossier(tmp_path / "short.parquet", rows=rows), tmp_path / "explorer")
+        build_explorer(write_tiny_dossier(tmp_path / "short.parquet", rows=rows), tmp_path / "explorer")
     assert not (tmp_path / "explorer").exists()  # nothing half written
 
 
 def test_served_on_localhost_and_built_when_missing(tmp_path, capsys):
     run = tmp_path / "results/tiny"
     (run / "samples").mkdir(parents=True)
-    _dossier(run / "samples/dossier.parquet")
+    write_tiny_dossier(run / "samples/dossier.parquet")
     folder = explorer_folder("tiny", tmp_path / "results")
     assert folder == run / "samples/explorer" and (folder / "index.html").is_file()
     assert "building" in capsys.readouterr().out
