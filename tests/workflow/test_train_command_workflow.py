@@ -191,6 +191,9 @@ def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished)
             "lds_retrain": 1,  # the command's retrainings run the edited script too
             "lds_tables": 1,
             "plot_lds": 1,
+            "sample_outputs": 3,
+            "sample_dossier": 1,
+            "plot_data_map": 1,
             "all": 1,
         }
         reasons = {line.strip() for line in out.splitlines() if "reason: Updated input files" in line}

@@ -29,9 +29,12 @@ pytestmark = pytest.mark.workflow
 
 EPOCHS = TINY_EPOCHS
 # What one changed checkpoint reruns: its epoch's evaluation, curvature, features, probes and
-# ablations, then the aggregates.
+# ablations, its index's sample outputs, then the aggregates.
 ONE_EPOCH_AND_AGGREGATES = {
     "evaluate_checkpoint": 1,
+    "sample_outputs": 1,
+    "sample_dossier": 1,
+    "plot_data_map": 1,
     "curvature_shard": 1,
     "curvature_epoch": 1,
     "features_epoch": 1,
@@ -104,6 +107,9 @@ def test_default_config_job_list(tmp_path):
         "plot_training": 3,
         "comparison_tables": 1,
         "plot_comparisons": 1,
+        "sample_outputs": 2 + 2 + 1,  # one per index of every run
+        "sample_dossier": 3,
+        "plot_data_map": 3,
         "sample_explorer": 3,  # one explorer per dossier
         "all": 1,
     }
@@ -252,6 +258,9 @@ def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
         "evaluate_checkpoint": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
+        "sample_outputs": 1,  # every checkpoint of the index (it failed without epoch 4's)
+        "sample_dossier": 1,
+        "plot_data_map": 1,
         "all": 1,
     }
 

@@ -12,9 +12,10 @@ to them, as every stage does), per sample x with label y and logits z:
 Samples whose class is not active are NaN (``correct`` False). With a single active class the
 margin is NaN (there is no other class). A regression gives ``loss`` (the run's squared error) and
 ``abs_error`` (mean |prediction − target| over the sample's values); a causal LM's or a
-text-to-text model's ``loss`` (mean NLL of the target tokens) and ``correct`` (exact match), the
-outcome of :func:`epochlens.evaluation.predict`. Every array is (N,) in the order of the split;
-an index's file (``index-{i}/sample_outputs.npz``) stacks its checkpoints, (m, N).
+text-to-text model's ``loss`` (mean NLL of the target tokens) and ``correct`` (exact match), as
+the evaluation stage measures them (:func:`epochlens.outcome.sequence_outcome`). Every array is
+(N,) in the order of the split; an index's file (``index-{i}/sample_outputs.npz``) stacks its
+checkpoints, (m, N).
 """
 
 from __future__ import annotations
@@ -102,6 +103,28 @@ def classifier_outputs(
     return out
 
 
+def sequence_outputs(model: nn.Module, inputs, labels: np.ndarray, batch_size: int, device) -> dict:
+    """A causal LM's or text-to-text model's loss (mean NLL of the target tokens) and exact match
+    of every sample, :func:`epochlens.outcome.sequence_outcome` of its token labels (N, L)."""
+    import torch
+
+    from epochlens.outcome import sequence_outcome, shifts
+    from epochlens.tasks import call_model
+
+    model.eval().to(device)
+    targets, parts = torch.as_tensor(np.asarray(labels)), []
+    with torch.no_grad():
+        for rows, xb in _batches(inputs, len(targets), batch_size, device):
+            hit, loss = sequence_outcome(call_model(model, xb), targets[rows].to(device), shift=shifts(xb))
+            parts.append((loss.double().cpu(), hit.cpu()))
+    if not parts:
+        return {"loss": np.zeros(0), "correct": np.zeros(0, bool)}
+    return {
+        "loss": torch.cat([p[0] for p in parts]).numpy(),
+        "correct": torch.cat([p[1] for p in parts]).numpy().astype(bool),
+    }
+
+
 def split_outputs(
     job: CheckpointJob, split: str, batch_size: int, reduction: str = "mean"
 ) -> dict[str, np.ndarray]:
@@ -112,12 +135,7 @@ def split_outputs(
 
     data, labels = job.data, job.data.labels(split)
     if isinstance(data, TextDataset) and data.token_labels:
-        from epochlens.evaluation import predict
-
-        correct, loss = predict(
-            job.model, data.inputs(split), labels, np.zeros(1, np.int64), batch_size, job.device
-        )
-        return {"loss": loss.astype(np.float64), "correct": correct.astype(bool)}
+        return sequence_outputs(job.model, data.inputs(split), labels, batch_size, job.device)
     inputs = data.inputs(split) if isinstance(data, TextDataset) else data.normalized(split)
     if getattr(data, "is_regression", False):
         from epochlens.outcome import predict_regression
