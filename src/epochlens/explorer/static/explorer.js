@@ -4,6 +4,8 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
+// Text of the data (ids, class names, descriptions) inside HTML written by the page.
+const esc = (t) => String(t).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const PALETTE = ['#4e79a7', '#e15759', '#59a14f', '#f28e2b', '#b07aa1', '#76b7b2', '#edc948',
   '#ff9da7', '#9c755f', '#bab0ac'];
 const VIRIDIS = ['#440154', '#482878', '#3e4989', '#31688e', '#26828e', '#1f9e89', '#35b779',
@@ -186,7 +188,7 @@ function renderFilters() {
     const div = document.createElement('div');
     div.className = 'filter';
     div.dataset.column = name;
-    div.innerHTML = `<button type="button" title="remove">×</button><span class="name">${name}</span><br>`;
+    div.innerHTML = `<button type="button" title="remove">×</button><span class="name">${esc(name)}</span><br>`;
     div.querySelector('button').onclick = () => { delete app.state.filters[name]; update(); };
     if (c.kind === 'number') {
       ['min', 'max'].forEach((which, i) => {
@@ -199,7 +201,7 @@ function renderFilters() {
     } else {
       for (const cat of c.categories) {
         const l = document.createElement('label');
-        l.innerHTML = `<input type="checkbox" value="${cat}"${f.includes(cat) ? ' checked' : ''}> ${cat} `;
+        l.innerHTML = `<input type="checkbox" value="${esc(cat)}"${f.includes(cat) ? ' checked' : ''}> ${esc(cat)} `;
         l.querySelector('input').onchange = (e) => {
           const set = new Set(f);
           if (e.target.checked) set.add(cat); else set.delete(cat);

@@ -4,7 +4,7 @@
 // ---- controls and start -----------------------------------------------------------------------
 
 function fillSelect(select, names, value) {
-  select.innerHTML = names.map((n) => `<option value="${n}" title="${app.m.descriptions[n] ?? ''}">${n}</option>`).join('');
+  select.innerHTML = names.map((n) => `<option value="${esc(n)}" title="${esc(app.m.descriptions[n] ?? '')}">${esc(n)}</option>`).join('');
   select.value = value;
 }
 
@@ -16,7 +16,7 @@ function renderControls() {
   fillSelect($('sort'), all, app.state.sort);
   $('desc').checked = app.state.desc;
   const free = all.filter((n) => !(n in app.state.filters));
-  $('add-filter').innerHTML = '<option value="">…</option>' + free.map((n) => `<option>${n}</option>`).join('');
+  $('add-filter').innerHTML = '<option value="">…</option>' + free.map((n) => `<option>${esc(n)}</option>`).join('');
 }
 
 async function update() {
@@ -51,7 +51,7 @@ async function openState(state) {
   if (state.sample) {
     const row = await rowOf(state.sample);
     if (row >= 0) await select(row);
-    else $('panel').innerHTML = `<p class="hint">No sample ${state.sample} in this run.</p>`;
+    else $('panel').innerHTML = `<p class="hint">No sample ${esc(state.sample)} in this run.</p>`;
   }
 }
 

@@ -150,8 +150,8 @@ async function renderPanel(row) {
   const panel = $('panel');
   const head = document.createElement('div');
   const s = d.strings;
-  head.innerHTML = `<h2>${s.id ?? 'row ' + row}</h2>`;
-  if (s.image) head.innerHTML += `<img src="${s.image}" alt="${s.id ?? ''}">`;
+  head.innerHTML = `<h2>${esc(s.id ?? 'row ' + row)}</h2>`;
+  if (s.image) head.innerHTML += `<img src="${esc(s.image)}" alt="${esc(s.id ?? '')}">`;
   if (s.text !== undefined) head.innerHTML += `<div class="sample-text"></div>`;
   const kv = document.createElement('table');
   kv.className = 'kv';
@@ -159,11 +159,11 @@ async function renderPanel(row) {
   if (predicted.length) {
     const p = predicted[predicted.length - 1];
     const name = p < 0 ? 'no active class' : (app.m.class_names[String(p)] ?? String(p));
-    kv.insertRow().innerHTML = `<td>prediction (last checkpoint)</td><td data-column="prediction">${name}</td>`;
+    kv.insertRow().innerHTML = `<td>prediction (last checkpoint)</td><td data-column="prediction">${esc(name)}</td>`;
   }
   for (const [name, v] of Object.entries(d.scalars)) {
     const text = label(name, v);
-    if (text !== '') kv.insertRow().innerHTML = `<td>${name}</td><td data-column="${name}">${text}</td>`;
+    if (text !== '') kv.insertRow().innerHTML = `<td>${esc(name)}</td><td data-column="${esc(name)}">${esc(text)}</td>`;
   }
   panel.innerHTML = '';
   panel.append(head);

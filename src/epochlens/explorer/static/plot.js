@@ -41,7 +41,7 @@ function renderLegend() {
   const box = $('legend');
   if (c.kind === 'category') {
     box.innerHTML = c.categories.map((cat, i) =>
-      `<span class="legend-item"><span class="swatch" style="background:${PALETTE[i % PALETTE.length]}"></span>${cat}</span>`).join('');
+      `<span class="legend-item"><span class="swatch" style="background:${PALETTE[i % PALETTE.length]}"></span>${esc(cat)}</span>`).join('');
   } else {
     box.innerHTML = `${label(name, c.min)} <span class="swatch" style="width:120px;background:linear-gradient(to right,${VIRIDIS.join(',')})"></span> ${label(name, c.max)}`;
   }
@@ -209,7 +209,7 @@ function renderRoc() {
     item.className = 'roc-item';
     item.dataset.detector = c.name;
     item.dataset.auroc = c.auroc;
-    item.innerHTML = `<span class="swatch" style="background:${PALETTE[i % PALETTE.length]}"></span>${c.name}: AUROC ${c.auroc.toFixed(3)} <span class="hint">(${c.n_positive} / ${c.n_negative})</span>`;
+    item.innerHTML = `<span class="swatch" style="background:${PALETTE[i % PALETTE.length]}"></span>${esc(c.name)}: AUROC ${c.auroc.toFixed(3)} <span class="hint">(${c.n_positive} / ${c.n_negative})</span>`;
     box.append(item);
   });
 }
