@@ -1,14 +1,7 @@
 # The sample explorer (a static page) of each run, built from the run's dossier.
 
-#: The page's files (package data): editing one rebuilds every explorer.
-EXPLORER_ASSETS = sorted(
-    str(p) for p in (PACKAGE_DIR / "explorer" / "static").glob("*")
-)
 
-
-def explorer_targets():
-    """Each dossier's explorer (rules/samples.smk: the runs that get a dossier)."""
-    return [f"{layout.explorer(run)}/index.html" for run in dossier_runs()]
+include: "helpers/explorer.smk"
 
 
 rule sample_explorer:
