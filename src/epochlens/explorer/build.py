@@ -185,10 +185,12 @@ def _class_names(table: pa.Table) -> dict[str, str]:
 
 
 def _default_view(scalars: list[cols.Scalar]) -> dict:
+    """The data map (variability x confidence; a regression's error variability x mean error),
+    coloured by the ground truth, else correctness; the training rows."""
     numbers = [s.name for s in scalars if s.kind == "number"]
     names = {s.name for s in scalars}
-    x = "variability" if "variability" in names else numbers[0]
-    y = "confidence" if "confidence" in names else numbers[min(1, len(numbers) - 1)]
+    x = next((c for c in ("variability", "error_variability") if c in names), numbers[0])
+    y = next((c for c in ("confidence", "error_mean") if c in names), numbers[min(1, len(numbers) - 1)])
     color = next((c for c in ("is_corrupted", "correctness", "label") if c in names), y)
     return {"x": x, "y": y, "color": color, "filters": {"role": ["train"]} if "role" in names else {}}
 
