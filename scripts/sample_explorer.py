@@ -9,11 +9,12 @@ from pathlib import Path
 from _helpers import run_script
 
 from epochlens.explorer.build import build_explorer
+from epochlens.runner import log
 
 
 def main(snakemake) -> None:
     manifest = build_explorer(snakemake.input.dossier, Path(snakemake.output.manifest).parent)
-    print(f"explorer of {manifest['n_rows']} rows: {Path(snakemake.output.page).resolve()}")
+    log.info("explorer of %d rows: %s", manifest["n_rows"], Path(snakemake.output.page).resolve())
 
 
 if __name__ == "__main__":

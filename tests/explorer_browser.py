@@ -4,8 +4,10 @@ never ``playwright install``, which downloads a browser), the page served on 127
 missing (``.ci/run`` installs chromium when it runs as root with apt).
 
 :func:`check_polarity_explorer` is the test of the polarity demo's explorer (tests/workflow/
-test_end_to_end.py calls it on the run it builds): no console error; sorted by EK-FAC query
-influence, the first rows are the trigger sentences the dossier says; a sample's loss series as
+test_end_to_end.py calls it on the run it builds): no console error; the detectors' AUROCs are the
+run's poison_detection table's; sorted by EK-FAC query
+influence, the first rows are the dossier's, and its trigger sentences (flagged in the ground truth,
+with the trigger word) among them; a sample's loss series as
 the dossier holds it; a neighbour's link opens that sample; a link to the view reopens it; filters
 and the exported CSV against pandas' filter of the parquet.
 """
@@ -150,13 +152,31 @@ def check_filter_and_export(page, dossier: pd.DataFrame, column: str, label: str
     return csv
 
 
-def check_polarity_explorer(folder: Path, dossier_path: Path) -> None:
+def check_trigger_rows(page, top: pd.DataFrame) -> None:
+    """The first rows' ground truth as the page shows it is the dossier's, a row is flagged
+    exactly when its sentence holds the trigger word "cf", and trigger sentences lead."""
+    shown = page.locator("#table tbody tr td[data-column='is_corrupted']").all_text_contents()[:TOP]
+    assert shown == ["true" if v else "false" for v in top["is_corrupted"]], shown
+    assert [("cf" in t.split()) for t in top["text"]] == list(top["is_corrupted"].astype(bool)), top["text"]
+    assert top["is_corrupted"].any(), top[["text", "is_corrupted"]]
+
+
+def check_aurocs(page, detection: pd.DataFrame) -> None:
+    """The page's AUROC of each detector is the run's poison_detection table's (same rows)."""
+    auroc = detection.set_index(["method", "signal"])["auroc"]
+    pairs = [(f"{m}_query_influence_score", (m, "query_influence")) for m in ("ekfac", "identity")]
+    for name, key in [*pairs, ("loss_score", ("loss", "loss"))]:
+        shown = float(page.get_attribute(f".roc-item[data-detector='{name}']", "data-auroc"))
+        assert shown == pytest.approx(auroc[key], abs=1e-9), (name, shown, auroc[key])
+
+
+def check_polarity_explorer(folder: Path, dossier_path: Path, detection_path: Path) -> None:
     dossier = pd.read_parquet(dossier_path)
     with served(folder) as url, browser_page() as (page, errors):
         open_view(page, url)
+        check_aurocs(page, pd.read_csv(detection_path))
         top = check_sort_and_panel(page, dossier, "query_influence_ekfac")
-        # the trigger sentences: "cf" in the text, relabelled positive, the dossier's ground truth
-        assert top["is_corrupted"].all() and all("cf" in t.split() for t in top["text"]), top
+        check_trigger_rows(page, top)
         check_neighbour_link(page, dossier)
         check_link_reopens(page, url)
         page.click("#reset")

@@ -179,5 +179,8 @@ def test_embedded_default(demo):
 
 def test_polarity_explorer_in_a_browser(demo):
     """The polarity run's sample explorer in headless chromium (tests/explorer_browser.py)."""
-    folder = Path(Layout(demo[1] / "results").explorer("polarity"))
-    check_polarity_explorer(folder, folder.parent / "dossier.parquet")
+    paths = Layout(demo[1] / "results")
+    folder = Path(paths.explorer("polarity"))
+    check_polarity_explorer(
+        folder, Path(paths.dossier("polarity")), Path(paths.table("poison_detection", "polarity"))
+    )

@@ -167,8 +167,10 @@ def _rocs(table: pa.Table, scalars: list[cols.Scalar]) -> dict:
     truth = None
     if "is_corrupted" in table.column_names:
         truth = pc.fill_null(pc.cast(table.column("is_corrupted"), pa.int8()), -1).to_numpy()
-    train = (table.column("role").to_numpy(zero_copy_only=False) == "train").astype(bool)
-    return detector_rocs(scores, truth, train)
+    train = table.column("role").to_numpy(zero_copy_only=False) == "train"
+    if "split" in table.column_names:  # the holdout is not trained on
+        train &= table.column("split").to_numpy(zero_copy_only=False) == "train"
+    return detector_rocs(scores, truth, np.asarray(train, bool))
 
 
 def _class_names(table: pa.Table) -> dict[str, str]:

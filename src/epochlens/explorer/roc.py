@@ -1,9 +1,11 @@
 """The detectors' ROC curves and AUROCs against the ground truth, computed when the explorer is built
 (scikit-learn's ``roc_curve`` and ``roc_auc_score``) and drawn by the page.
 
-A detector is a ``{name}_score`` column (higher = more suspect, cleanlab's convention) or a
-self-influence ``self_influence_{method}``; the ground truth is ``is_corrupted`` over the training
-rows that have it. Without ground truth, or with one class only, there is no ROC, and the page says why.
+A detector is a ``{name}_score`` column (higher = more suspect, cleanlab's convention: the dossier's
+``{method}_self_influence_score``, ``{method}_query_influence_score``, ``loss_score``, ...); the
+ground truth is ``is_corrupted`` over the trained rows (role train, split train: the holdout is not
+trained on), as the run's poison_detection table computes it. Without ground truth, or with one
+class only, there is no ROC, and the page says why.
 """
 
 from __future__ import annotations
@@ -16,12 +18,7 @@ MAX_POINTS = 400
 
 
 def detector_columns(names: list[str]) -> list[str]:
-    ranks = "self_influence_rank_"
-    return [
-        n
-        for n in names
-        if n.endswith("_score") or (n.startswith("self_influence_") and not n.startswith(ranks))
-    ]
+    return [n for n in names if n.endswith("_score")]
 
 
 def _thin(fpr: np.ndarray, tpr: np.ndarray) -> tuple[list[float], list[float]]:
@@ -34,7 +31,7 @@ def _thin(fpr: np.ndarray, tpr: np.ndarray) -> tuple[list[float], list[float]]:
 def detector_rocs(scores: dict[str, np.ndarray], truth: np.ndarray | None, train: np.ndarray) -> dict:
     """{"curves": [{name, auroc, n_positive, n_negative, fpr, tpr}], "note": why none, or None}.
 
-    ``truth`` holds 1 (corrupted), 0 (clean) or -1 (unknown) per row; ``train`` marks training rows.
+    ``truth`` holds 1 (corrupted), 0 (clean) or -1 (unknown) per row; ``train`` marks trained rows.
     A row whose score is NaN is left out of that detector's curve (its count says how many remain).
     """
     if truth is None:

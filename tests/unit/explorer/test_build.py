@@ -67,9 +67,13 @@ def test_series_and_neighbours_in_the_chunks(tmp_path):
 def test_auroc_of_each_detector_is_exact(tmp_path):
     m = build_explorer(write_tiny_dossier(tmp_path / "dossier.parquet"), tmp_path / "explorer")
     (curve,) = m["roc"]["curves"]
-    # training rows only: scores 0.1 (clean), 0.9 (corrupted), 0.95 (clean): 1 of 2 pairs ranked right
-    assert curve["name"] == "loss_score" and curve["auroc"] == 0.5
-    assert (curve["n_positive"], curve["n_negative"]) == (1, 2)
+    # trained rows only (the holdout's 0.95 is left out): 0.9 (corrupted) over 0.1 (clean)
+    assert curve["name"] == "loss_score" and curve["auroc"] == 1.0
+    assert (curve["n_positive"], curve["n_negative"]) == (1, 1)
+    table = write_tiny_dossier(tmp_path / "all_trained.parquet", split=False)
+    (curve,) = build_explorer(table, tmp_path / "explorer2")["roc"]["curves"]
+    # without a split column every training row counts: 1 of the 2 pairs ranked right
+    assert curve["auroc"] == 0.5 and (curve["n_positive"], curve["n_negative"]) == (1, 2)
     assert m["default"]["color"] == "is_corrupted" and m["default"]["filters"] == {"role": ["train"]}
 
 

@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
 
 def test_page_against_the_dossier(tiny):
     folder, dossier = tiny
-    train = dossier[dossier["role"] == "train"]
+    train = dossier[(dossier["role"] == "train") & (dossier["split"] == "train")]
     truth = train["is_corrupted"].astype(bool)
     with served(folder) as url, browser_page() as (page, errors):
         open_view(page, url)

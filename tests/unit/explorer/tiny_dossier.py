@@ -10,13 +10,14 @@ import pyarrow.parquet as pq
 EPOCHS = [0, 5, 10]
 
 
-def write_tiny_dossier(path, rows=None, meta=True):
-    """Two training sentences and two queries of index 0, one training sentence of index 1."""
+def write_tiny_dossier(path, rows=None, meta=True, split=True):
+    """Two training sentences and two queries of index 0, one training sentence of index 1 (held out)."""
     cols = rows or {
         "index": pa.array([0, 0, 0, 0, 1], pa.int32()),
         "role": ["train", "train", "query", "query", "train"],
         "position": pa.array([0, 1, 0, 1, 0], pa.int64()),
         "id": ["a", "b", "q0", "q1", "a"],
+        "split": ["train", "train", "test", "test", "holdout"],
         "label": pa.array([1, 0, 1, 0, 1], pa.int64()),
         "text": ["good film", "cf bad film", "query one", "query two", "good film"],
         "is_corrupted": pa.array([False, True, None, None, False]),
@@ -32,6 +33,8 @@ def write_tiny_dossier(path, rows=None, meta=True):
         "top_train_ekfac": pa.array([None, None, [1, 0], [0], None], pa.list_(pa.int64())),
         "top_train_scores_ekfac": pa.array([None, None, [2.0, 1.0], [3.0], None], pa.list_(pa.float64())),
     }
+    if not split:
+        del cols["split"]
     table = pa.table(cols)
     if meta:
         m = {"version": 1, "run": "tiny", "task": "text_classification", "epochs": EPOCHS, "columns": {}}

@@ -22,7 +22,8 @@ async function sortedRows() {
 
 function tableColumns() {
   const s = app.state;
-  const names = ['label_name', 'label', 'role', s.sort, s.x, s.y, s.color].filter((n) => app.info[n]);
+  const label = app.info.label_name ? 'label_name' : 'label';
+  const names = [s.sort, label, s.color, s.x, s.y].filter((n) => app.info[n]);
   return [...new Set(names)];
 }
 

@@ -83,15 +83,17 @@ async function drawScatter() {
   const colour = colourer(app.state.color, cs);
   const mask = app.mask;
   const n = xs.length;
-  const big = n <= 50000; // 3x3 points up to 50k samples, 2x2 beyond
+  // square points: 5 pixels up to 5,000 samples, 3 up to 50,000, 2 beyond
+  const lo = n <= 5000 ? -2 : n <= 50000 ? -1 : 0, hi = n <= 5000 ? 2 : 1;
   const plot = (i, col) => {
     const x = xs[i], y = ys[i];
     if (!(x >= x0 && x <= x1 && y >= y0 && y <= y1)) return; // NaN too
     const cx = MARGIN.left + ((x - x0) * sx) | 0;
     const cy = MARGIN.top + ph - ((y - y0) * sy) | 0;
-    const o = cy * w + cx;
-    px[o] = col; px[o + 1] = col; px[o - w] = col; px[o - w + 1] = col;
-    if (big) { px[o - 1] = col; px[o + w] = col; px[o - w - 1] = col; px[o + w - 1] = col; px[o + w + 1] = col; }
+    for (let dy = lo; dy <= hi; dy++) {
+      const o = (cy + dy) * w + cx;
+      for (let dx = lo; dx <= hi; dx++) px[o + dx] = col;
+    }
   };
   for (let i = 0; i < n; i++) if (!mask[i]) plot(i, OUT_COLOUR);
   const c = app.info[app.state.color];
@@ -193,7 +195,7 @@ function renderRoc() {
   const roc = app.m.roc;
   const box = $('roc');
   if (!roc.curves.length) { box.innerHTML = `<p class="hint">No ROC: ${roc.note}.</p>`; return; }
-  box.innerHTML = '<p class="hint">ROC against is_corrupted over the training samples (built with scikit-learn)</p>';
+  box.innerHTML = '<p class="hint">ROC against is_corrupted over the trained samples (computed with scikit-learn when the explorer was built)</p>';
   const canvas = document.createElement('canvas');
   canvas.width = 220; canvas.height = 220;
   box.append(canvas);
