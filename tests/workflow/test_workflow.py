@@ -109,6 +109,7 @@ def test_default_config_job_list(tmp_path):
         "plot_comparisons": 1,
         "sample_outputs": 2 + 2 + 1,  # one per index of every run
         "sample_dossier": 3,
+        "sample_thumbnails": 2,  # digits and digits_noisy: images (polarity: texts)
         "plot_data_map": 3,
         "all": 1,
     }
