@@ -91,7 +91,7 @@ rule plot_data_map:
     log:
         layout.log("plot_data_map"),
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
     envmodules:
         *config["envmodules"],
     script:
