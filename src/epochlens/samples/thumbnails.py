@@ -3,7 +3,8 @@ explorer's sample panel: ``train_{position}.png``, ``test_{position}.png`` and, 
 run, ``test_trigger_{position}.png`` (the test image with the trigger patch, as the influence
 queries have it). Images are shown as stored times the data set's scale, clipped to [0, 1], at
 their own size (a page scales them up pixelated): one channel as dark ink on white (as the
-figures draw them), three as RGB. Data that are not images (vectors: H = W = 1) have none.
+figures draw them), three as RGB; arrays with values outside [0, 1] (a regression's matrices)
+with the data set's own range as black to white. Vectors (H = W = 1) have none.
 """
 
 from __future__ import annotations
@@ -32,9 +33,19 @@ def has_images(dataset: str | Path) -> bool:
     return len(shape) == 4 and shape[2] > 1 and shape[3] > 1
 
 
-def to_pixels(images: np.ndarray, scale: float) -> np.ndarray:
-    """uint8 pictures (N, H, W) or (N, H, W, 3) of stored images (N, C, H, W)."""
-    x = np.clip(np.asarray(images, np.float64) * scale, 0.0, 1.0)
+def display_range(images: np.ndarray, scale: float) -> tuple[float, float]:
+    """The values shown as black and white: [0, 1] for images (stored values times the scale),
+    the data set's own range for other arrays (a regression's matrices: negative values too)."""
+    x = np.asarray(images, np.float64) * scale
+    low, high = float(x.min(initial=0.0)), float(x.max(initial=1.0))
+    return (0.0, 1.0) if low >= 0.0 and high <= 1.0 else (low, high)
+
+
+def to_pixels(images: np.ndarray, scale: float, value_range: tuple[float, float] = (0.0, 1.0)) -> np.ndarray:
+    """uint8 pictures (N, H, W) or (N, H, W, 3) of stored images (N, C, H, W), ``value_range``
+    (after the scale) mapped to [0, 1]."""
+    low, high = value_range
+    x = np.clip((np.asarray(images, np.float64) * scale - low) / max(high - low, 1e-12), 0.0, 1.0)
     if x.shape[1] == 1:
         return np.round(255 * (1.0 - x[:, 0])).astype(np.uint8)  # ink on paper, as gray_r
     return np.round(255 * np.transpose(x[:, :3], (0, 2, 3, 1))).astype(np.uint8)
@@ -58,9 +69,10 @@ def write_thumbnails(dataset: str | Path, folder: str | Path, trigger: Mapping |
     if trigger is not None and trigger.get("kind") == "trigger":
         patch = int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
         splits["test_trigger"] = apply_trigger(data.test_images, *patch)
+    shown = display_range(np.concatenate([data.train_images, data.test_images]), data.scale)
     count = 0
     for split, images in splits.items():
-        for position, pixels in enumerate(to_pixels(images, data.scale)):
+        for position, pixels in enumerate(to_pixels(images, data.scale, shown)):
             Image.fromarray(pixels).save(folder / Path(thumbnail_name(split, position)).name)
             count += 1
     return count
