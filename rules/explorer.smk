@@ -7,6 +7,7 @@ include: "helpers/explorer.smk"
 rule sample_explorer:
     input:
         dossier=rules.sample_dossier.output.dossier,
+        thumbnails=get_explorer_thumbnails,
         code=get_code("sample_explorer.py"),
         assets=EXPLORER_ASSETS,
     output:

@@ -1,6 +1,7 @@
 # Every per-sample result of a run in one table: sample_outputs (per index: what each analysed
 # checkpoint predicts for every training and test sample, the one model pass of this stage) -> sample_dossier
-# (the run's samples/dossier.parquet, from cached results only) -> plot_data_map. A light CPU job
+# (the run's samples/dossier.parquet, from cached results only) -> plot_data_map; sample_thumbnails
+# (per run, from its data set: the images the dossier's image column names). A light CPU job
 # reads the curvature arrays and influence scores the run already has: adding the dossier to a
 # finished run computes the outputs and nothing else.
 
@@ -60,6 +61,26 @@ rule sample_dossier:
         "../scripts/sample_dossier.py"
 
 
+rule sample_thumbnails:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        code=get_code("sample_thumbnails.py"),
+    output:
+        thumbnails=directory(layout.thumbnails()),
+    log:
+        layout.log("sample_thumbnails"),
+    benchmark:
+        layout.benchmark("sample_thumbnails")
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    params:
+        trigger=get_corruption,
+    script:
+        "../scripts/sample_thumbnails.py"
+
+
 rule plot_data_map:
     input:
         dossier=rules.sample_dossier.output.dossier,
@@ -70,7 +91,7 @@ rule plot_data_map:
     log:
         layout.log("plot_data_map"),
     conda:
-        "../envs/epochlens.yaml"
+        "../envs/plots.yaml"
     envmodules:
         *config["envmodules"],
     script:

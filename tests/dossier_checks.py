@@ -33,7 +33,8 @@ def check_training_rows(paths: Layout, run: str, index: int) -> pd.DataFrame:
     n = len(stored.labels)
     np.testing.assert_array_equal(rows["position"], np.arange(n))  # rows line up by position
     np.testing.assert_array_equal(rows["id"], [f"train:{p}" for p in range(n)])
-    np.testing.assert_array_equal(rows["split"] == "holdout", stored.holdout)
+    holdout = stored.holdout if stored.holdout is not None else np.zeros(n, bool)
+    np.testing.assert_array_equal(rows["split"] == "holdout", holdout)
     if "label" in rows:
         np.testing.assert_array_equal(rows["label"].astype(np.int64), stored.labels)
     corrupted = np.load(paths.corrupted_indices(run))

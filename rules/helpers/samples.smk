@@ -138,4 +138,12 @@ def sample_figures():
 
 def sample_targets():
     """The dossier of every run that has one, and the data maps."""
-    return [layout.dossier(run) for run in dossier_runs()] + sample_figures()
+    thumbnails = [
+        layout.thumbnails(run)
+        for run in dossier_runs()
+        if dossier_kind(run)
+        in ("classification", "regression")  # images or vectors, not text
+    ]
+    return (
+        [layout.dossier(run) for run in dossier_runs()] + thumbnails + sample_figures()
+    )

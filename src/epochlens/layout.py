@@ -21,6 +21,7 @@
           shards/{covariances,corrections}_{k}-of-{S}.pt, shards/scores_{k}-of-{S}.npz
         influence/epoch_{E}/lds/retrain_{k}-of-{P}.npz
       samples/dossier.parquet                     every per-sample result of the run, one table
+      samples/thumbs/{split}_{position}.png       a thumbnail of every image (image runs)
       samples/explorer/                           the sample explorer (index.html, manifest.json, ...)
       tables/{name}.csv, tables/{name}.provenance.json
       figures/{name}.png and .pdf
@@ -110,6 +111,10 @@ class Layout:
     def dossier(self, run: str = "{run}") -> str:
         """Every per-sample result of the run in one table (:mod:`epochlens.samples`)."""
         return f"{self.run_dir(run)}/samples/dossier.parquet"
+
+    def thumbnails(self, run: str = "{run}") -> str:
+        """The folder of every image's thumbnail PNG, beside the dossier (image runs)."""
+        return f"{self.run_dir(run)}/samples/thumbs"
 
     def figure(self, name: str, ext: str, run: str = "{run}") -> str:
         """One format of a figure: ``figures/{name}.{ext}``."""

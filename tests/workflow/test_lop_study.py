@@ -77,6 +77,7 @@ def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
         "plot_accuracy": 1,
         "sample_outputs": 3,
         "sample_dossier": 1,
+        "sample_thumbnails": 1,
         "plot_data_map": 1,
         "all": 1,
     }

@@ -89,6 +89,7 @@ def test_user_configfile_is_the_whole_config(tmp_path, from_repo_root):
         "plot_curvature": 1,
         "sample_outputs": 1,
         "sample_dossier": 1,
+        "sample_thumbnails": 1,
         "plot_data_map": 1,
         "all": 1,
     }

@@ -27,6 +27,7 @@ from epochlens.outcome import sample_classes
 from epochlens.samples import detectors, neighbours, summaries
 from epochlens.samples.columns import column_spec
 from epochlens.samples.identity import identity_frame, stored_strings
+from epochlens.samples.thumbnails import has_images
 
 FORMAT_VERSION = 1
 CURVATURE_SERIES = ("curvature", "grad_norm")
@@ -209,13 +210,14 @@ def train_table(inputs: DossierInputs, index: int, corrupted: np.ndarray | None)
     series.update(load_curvature(inputs, index, n))
     cols = summary_columns(series, inputs.epochs, sample_classes(labels))
     cols.update(influence_train_columns(inputs, index, n))
-    holdout = identity_frame(inputs.dataset, "train", np.arange(n), corrupted)
-    trained = holdout["split"].to_numpy() == "train"
+    images = "train" if has_images(inputs.dataset) else None
+    identity = identity_frame(inputs.dataset, "train", np.arange(n), corrupted, images)
+    trained = identity["split"].to_numpy() == "train"
     methods = [job.method for job in last_influence(inputs, index)]
     final_loss = series["loss"][-1]
     cols.update(detectors.detector_columns(detectors.detector_scores(cols, methods, final_loss), trained))
-    frame = holdout.assign(index=np.int32(index), role="train")
-    frame = frame[["index", "role", *[c for c in holdout.columns]]]
+    frame = identity.assign(index=np.int32(index), role="train")
+    frame = frame[["index", "role", *[c for c in identity.columns]]]
     return frame_table(frame, {**series_arrays(series, inputs.epochs), **cols})
 
 
@@ -241,7 +243,8 @@ def query_table(inputs: DossierInputs, index: int) -> pa.Table | None:
             "the queries; rerun the run's sample_outputs jobs."
         )
     series = {k: v[:, tests] for k, v in series.items()}
-    frame = identity_frame(inputs.dataset, "test", tests, None)
+    images = ("test_trigger" if triggered else "test") if has_images(inputs.dataset) else None
+    frame = identity_frame(inputs.dataset, "test", tests, None, images)
     if triggered and "text" in frame:
         frame["text"] = trigger_texts(inputs.dataset)[tests]
     frame["position"] = np.arange(len(tests), dtype=np.int64)

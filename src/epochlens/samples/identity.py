@@ -18,6 +18,7 @@ import pandas as pd
 
 from epochlens.data.labels import read_labels
 from epochlens.errors import DataError
+from epochlens.samples.thumbnails import thumbnail_name
 
 
 def stored_strings(path: str | Path, key: str) -> list[str] | None:
@@ -54,11 +55,17 @@ def label_columns(labels: np.ndarray, names: list[str] | None) -> dict[str, obje
 
 
 def identity_frame(
-    dataset: str | Path, split: str, positions: np.ndarray, corrupted: np.ndarray | None
+    dataset: str | Path,
+    split: str,
+    positions: np.ndarray,
+    corrupted: np.ndarray | None,
+    thumbnails: str | None = None,
 ) -> pd.DataFrame:
     """Identity columns of the samples at ``positions`` of ``split`` (``train`` or ``test``).
 
     ``corrupted``: the corrupted training positions (None: no ground truth known, no column).
+    ``thumbnails``: the thumbnails' split name (train, test, test_trigger) of an image run, whose
+    ``image`` column names them (:mod:`epochlens.samples.thumbnails`); None: no column.
     """
     stored = read_labels(dataset, split)
     positions = np.asarray(positions, np.int64)
@@ -76,6 +83,8 @@ def identity_frame(
     texts = stored_strings(dataset, f"{split}/text")
     if texts is not None:
         frame["text"] = np.asarray(texts, dtype=object)[positions]
+    if thumbnails is not None:
+        frame["image"] = [thumbnail_name(thumbnails, p) for p in positions]
     if corrupted is not None:
         frame["is_corrupted"] = np.isin(positions, corrupted) if split == "train" else False
     return frame

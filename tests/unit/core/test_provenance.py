@@ -106,6 +106,7 @@ OWN = {
     "lds_tables": set(),  # reads the scores' files, not the influence package
     "evaluate_checkpoint": set(),
     "sample_outputs": {"samples"},  # the one model pass of the dossier's stage
+    "sample_thumbnails": {"samples"},
     # the dossier reads every stage's cached results: CSL and learning time as the curvature stage
     # defines them (curvature.dynamics), query influence as the detection table reduces it
     "sample_dossier": {"samples", "curvature", "influence"},
