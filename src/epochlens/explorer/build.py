@@ -197,6 +197,31 @@ def _default_view(scalars: list[cols.Scalar]) -> dict:
     return {"x": x, "y": y, "color": color, "filters": {"role": ["train"]} if "role" in names else {}}
 
 
+def _write_folder(out: Path, dossier: Path, table: pa.Table, meta: dict, parts: dict, nbs: list) -> dict:
+    epochs = [int(e) for e in meta.get("epochs") or []]
+    layout = _chunk_layout(parts, nbs, len(epochs))
+    manifest = {
+        "version": 1,
+        "run": meta.get("run"),
+        "task": meta.get("task"),
+        "epochs": epochs,
+        "n_rows": table.num_rows,
+        "columns": _write_columns(out, parts["scalars"]),
+        "strings": parts["strings"],
+        "layout": layout,
+        "chunk_size": _write_chunks(out, table, parts, nbs, layout["width"]),
+        "roc": _rocs(table, parts["scalars"]),
+        "descriptions": meta.get("columns", {}),
+        "class_names": _class_names(table),
+        "default": _default_view(parts["scalars"]),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    _copy_thumbs(out, dossier, table)
+    for name in ASSETS:
+        shutil.copy2(STATIC / name, out / name)
+    return manifest
+
+
 def build_explorer(dossier: str | Path, out: str | Path) -> dict:
     """Write the explorer of ``dossier`` into ``out`` (replaced whole, never half written) and
     return its manifest."""
@@ -210,26 +235,11 @@ def build_explorer(dossier: str | Path, out: str | Path) -> dict:
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    layout = _chunk_layout(parts, nbs, len(epochs))
-    manifest = {
-        "version": 1,
-        "run": meta.get("run"),
-        "task": meta.get("task"),
-        "epochs": epochs,
-        "n_rows": table.num_rows,
-        "columns": _write_columns(partial, parts["scalars"]),
-        "strings": parts["strings"],
-        "layout": layout,
-        "chunk_size": _write_chunks(partial, table, parts, nbs, layout["width"]),
-        "roc": _rocs(table, parts["scalars"]),
-        "descriptions": meta.get("columns", {}),
-        "class_names": _class_names(table),
-        "default": _default_view(parts["scalars"]),
-    }
-    (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    _copy_thumbs(partial, dossier, table)
-    for name in ASSETS:
-        shutil.copy2(STATIC / name, partial / name)
+    try:
+        manifest = _write_folder(partial, dossier, table, meta, parts, nbs)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
     return manifest
