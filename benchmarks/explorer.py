@@ -6,7 +6,8 @@ random numbers shaped like a 10-class run's, ``--queries`` EK-FAC influence quer
 and not timed:
 
 * ``dossier``: seconds of :func:`epochlens.samples.dossier.build_dossier` and ``write_dossier``
-  (what rule sample_dossier does) and the parquet's size;
+  (what rule sample_dossier does) and the parquet's size (best of ``--build-repeats``; the machine's
+  load average after them is reported, as timings on a shared machine depend on it);
 * ``explorer``: seconds of :func:`epochlens.explorer.build.build_explorer` and the folder's size;
 * ``page``: served on 127.0.0.1 by ``epochlens explore``'s server, the seconds from ``page.goto``
   to the scatter drawn (the canvas's ``data-drawn``), and from a click on a sample to its panel
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
@@ -46,18 +48,20 @@ def folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def build(root: Path, n: int, epochs: int, queries: int) -> dict:
+def build(root: Path, n: int, epochs: int, queries: int, repeats: int) -> dict:
     """The dossier of a synthetic run's cached results, as rule sample_dossier builds it, then its
-    explorer, as rule sample_explorer builds it: seconds and sizes."""
+    explorer, as rule sample_explorer builds it: seconds (best of ``repeats``) and sizes."""
     inputs = write_synthetic_run(root / f"n{n}/cache", n, epochs, queries)
     dossier = root / f"n{n}/samples/dossier.parquet"
-    t = time.perf_counter()
-    write_dossier(build_dossier(inputs), dossier)
-    dossier_s = time.perf_counter() - t
     out = dossier.parent / "explorer"
-    t = time.perf_counter()
-    manifest = build_explorer(dossier, out)
-    explorer_s = time.perf_counter() - t
+    dossier_s = explorer_s = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        write_dossier(build_dossier(inputs), dossier)
+        dossier_s = min(dossier_s, time.perf_counter() - t)
+        t = time.perf_counter()
+        manifest = build_explorer(dossier, out)
+        explorer_s = min(explorer_s, time.perf_counter() - t)
     return {
         "samples": n,
         "epochs": epochs,
@@ -65,6 +69,7 @@ def build(root: Path, n: int, epochs: int, queries: int) -> dict:
         "rows": manifest["n_rows"],
         "dossier": {"build_s": round(dossier_s, 2), "mb": round(dossier.stat().st_size / 1e6, 1)},
         "explorer": {"build_s": round(explorer_s, 2), "mb": round(folder_size(out) / 1e6, 1)},
+        "load_average": [round(v, 1) for v in os.getloadavg()],
         "folder": str(out),
     }
 
@@ -136,14 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[50_000, 1_000_000])
     p.add_argument("--epochs", type=int, default=21)
     p.add_argument("--queries", type=int, default=100, help="influence queries of the synthetic run")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="page timings: the best of this many fresh pages")
+    p.add_argument("--build-repeats", type=int, default=1, help="build timings: the best of this many builds")
     p.add_argument("--keep", help="build into this folder and keep it (default: a temporary one)")
     args = p.parse_args(argv)
     if not Path(CHROMIUM).exists():
         sys.exit(f"{CHROMIUM} is missing: install Debian's package chromium (apt-get install chromium)")
     root = Path(args.keep or tempfile.mkdtemp(prefix="explorer-bench-"))
     try:
-        builds = [build(root, n, args.epochs, args.queries) for n in args.sizes]
+        builds = [build(root, n, args.epochs, args.queries, args.build_repeats) for n in args.sizes]
         pages = measure({b["samples"]: Path(b["folder"]) for b in builds}, args.repeats)
     finally:
         if not args.keep:
