@@ -90,6 +90,20 @@ def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: in
     return cols
 
 
+def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -> dict[str, np.ndarray]:
+    """The query influence of one method under each query transform but ``none`` (the detection
+    table's ``query_influence_{transform}`` signals), keyed ``{method}_query_influence_{transform}``:
+    detectors of the dossier, not columns of their own."""
+    sign = float(arrays.get("query_sign", 1.0))
+    return {
+        f"{method}_query_influence_{key.removeprefix('pairwise_')}": reduce_query_influence(
+            arrays[key], sign, reduce
+        )
+        for key in arrays
+        if key.startswith("pairwise_") and key != "pairwise_none" and arrays[key].shape[0] > 0
+    }
+
+
 def query_columns(method: str, arrays: dict[str, np.ndarray], k: int = NEIGHBOURS) -> dict:
     """The query rows' columns of one method (each of length Q): top and bottom training samples."""
     pairwise = arrays.get("pairwise_none")
