@@ -60,9 +60,10 @@ def check_summaries(rows: pd.DataFrame) -> None:
     """Cartography and AUM of the rows against their own series (NaN: inactive)."""
     p, margin = stacked(rows, "p_label").astype(np.float64), stacked(rows, "margin").astype(np.float64)
     seen = np.isfinite(p).any(1)
+    # (the summaries are of the float64 outputs, the lists float32: agreement to float32 precision)
     with np.errstate(invalid="ignore"):
-        np.testing.assert_allclose(rows["confidence"][seen], np.nanmean(p[seen], 1), rtol=1e-6)
-        np.testing.assert_allclose(rows["variability"][seen], np.nanstd(p[seen], 1), rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(rows["confidence"][seen], np.nanmean(p[seen], 1), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(rows["variability"][seen], np.nanstd(p[seen], 1), rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(rows["aum"][seen], np.nanmean(margin[seen], 1), rtol=1e-5, atol=1e-6)
     correct = stacked(rows, "correct") & np.isfinite(p)
     np.testing.assert_allclose(rows["correctness"][seen], correct[seen].sum(1) / np.isfinite(p[seen]).sum(1))
@@ -85,9 +86,9 @@ def check_influence(paths: Layout, run: str, index: int, epoch: int, methods, k:
         finite = np.isfinite(self_scores)
         assert np.isnan(ranks[~finite]).all()
         assert ranks[np.argmax(np.where(finite, self_scores, -np.inf))] == 1
-        for signal in ("self_influence", "query_influence"):
+        for signal in sorted(set(top.loc[top["method"] == method, "signal"])):  # and each transform's
             mine = top[(top["method"] == method) & (top["signal"] == signal) & (top["index"] == index)]
-            column = rows[f"{signal}_{method}"].to_numpy(dtype=float)
+            column = rows[f"{method}_{signal}_score"].to_numpy(dtype=float)
             order = np.argsort(-np.where(np.isfinite(column), column, -np.inf), kind="stable")
             np.testing.assert_array_equal(order[: len(mine)], mine.sort_values("rank")["sample"])
             np.testing.assert_allclose(column[mine["sample"]], mine["score"], rtol=1e-12)
@@ -109,6 +110,9 @@ def check_detectors(rows: pd.DataFrame, meta: dict) -> None:
     for name in meta["detectors"]:
         score = rows[f"{name}_score"].to_numpy(dtype=float)
         values = score[trained & np.isfinite(score)]
+        if len(values) == 0:  # not computed for this index (influence.indices): null, not False
+            assert rows[f"is_{name}"].isna().all() and rows[f"{name}_score"].isna().all(), name
+            continue
         q1, q3 = np.percentile(values, [25, 75])
         flagged = np.nan_to_num(score, nan=-np.inf) > q3 + 1.5 * (q3 - q1)
         np.testing.assert_array_equal(rows[f"is_{name}"].astype(bool), flagged, err_msg=name)

@@ -208,7 +208,7 @@ def test_the_dossier_holds_the_users_sentences_and_their_models_probabilities(te
     model = AutoModelForSequenceClassification.from_pretrained(project["runs"] / f"checkpoint-{STEPS[-1]}")
     with torch.no_grad():
         logits = model.eval()(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-    p = logits.double().softmax(1)[np.arange(160), torch.as_tensor(rows["label"].to_numpy(np.int64))]
+    p = logits.double().softmax(1)[np.arange(160), torch.tensor(rows["label"].to_numpy(np.int64))]
     np.testing.assert_allclose(np.stack(rows["p_label"].to_numpy())[:, -1], p.numpy(), atol=1e-5)
     check_influence(paths, "sst", 0, STEPS[-1], ["ekfac", "identity"])
     check_detectors(rows, meta)

@@ -1,8 +1,9 @@
 """Every detector as a score and a flag per training sample (cleanlab Datalab's convention:
 ``{detector}_score``, ``is_{detector}``), higher scores more suspect.
 
-Detectors: each influence method's ``{method}_self_influence`` and ``{method}_query_influence``
-(the signals of ``tables/poison_detection.csv``), the final checkpoint's ``loss``, and ``aum``
+Detectors: each influence method's ``{method}_self_influence``, ``{method}_query_influence`` and
+``{method}_query_influence_{transform}`` per query transform (the signals of
+``tables/poison_detection.csv``), the final checkpoint's ``loss``, and ``aum``
 (a low area under the margin marks a likely mislabel: its score is −AUM). A sample is flagged when
 its score lies above Tukey's upper fence, Q3 + 1.5·IQR of the scores of the samples trained on
 (the holdout is scored where it has a score but sets no fence). The fence uses no ground truth:
@@ -42,14 +43,21 @@ def detector_columns(scores: Mapping[str, np.ndarray], trained: np.ndarray) -> d
 
 
 def detector_scores(
-    columns: Mapping[str, np.ndarray], methods: list[str], final_loss: np.ndarray | None
+    columns: Mapping[str, np.ndarray],
+    methods: list[str],
+    final_loss: np.ndarray | None,
+    transformed: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The detectors' scores from the dossier's columns: influence per method, final loss, AUM."""
+    """The detectors' scores from the dossier's columns: influence per method (and ``transformed``,
+    its query influence per query transform, keyed ``{method}_query_influence_{transform}``),
+    final loss, AUM."""
     scores = {}
+    transformed = transformed or {}
     for method in methods:
         for signal in ("self_influence", "query_influence"):
             if f"{signal}_{method}" in columns:
                 scores[f"{method}_{signal}"] = np.asarray(columns[f"{signal}_{method}"], np.float64)
+        scores.update({k: v for k, v in transformed.items() if k.startswith(f"{method}_query_influence_")})
     if final_loss is not None:
         scores["loss"] = np.asarray(final_loss, np.float64)
     if "aum" in columns:

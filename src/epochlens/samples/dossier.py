@@ -166,14 +166,17 @@ def last_influence(inputs: DossierInputs, index: int) -> list[InfluenceScores]:
     return [job for job in jobs if job.epoch == last]
 
 
-def influence_train_columns(inputs: DossierInputs, index: int, n: int) -> dict:
-    """Per method: self-influence, its rank, query influence and neighbours of the training rows."""
+def influence_train_columns(inputs: DossierInputs, index: int, n: int) -> tuple[dict, dict]:
+    """Per method: self-influence, its rank, query influence and neighbours of the training rows,
+    and the query influence under each query transform (detectors' scores)."""
     cols: dict = {}
+    transformed: dict = {}
     for job in last_influence(inputs, index):
         arrays = neighbours.read_scores(job.scores)
         neighbours.check_scores(job.scores, arrays, n)
         cols.update(neighbours.train_columns(job.method, arrays, inputs.reduce))
-    return cols
+        transformed.update(neighbours.transform_signals(job.method, arrays, inputs.reduce))
+    return cols, transformed
 
 
 def frame_table(frame: pd.DataFrame, extra: Mapping[str, object]) -> pa.Table:
@@ -209,13 +212,15 @@ def train_table(inputs: DossierInputs, index: int, corrupted: np.ndarray | None)
         )
     series.update(load_curvature(inputs, index, n))
     cols = summary_columns(series, inputs.epochs, sample_classes(labels))
-    cols.update(influence_train_columns(inputs, index, n))
+    influence, transformed = influence_train_columns(inputs, index, n)
+    cols.update(influence)
     images = "train" if has_images(inputs.dataset) else None
     identity = identity_frame(inputs.dataset, "train", np.arange(n), corrupted, images)
     trained = identity["split"].to_numpy() == "train"
     methods = [job.method for job in last_influence(inputs, index)]
     final_loss = series["loss"][-1]
-    cols.update(detectors.detector_columns(detectors.detector_scores(cols, methods, final_loss), trained))
+    scores = detectors.detector_scores(cols, methods, final_loss, transformed)
+    cols.update(detectors.detector_columns(scores, trained))
     frame = identity.assign(index=np.int32(index), role="train")
     frame = frame[["index", "role", *[c for c in identity.columns]]]
     return frame_table(frame, {**series_arrays(series, inputs.epochs), **cols})

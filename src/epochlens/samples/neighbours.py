@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from epochlens.errors import InfluenceError
 from epochlens.study.poison import reduce_query_influence
@@ -34,17 +35,34 @@ def read_scores(path: str | Path) -> dict[str, np.ndarray]:
         ) from exc
 
 
-def top_k(scores: np.ndarray, k: int, largest: bool = True) -> tuple[np.ndarray, np.ndarray]:
+#: Rows longer than this are partitioned one by one instead of sorted all at once.
+LONG_ROWS = 1024
+
+
+def _first_k(key: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the k smallest keys of one row, in stable order (ties: lower position
+    first), as a stable argsort's first k, from a partition of the row."""
+    kth = np.partition(key, k - 1)[k - 1]
+    candidates = np.flatnonzero(key <= kth)  # the k smallest and any ties with the k-th
+    return candidates[np.argsort(key[candidates], kind="stable")][:k]
+
+
+def top_k(scores: np.ndarray, k: int, largest: bool = True) -> tuple[pa.ListArray, pa.ListArray]:
     """Per row of ``scores`` (R, C): the columns of the k largest (or smallest) finite scores, in
-    order, and those scores; rows with fewer finite scores have shorter lists (lists of arrays)."""
+    order (ties: lower column first), and those scores, as list arrays of R lists (shorter where a
+    row has fewer finite scores)."""
     scores = np.asarray(scores, np.float64)
+    k = min(k, scores.shape[1])
     key = np.where(np.isfinite(scores), -scores if largest else scores, np.inf)
-    order = np.argsort(key, axis=1, kind="stable")[:, :k]
+    if scores.shape[1] <= LONG_ROWS or k == 0:  # one sort of every row at once
+        order = np.argsort(key, axis=1, kind="stable")[:, :k]
+    else:  # long rows (a query's scores of every training sample): partitioned
+        order = np.stack([_first_k(row, k) for row in key]).reshape(len(key), k)
     picked = np.take_along_axis(scores, order, axis=1)
     keep = np.isfinite(picked)
-    cols = [order[r][keep[r]].astype(np.int64) for r in range(len(order))]
-    vals = [picked[r][keep[r]] for r in range(len(order))]
-    return cols, vals
+    offsets = pa.array(np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int32))
+    cols = pa.ListArray.from_arrays(offsets, pa.array(order[keep].astype(np.int64)))
+    return cols, pa.ListArray.from_arrays(offsets, pa.array(picked[keep]))
 
 
 def rank_descending(values: np.ndarray) -> pd.array:
@@ -70,6 +88,20 @@ def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: in
         cols[f"{name}_{method}"] = positions
         cols[f"{name[:-1]}_scores_{method}"] = scores
     return cols
+
+
+def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -> dict[str, np.ndarray]:
+    """The query influence of one method under each query transform but ``none`` (the detection
+    table's ``query_influence_{transform}`` signals), keyed ``{method}_query_influence_{transform}``:
+    detectors of the dossier, not columns of their own."""
+    sign = float(arrays.get("query_sign", 1.0))
+    return {
+        f"{method}_query_influence_{key.removeprefix('pairwise_')}": reduce_query_influence(
+            arrays[key], sign, reduce
+        )
+        for key in arrays
+        if key.startswith("pairwise_") and key != "pairwise_none" and arrays[key].shape[0] > 0
+    }
 
 
 def query_columns(method: str, arrays: dict[str, np.ndarray], k: int = NEIGHBOURS) -> dict:

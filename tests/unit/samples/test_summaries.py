@@ -62,10 +62,10 @@ def test_curvature_summary_skips_uncomputed_checkpoints():
 def test_top_k_neighbours_in_order_and_without_nan():
     scores = np.array([[0.5, NAN, -2.0, 3.0], [1.0, 2.0, NAN, NAN]])
     cols, vals = neighbours.top_k(scores, 2, largest=True)
-    assert [c.tolist() for c in cols] == [[3, 0], [1, 0]]
-    assert [v.tolist() for v in vals] == [[3.0, 0.5], [2.0, 1.0]]
+    assert cols.to_pylist() == [[3, 0], [1, 0]]
+    assert vals.to_pylist() == [[3.0, 0.5], [2.0, 1.0]]
     cols, vals = neighbours.top_k(scores, 5, largest=False)
-    assert [c.tolist() for c in cols] == [[2, 0, 3], [0, 1]]
+    assert cols.to_pylist() == [[2, 0, 3], [0, 1]]
 
 
 def test_rank_is_one_for_the_highest_and_missing_for_nan():
@@ -95,3 +95,17 @@ def test_thumbnail_pixels_ink_on_paper_and_the_datas_own_range():
     rgb = np.zeros((1, 3, 2, 2))
     rgb[0, 0] = 1.0  # red
     assert to_pixels(rgb, 1.0).shape == (1, 2, 2, 3) and (to_pixels(rgb, 1.0)[0, :, :, 0] == 255).all()
+
+
+def test_top_k_of_long_rows_is_a_stable_sorts_first_k():
+    rng = np.random.default_rng(0)
+    scores = np.round(rng.normal(size=(5, 3000)), 1)  # long rows (partitioned), many ties
+    scores[0, :2995] = NAN  # fewer than k finite
+    scores[1, ::2] = NAN
+    for largest in (True, False):
+        cols, vals = neighbours.top_k(scores, 10, largest)
+        key = np.where(np.isfinite(scores), -scores if largest else scores, np.inf)
+        for r in range(5):
+            want = [c for c in np.argsort(key[r], kind="stable")[:10] if np.isfinite(scores[r, c])]
+            assert cols[r].as_py() == want
+            np.testing.assert_array_equal(vals[r].as_py(), scores[r, want])
