@@ -35,6 +35,11 @@ demo: venv
 	@echo "Figures:"
 	@ls -1 results/*/figures/*.png results/*/figures/*.pdf
 	@echo "Tables: results/*/tables/*.csv   Logs: results/*/logs/"
+	@echo
+	@echo "Sample explorers (a static page per run; serve one on 127.0.0.1 with the command after it):"
+	@for d in results/*/samples/explorer; do [ -d "$$d" ] || continue; \
+		run=$$(basename $$(dirname $$(dirname $$d))); echo "  $$d/index.html    $(BIN)/epochlens explore $$run"; \
+	done
 
 # One pytest worker per core (pytest-xdist), a test module per worker at a time (its finished tiny
 # runs are shared by its tests), the slowest modules first (tests/conftest.py).

@@ -55,8 +55,10 @@ include: "rules/features.smk"
 include: "rules/probes.smk"
 include: "rules/ablation.smk"
 include: "rules/influence.smk"
+include: "rules/samples.smk"
 include: "rules/compare.smk"
 include: "rules/figures.smk"
+include: "rules/explorer.smk"
 
 
 localrules:

@@ -202,6 +202,8 @@ def all_targets():
         + probe_targets()
         + ablation_targets()
         + influence_targets()
+        + sample_targets()
+        + explorer_targets()
         + comparison_targets()
     )
     return list(dict.fromkeys(targets))

@@ -32,6 +32,7 @@ def all_figures():
         + probe_figures()
         + ablation_figures()
         + influence_figures()
+        + sample_figures()
         + comparison_figures()
     )
 

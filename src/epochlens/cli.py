@@ -63,6 +63,31 @@ def _device_plan(args: argparse.Namespace) -> dict:
     }
 
 
+def _explore(args: argparse.Namespace) -> int:
+    from epochlens.errors import EpochlensError
+    from epochlens.explorer.serve import address, explorer_folder, make_server
+
+    try:
+        folder = explorer_folder(args.run, args.results)
+    except EpochlensError as e:
+        print(f"epochlens explore: {e}", file=sys.stderr)
+        return 1
+    server = make_server(folder, args.port)
+    url = address(server)
+    print(f"Serving the explorer of {folder} at {url}  (Ctrl-C stops it)", flush=True)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epochlens",
@@ -98,7 +123,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.set_defaults(func=_doctor)
+    _explore_parser(sub)
     return parser
+
+
+def _explore_parser(sub) -> None:
+    from epochlens.explorer.serve import DEFAULT_PORT
+
+    explore = sub.add_parser(
+        "explore",
+        help="serve a run's sample explorer on 127.0.0.1 and print its address",
+        description="Serve results/RUN/samples/explorer (a static page: the data map, filters, each "
+        "sample's series, influence neighbours, the detectors' ROC) on 127.0.0.1 and print the address. "
+        "Built first from results/RUN/samples/dossier.parquet when missing.",
+    )
+    explore.add_argument("run", help="a run's name (under --results), or a run's or an explorer's folder")
+    explore.add_argument("--results", default="results", help="the results folder (default: ./results)")
+    explore.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}, or a free one; 0: any)"
+    )
+    explore.add_argument("--open", action="store_true", help="also open it in the default web browser")
+    explore.set_defaults(func=_explore)
 
 
 def main(argv: list[str] | None = None) -> int:

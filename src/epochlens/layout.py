@@ -6,6 +6,7 @@
       data/dataset.h5, data/corrupted_indices.npy, data/training_data.npz
       index-{index}/
         class_order.npy, train_log.csv, train_metadata.json
+        sample_outputs.npz                        what each checkpoint predicts for every sample
         checkpoints/epoch_{E}.pt                  when the pipeline trains (or runs your command)
         train_output/                             what your training command wrote besides them
         .resume/train/, .resume/output/           resume state of a training job (not outputs)
@@ -19,6 +20,9 @@
         influence/epoch_{E}/{method}/factors.pt, factor_diagnostics.csv, scores.npz, ...,
           shards/{covariances,corrections}_{k}-of-{S}.pt, shards/scores_{k}-of-{S}.npz
         influence/epoch_{E}/lds/retrain_{k}-of-{P}.npz
+      samples/dossier.parquet                     every per-sample result of the run, one table
+      samples/thumbs/{split}_{position}.png       a thumbnail of every image (image runs)
+      samples/explorer/                           the sample explorer (index.html, manifest.json, ...)
       tables/{name}.csv, tables/{name}.provenance.json
       figures/{name}.png and .pdf
       logs/{stage}[/index-{index}][/epoch_{E}][/{name}].log, benchmarks/... .tsv
@@ -104,6 +108,14 @@ class Layout:
         """The provenance of the tables of rule ``name`` (``tables/{name}.provenance.json``)."""
         return f"{self.run_dir(run)}/tables/{name}.provenance.json"
 
+    def dossier(self, run: str = "{run}") -> str:
+        """Every per-sample result of the run in one table (:mod:`epochlens.samples`)."""
+        return f"{self.run_dir(run)}/samples/dossier.parquet"
+
+    def thumbnails(self, run: str = "{run}") -> str:
+        """The folder of every image's thumbnail PNG, beside the dossier (image runs)."""
+        return f"{self.run_dir(run)}/samples/thumbs"
+
     def figure(self, name: str, ext: str, run: str = "{run}") -> str:
         """One format of a figure: ``figures/{name}.{ext}``."""
         return f"{self.run_dir(run)}/figures/{name}.{ext}"
@@ -111,6 +123,10 @@ class Layout:
     def figures(self, name: str, run: str = "{run}") -> list[str]:
         """A figure as its PNG and PDF pair."""
         return [self.figure(name, ext, run) for ext in FIGURE_FORMATS]
+
+    def explorer(self, run: str = "{run}") -> str:
+        """The sample explorer's folder (static page, epochlens.explorer), built from the dossier."""
+        return f"{self.run_dir(run)}/samples/explorer"
 
     def log(self, stage: str, run: str = "{run}", index=None, epoch=None, name=None) -> str:
         """``logs/{stage}[/index-{index}][/epoch_{E}][/{name}].log``."""
@@ -163,6 +179,11 @@ class Layout:
     def class_order(self, run: str = "{run}", index: Val = "{index}") -> str:
         """int64 permutation of the classes (position p: the class introduced p-th)."""
         return f"{self.index_dir(run, index)}/class_order.npy"
+
+    def sample_outputs(self, run: str = "{run}", index: Val = "{index}") -> str:
+        """What every analysed checkpoint predicts for every training and test sample (loss,
+        probability of the label, margin, correctness; :mod:`epochlens.samples.outputs`)."""
+        return f"{self.index_dir(run, index)}/sample_outputs.npz"
 
     def train_log(self, run: str = "{run}", index: Val = "{index}") -> str:
         return f"{self.index_dir(run, index)}/train_log.csv"

@@ -30,6 +30,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from dossier_checks import check_detectors, check_training_rows
+from dossier_checks import check_influence as check_dossier_influence
+from dossier_checks import read as read_dossier
 from wfutil import REPO, copy_workflow, snakemake, write_config
 
 from epochlens.layout import Layout
@@ -254,6 +257,27 @@ def test_head_ablation_per_prompt_group_equals_zeroed_projection(lm_run):
         np.testing.assert_allclose(row["loss_base_mean"], base_loss[names == g].mean(), rtol=1e-5)
         np.testing.assert_allclose(row["delta_loss_mean"], (loss - base_loss)[names == g].mean(), atol=1e-5)
     assert Path(paths.figure("ablation_effect", "png", "prompts")).stat().st_size > 10_000
+
+
+def test_the_dossier_is_the_users_model_loss_of_every_training_sequence(lm_run):
+    """A causal LM's dossier: each training sequence's loss and exact match at the last checkpoint
+    are transformers' own; no label, no probability of one, no data map (refused, not computed)."""
+    from transformers import AutoModelForCausalLM
+
+    project, paths = lm_run
+    rows = check_training_rows(paths, "prompts", 0)
+    dossier, meta = read_dossier(paths, "prompts")
+    assert meta["task"] == "causal_lm" and {"label", "p_label", "margin", "confidence", "aum"}.isdisjoint(
+        dossier
+    )
+    model = AutoModelForCausalLM.from_pretrained(project["runs"] / f"checkpoint-{STEPS[-1]}").eval()
+    loss, exact = per_sample_loss(model, project["train"])
+    np.testing.assert_allclose(np.stack(rows["loss"].to_numpy())[:, -1], loss, rtol=1e-4)
+    np.testing.assert_array_equal(np.stack(rows["correct"].to_numpy())[:, -1], exact)
+    assert {"learning_time", "forgetting_events", "csl", "curvature_mean"} <= set(dossier)
+    check_dossier_influence(paths, "prompts", 0, STEPS[-1], ["ekfac"])
+    check_detectors(rows, meta)
+    assert not Path(paths.figure("data_map", "png", "prompts")).exists()
 
 
 def test_curvature_of_every_training_sequence_at_every_checkpoint(lm_run):

@@ -162,6 +162,8 @@ def test_resume_recomputes_only_the_missing_shard(runs):
         "probes_epoch": 1,  # the curvature-quantile target
         "probe_tables": 1,
         "plot_probes": 1,
+        "sample_dossier": 1,  # it reads the curvature arrays
+        "plot_data_map": 1,
         "all": 1,
     }
     snakemake(wf, work, configfile=cfg)

@@ -11,7 +11,8 @@ two (it needs two seeds a run; its jobs run in tests/workflow/test_compare_workf
 sets and hand-made tables); ``polarity``'s features, probes and head ablations at its last
 checkpoint only, influence by EK-FAC and identity (no K-FAC). Training,
 the rest of ``digits_noisy`` (the poison and LDS study) and of ``polarity`` (the text run) are the
-demo's own. `make demo` runs the full default (273 jobs; 98 here).
+demo's own. `make demo` runs the full default (273 jobs; 98 here). The run is a module fixture:
+the polarity run's sample explorer is then opened in headless chromium (tests/explorer_browser.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from explorer_browser import check_polarity_explorer
 from wfutil import REPO, copy_workflow, job_stats, snakemake, write_config
 
 from epochlens.checkpoints import load_into
@@ -53,12 +55,20 @@ SMALLER = {
 N_CHECKPOINTS = 8
 
 
-def test_embedded_default(tmp_path):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo run (smaller), once for the module's tests: (workflow, working directory, configs)."""
+    tmp_path = tmp_path_factory.mktemp("demo")
     wf = copy_workflow(tmp_path / "wf")
     work = tmp_path / "work"
     work.mkdir()
     configs = [str(REPO / "config/config.yaml"), str(write_config(tmp_path / "smaller.yaml", SMALLER))]
     snakemake(wf, work, "--configfile", *configs)
+    return wf, work, configs
+
+
+def test_embedded_default(demo):
+    wf, work, configs = demo
     paths = Layout(work / "results")
 
     ckpts = sorted(Path(paths.checkpoint("digits", 0, 0)).parent.glob("epoch_*.pt"))
@@ -165,3 +175,12 @@ def test_embedded_default(tmp_path):
         assert Path(paths.figure(name, "png", "polarity")).stat().st_size > 10_000
 
     assert job_stats(snakemake(wf, work, "--dry-run", "--configfile", *configs).stdout) == {}
+
+
+def test_polarity_explorer_in_a_browser(demo):
+    """The polarity run's sample explorer in headless chromium (tests/explorer_browser.py)."""
+    paths = Layout(demo[1] / "results")
+    folder = Path(paths.explorer("polarity"))
+    check_polarity_explorer(
+        folder, Path(paths.dossier("polarity")), Path(paths.table("poison_detection", "polarity"))
+    )

@@ -268,6 +268,9 @@ def test_what_reruns(tiny_run, tmp_path):
         "plot_accuracy": 1,
         **{rule: 1 for rule in PER_EPOCH},
         **RUN_TABLES,
+        "sample_outputs": 1,  # the index's checkpoints, this one with them
+        "sample_dossier": 1,
+        "plot_data_map": 1,
         "all": 1,
     }
     for rule in ("features_epoch", "ablation_epoch"):

@@ -14,11 +14,13 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from dossier_checks import check_detectors, check_influence, check_summaries, check_training_rows
+from dossier_checks import read as read_dossier
 from wfutil import copy_workflow, planned_jobs, snakemake, tiny_config, write_config
 from wfutil import tiny_run as make_tiny_run
 
 from epochlens.data import holdout_mask, load_digits, read_dataset
-from epochlens.layout import RESULTS
+from epochlens.layout import RESULTS, Layout
 from epochlens.provenance import file_sha256
 from epochlens.study.detection import DETECTION_COLUMNS
 
@@ -300,3 +302,42 @@ def test_lds_retrainings_warm_started_from_the_previous_checkpoint(tiny_run, tmp
         assert info["provenance"]["inputs"]["start_checkpoint"] == file_sha256(checkpoint)
     table = pd.read_csv(copy / RESULTS.table("lds", "tiny"))
     assert table["lds"].between(-1, 1).all() and (table["n_subsets"] == 3).all()
+
+
+def test_the_dossier_is_the_runs_arrays_and_tables(tiny_run):
+    """samples/dossier.parquet of the finished study (its sample outputs, dossier and data map
+    only: seconds) equals, column by column, what it is built from; its correctness agrees with the
+    evaluation's per-class accuracy and its last loss with the influence job's own."""
+    wf, work, _, path = tiny_run
+    paths = Layout(work / "results")
+    targets = [RESULTS.dossier("tiny"), RESULTS.figure("data_map", "png", "tiny")]
+    snakemake(wf, work, *targets, RESULTS.table("accuracy_per_class", "tiny"), configfile=path)
+    rows = check_training_rows(paths, "tiny", 0)
+    check_summaries(rows)
+    dossier, meta = read_dossier(paths, "tiny")
+    assert meta["task"] == "classification" and meta["epochs"] == [0, 2, 4, 6]
+    check_influence(paths, "tiny", 0, 6, ["ekfac", "identity", "tracin"])
+    check_detectors(rows, meta)
+    assert {"curvature", "grad_norm", "curvature_mean", "text", "group"}.isdisjoint(dossier)  # not computed
+    # The holdout's correctness per class and checkpoint is the evaluation's accuracy.
+    per_class = pd.read_csv(paths.table("accuracy_per_class", "tiny"))
+    holdout = rows[rows["split"] == "holdout"]
+    correct = np.stack(holdout["correct"].to_numpy())
+    for row in per_class[per_class["split"] == "holdout"].itertuples():
+        mine = correct[(holdout["label"] == row.class_id).to_numpy(), meta["epochs"].index(row.epoch)]
+        assert mine.mean() == pytest.approx(row.accuracy), row
+    with np.load(paths.influence_file("scores.npz", "tiny", 0, 6, "ekfac")) as npz:
+        influence_loss = npz["loss"]
+    trained = np.isfinite(influence_loss)
+    last = np.stack(rows["loss"].to_numpy())[:, -1]
+    np.testing.assert_allclose(last[trained], influence_loss[trained], rtol=1e-4, atol=1e-6)
+    # Queries: one row each, their outputs those of the test samples the scores name.
+    queries = dossier[dossier["role"] == "query"]
+    with np.load(paths.sample_outputs("tiny", 0)) as npz:
+        test_loss = npz["test_loss"]
+    tests = [int(i.split(":")[1]) for i in queries["id"]]
+    np.testing.assert_array_equal(
+        np.stack(queries["loss"].to_numpy()), test_loss[:, tests].T.astype(np.float32)
+    )
+    assert queries["is_corrupted"].isna().all() and queries["position"].tolist() == list(range(len(queries)))
+    assert (work / RESULTS.figure("data_map", "png", "tiny")).stat().st_size > 10_000

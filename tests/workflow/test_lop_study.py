@@ -75,6 +75,10 @@ def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
         "plot_ablation": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
+        "sample_outputs": 3,
+        "sample_dossier": 1,
+        "sample_thumbnails": 1,
+        "plot_data_map": 1,
         "all": 1,
     }
     print(f"dry run of the full study: {elapsed:.1f} s")

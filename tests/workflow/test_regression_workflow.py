@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from dossier_checks import check_detectors, check_influence, check_training_rows
+from dossier_checks import read as read_dossier
 from userproject.training_project import FACTORY, build_training_project
 from wfutil import copy_workflow, snakemake, write_config
 
@@ -154,3 +156,31 @@ def test_the_noised_targets_are_found_beside_the_loss_and_random_baselines(finis
     assert "target" in top.columns and top["target"].str.startswith("[").all()  # the targets trained on
     for figure in ("regression_metrics", "poison_roc", "top_influential_images", "ablation_effect"):
         assert all(Path(f).stat().st_size > 0 for f in paths.figures(figure, RUN)), figure
+
+
+def test_the_dossier_speaks_the_regressions_error_and_refuses_accuracy(finished):
+    """A regression's dossier: targets as trained, the absolute error of the user's model at each
+    checkpoint, the data map's analogue from it; no probability of a label, correctness or
+    learning time (absent, not computed on the wrong kind of data)."""
+    paths, data, model = finished
+    rows = check_training_rows(paths, RUN, 0)
+    dossier, meta = read_dossier(paths, RUN)
+    assert meta["task"] == "regression"
+    refused = {"p_label", "margin", "correct", "confidence", "variability", "correctness", "aum"}
+    assert refused.isdisjoint(dossier) and {"learning_time", "forgetting_events"}.isdisjoint(dossier)
+    np.testing.assert_array_equal(np.stack(rows["target"].to_numpy()), data.train_labels)
+    with torch.no_grad():
+        pred = model(data.normalized("train").double()).numpy()
+    error = np.stack(rows["abs_error"].to_numpy()).astype(np.float64)
+    np.testing.assert_allclose(error[:, -1], np.abs(pred - data.train_labels).mean(1), rtol=1e-4)
+    np.testing.assert_allclose(rows["error_mean"], error.mean(1), rtol=1e-6)
+    np.testing.assert_allclose(rows["error_variability"], error.std(1), rtol=1e-5, atol=1e-9)
+    check_influence(paths, RUN, 0, LAST, ["ekfac", "identity"])
+    check_detectors(rows, meta)
+    assert meta["detectors"][-1] == "loss"  # no AUM without a margin
+    assert Path(paths.figure("data_map", "png", RUN)).stat().st_size > 10_000
+    # the 2x2 matrices, drawn in the data's own range (they have negative entries)
+    assert dossier["image"].tolist() == [f"thumbs/train_{p}.png" for p in range(128)] + [
+        f"thumbs/test_{int(i.split(':')[1])}.png" for i in dossier["id"][128:]
+    ]
+    assert len(list(Path(paths.thumbnails(RUN)).glob("*.png"))) == 128 + 40

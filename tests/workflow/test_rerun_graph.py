@@ -21,7 +21,9 @@ from epochlens.layout import RESULTS
 
 pytestmark = pytest.mark.workflow
 
-DOWNSTREAM_OF_CURVATURE = {"curvature_tables": 1, "plot_curvature": 1, "all": 1}
+# The dossier reads the curvature arrays and imports curvature.dynamics (CSL, learning time).
+DOSSIER = {"sample_dossier": 1, "plot_data_map": 1}
+DOWNSTREAM_OF_CURVATURE = {"curvature_tables": 1, "plot_curvature": 1, **DOSSIER, "all": 1}
 
 
 def stages_config(ckpts: Path) -> dict:
@@ -78,7 +80,13 @@ def test_editing_a_stage_reruns_that_stage_only(finished):
         "all": 1,
     }
     influence = planned_after_editing(finished, "influence/scores.py")
-    assert influence == {"influence_scores": 1, "poison_detection": 1, "plot_influence": 1, "all": 1}
+    assert influence == {
+        "influence_scores": 1,
+        "poison_detection": 1,
+        "plot_influence": 1,
+        **DOSSIER,
+        "all": 1,
+    }
     # A stage's tables and figures: only them.
     assert planned_after_editing(finished, "curvature/dynamics.py") == DOWNSTREAM_OF_CURVATURE
     assert planned_after_editing(finished, "plotting/probes.py") == {"plot_probes": 1, "all": 1}

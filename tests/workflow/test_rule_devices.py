@@ -31,6 +31,7 @@ GPU_RULES = {
     "influence_score_shard",
     "influence_scores",
     "lds_retrain",
+    "sample_outputs",
 }
 
 
@@ -78,7 +79,7 @@ def test_doctor_checks_the_device_against_the_profile(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     failed = [c["detail"] for c in report["checks"] if c["name"] == "devices" and c["status"] == "fail"]
-    assert len(failed) == 10  # every GPU rule of the workflow (influence shards, LDS); no training
+    assert len(failed) == 11  # every GPU rule (influence shards, LDS, sample outputs); no training
     assert any("each curvature_shard job is given 1 GPU(s), which it sees as cuda:0" in d for d in failed)
     rules = {r["rule"]: r for r in report["rules"]}
     assert rules["evaluate_checkpoint"]["device"] == "cpu" and rules["features_epoch"]["device"] == "cuda:1"

@@ -28,6 +28,8 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from dossier_checks import check_detectors, check_influence, check_training_rows
+from dossier_checks import read as read_dossier
 from wfutil import REPO, copy_workflow, snakemake, write_config
 
 from epochlens.layout import Layout
@@ -311,6 +313,21 @@ def test_a_t5_trained_by_the_pipeline_from_its_config(t5_run):
     for g in rows.index:
         np.testing.assert_allclose(rows.loc[g, "mean_loss"], loss[names == g].mean(), rtol=1e-5)
         assert rows.loc[g, "n_correct"] == exact[names == g].sum()
+
+
+def test_the_dossier_is_the_users_model_loss_and_exact_match(t5_run):
+    """A text-to-text model's dossier: each training sample's loss and exact match (teacher
+    forcing) at the last checkpoint are transformers' own; no label, no data map."""
+    project, paths = t5_run
+    rows = check_training_rows(paths, "polarity_t5", 0)
+    dossier, meta = read_dossier(paths, "polarity_t5")
+    assert meta["task"] == "text_to_text" and {"label", "p_label", "aum"}.isdisjoint(dossier)
+    loss, exact = per_sample_loss(load(project, STEPS[-1]), project["train"])
+    np.testing.assert_allclose(np.stack(rows["loss"].to_numpy())[:, -1], loss, rtol=1e-4)
+    np.testing.assert_array_equal(np.stack(rows["correct"].to_numpy())[:, -1], exact)
+    check_influence(paths, "polarity_t5", 0, STEPS[-1], ["ekfac", "identity"])
+    check_detectors(rows, meta)
+    assert not Path(paths.figure("data_map", "png", "polarity_t5")).exists()
 
 
 def test_influence_of_every_training_sample_and_the_users_poisons(t5_run):

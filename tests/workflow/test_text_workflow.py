@@ -21,6 +21,8 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from dossier_checks import check_detectors, check_influence, check_summaries, check_training_rows
+from dossier_checks import read as read_dossier
 from wfutil import REPO, copy_workflow, snakemake, write_config
 
 from epochlens.data.polarity import polarity_tables, write_polarity_tokenizer
@@ -183,3 +185,31 @@ def test_features_are_the_users_models_hidden_states(text_run):
     last = hidden[np.arange(len(hidden)), mask.sum(1) - 1]  # right padding
     np.testing.assert_allclose(features.array("test", "bert.encoder.layer.0", "mean"), mean, atol=1e-5)
     np.testing.assert_allclose(features.array("test", "bert.encoder.layer.0", "last"), last, atol=1e-5)
+
+
+def test_the_dossier_holds_the_users_sentences_and_their_models_probabilities(text_run):
+    """samples/dossier.parquet of the user's run: its sentences, the poisons they marked, and at
+    the last checkpoint the probability that their own model (run by transformers, tokenised their
+    way) gives each training sentence's label; every column against the files it comes from."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    project, paths = text_run
+    rows = check_training_rows(paths, "sst", 0)
+    check_summaries(rows)
+    dossier, meta = read_dossier(paths, "sst")
+    assert meta["task"] == "text_classification" and "image" not in dossier
+    train = pd.read_json(project["data"] / "train.jsonl", lines=True)
+    assert rows["text"].tolist() == train["sentence"].tolist()
+    np.testing.assert_array_equal(
+        rows["is_corrupted"].astype(bool), np.isin(np.arange(160), project["flipped"])
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(project["tokenizer"]), local_files_only=True)
+    enc = tokenizer(list(train["sentence"]), padding="max_length", max_length=24, return_tensors="pt")
+    model = AutoModelForSequenceClassification.from_pretrained(project["runs"] / f"checkpoint-{STEPS[-1]}")
+    with torch.no_grad():
+        logits = model.eval()(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    p = logits.double().softmax(1)[np.arange(160), torch.tensor(rows["label"].to_numpy(np.int64))]
+    np.testing.assert_allclose(np.stack(rows["p_label"].to_numpy())[:, -1], p.numpy(), atol=1e-5)
+    check_influence(paths, "sst", 0, STEPS[-1], ["ekfac", "identity"])
+    check_detectors(rows, meta)
+    assert Path(paths.figure("data_map", "png", "sst")).stat().st_size > 10_000

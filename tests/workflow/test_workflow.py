@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from dossier_checks import check_summaries, check_training_rows
+from dossier_checks import read as read_dossier
 from wfutil import (
     REPO,
     TINY_EPOCHS,
@@ -22,16 +24,19 @@ from wfutil import (
     write_config,
 )
 
-from epochlens.layout import RESULTS
+from epochlens.layout import RESULTS, Layout
 from epochlens.models.networks import ResNet18LoP, SmallCNN
 
 pytestmark = pytest.mark.workflow
 
 EPOCHS = TINY_EPOCHS
 # What one changed checkpoint reruns: its epoch's evaluation, curvature, features, probes and
-# ablations, then the aggregates.
+# ablations, its index's sample outputs, then the aggregates.
 ONE_EPOCH_AND_AGGREGATES = {
     "evaluate_checkpoint": 1,
+    "sample_outputs": 1,
+    "sample_dossier": 1,
+    "plot_data_map": 1,
     "curvature_shard": 1,
     "curvature_epoch": 1,
     "features_epoch": 1,
@@ -104,6 +109,11 @@ def test_default_config_job_list(tmp_path):
         "plot_training": 3,
         "comparison_tables": 1,
         "plot_comparisons": 1,
+        "sample_outputs": 2 + 2 + 1,  # one per index of every run
+        "sample_dossier": 3,
+        "sample_thumbnails": 2,  # digits and digits_noisy: images (polarity: texts)
+        "plot_data_map": 3,
+        "sample_explorer": 3,  # one explorer per dossier
         "all": 1,
     }
 
@@ -121,6 +131,30 @@ def test_results_of_tiny_run(tiny_done):
     assert set(at6.index) == {"cohort 0", "cohort 1", "cohort 2", "old", "new"}
     assert at6.loc["new", "n"] == at6.loc["cohort 2", "n"]
     assert at6.loc["old", "n"] == at6.loc["cohort 0", "n"] + at6.loc["cohort 1", "n"]
+
+
+def test_the_dossier_is_the_curvature_and_dynamics_of_the_run(tiny_done):
+    """The tiny run's dossier (no influence, no ground truth): its curvature series are the
+    per-image arrays of every epoch, and its learning time, forgetting events, CSL and curvature
+    summaries those of tables/sample_dynamics.csv, computed there from the curvature stage's own
+    loss and correctness (here from the dossier's forward passes)."""
+    paths = Layout(tiny_done.work / "results")
+    rows = check_training_rows(paths, "tiny", 0)  # no ground truth: no is_corrupted column
+    check_summaries(rows)
+    dossier, meta = read_dossier(paths, "tiny")
+    assert meta["influence_methods"] == [] and not any(c.startswith("self_influence") for c in dossier)
+    assert meta["detectors"] == ["loss", "aum"]
+    for k, epoch in enumerate(EPOCHS):
+        for key in ("curvature", "grad_norm"):
+            array = np.load(paths.curvature_array(key, "tiny", 0, epoch))
+            np.testing.assert_array_equal(np.stack(rows[key].to_numpy())[:, k], array, err_msg=key)
+    dynamics = pd.read_csv(paths.table("sample_dynamics", "tiny"))
+    dynamics = dynamics[dynamics["index"] == 0].sort_values("sample")
+    for column in ("learning_time", "forgetting_events"):
+        np.testing.assert_array_equal(rows[column].to_numpy(float), dynamics[column].to_numpy(float), column)
+    for column in ("csl", "curvature_mean", "curvature_max"):
+        np.testing.assert_allclose(rows[column], dynamics[column], rtol=1e-5, err_msg=column)
+    assert (tiny_done.work / RESULTS.figure("data_map", "png", "tiny")).stat().st_size > 10_000
 
 
 def test_partial_rebuilds(tiny, tiny_done):
@@ -251,6 +285,9 @@ def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
         "evaluate_checkpoint": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
+        "sample_outputs": 1,  # every checkpoint of the index (it failed without epoch 4's)
+        "sample_dossier": 1,
+        "plot_data_map": 1,
         "all": 1,
     }
 

@@ -85,7 +85,7 @@ def test_table_provenance_hashes_inputs(tmp_path):
 
 # Stage packages: a script of one stage never depends on another stage's modules (features and
 # probes are one stage for this purpose), so that editing one stage reruns only its jobs.
-STAGES = {"curvature", "features", "probes", "ablation", "influence"}
+STAGES = {"curvature", "features", "probes", "ablation", "influence", "samples", "explorer"}
 OWN = {
     "curvature_shard": {"curvature"},
     "curvature_epoch": {"curvature"},
@@ -105,6 +105,12 @@ OWN = {
     "lds_retrain": set(),  # retrains with the run's recipe or its command; no influence code
     "lds_tables": set(),  # reads the scores' files, not the influence package
     "evaluate_checkpoint": set(),
+    "sample_outputs": {"samples"},  # the one model pass of the dossier's stage
+    "sample_thumbnails": {"samples"},
+    # the dossier reads every stage's cached results: CSL and learning time as the curvature stage
+    # defines them (curvature.dynamics), query influence as the detection table reduces it
+    "sample_dossier": {"samples", "curvature", "influence"},
+    "sample_explorer": {"explorer"},  # reads the dossier's file, not the samples package
     "accuracy_tables": set(),
     "regression_tables": set(),
     "train": set(),

@@ -1,0 +1,98 @@
+"""The data map (Dataset Cartography, Swayamdipta et al. 2020) of a run's dossier: each training
+sample's variability (x) against its confidence (y) over the analysed checkpoints, coloured by its
+correctness, the known corrupted samples marked; one panel per replicate index.
+
+A regression has no probability of a label: its analogue puts the std over checkpoints of the
+absolute error (x) against its mean (y, lower = easier, so the axis is inverted to keep easy
+samples at the top, as in the classification map), coloured by the absolute error at the last
+checkpoint. Samples held out of training are left out (they were not learned from).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+#: Most points drawn per panel (the Cartography paper's plots subsample to 25k).
+MAX_POINTS = 25_000
+MAX_PANELS = 4
+
+
+def read_dossier(path) -> tuple[pd.DataFrame, dict]:
+    """A dossier's columns and metadata (:mod:`epochlens.samples.dossier` writes it; a figure
+    reads the file only, not that stage's code)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    return table.to_pandas(), json.loads(table.schema.metadata[b"epochlens"])
+
+
+def _subsample(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    if len(frame) <= MAX_POINTS:
+        return frame
+    return frame.sample(MAX_POINTS, random_state=seed).sort_index()
+
+
+def _axes_of(regression: bool) -> tuple[str, str, str, str, str]:
+    if regression:
+        return "error_variability", "error_mean", "variability of |error|", "mean |error|", "final |error|"
+    return "variability", "confidence", "variability", "confidence", "correctness"
+
+
+def _panel(ax: plt.Axes, frame: pd.DataFrame, regression: bool):
+    xcol, ycol, xlabel, ylabel, clabel = _axes_of(regression)
+    colour = frame["abs_error"].map(lambda s: s[-1]) if regression else frame["correctness"]
+    points = ax.scatter(
+        frame[xcol], frame[ycol], c=colour, cmap="viridis" if regression else "RdYlBu", s=8,
+        alpha=0.7, linewidths=0, vmin=None if regression else 0.0, vmax=None if regression else 1.0,
+    )  # fmt: skip
+    if "is_corrupted" in frame and frame["is_corrupted"].any():
+        bad = frame[frame["is_corrupted"].astype(bool)]
+        ax.scatter(
+            bad[xcol], bad[ycol], marker="x", c="k", s=22, linewidths=1.0, label=f"corrupted ({len(bad)})"
+        )
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if regression:
+        ax.invert_yaxis()
+    ax.grid(alpha=0.3)
+    return points, clabel
+
+
+def plot_data_map(dossier: pd.DataFrame, title: str, regression: bool = False) -> plt.Figure:
+    """The data map of a dossier's training rows (``role`` train, ``split`` train), a panel per
+    replicate index (the first :data:`MAX_PANELS`), at most :data:`MAX_POINTS` points each."""
+    rows = dossier[(dossier["role"] == "train") & (dossier["split"] == "train")]
+    indices = sorted(rows["index"].unique())[:MAX_PANELS]
+    fig, axes = plt.subplots(1, len(indices), figsize=(5.2 * len(indices), 4.6), squeeze=False)
+    for ax, index in zip(axes[0], indices, strict=True):
+        frame = rows[rows["index"] == index]
+        shown = _subsample(frame, seed=int(index))
+        points, clabel = _panel(ax, shown, regression)
+        note = (
+            f" ({len(shown):,} of {len(frame):,})"
+            if len(shown) < len(frame)
+            else f" ({len(frame):,} samples)"
+        )
+        ax.set_title(f"index {index}{note}", fontsize=9)
+        fig.colorbar(points, ax=ax, label=clabel)
+    n_epochs = len(rows["epochs"].iloc[0]) if len(rows) else 0
+    kind = "data map, regression analogue" if regression else "data map"
+    fig.suptitle(f"{title}: {kind} over {n_epochs} checkpoints")
+    fig.tight_layout()
+    return fig
+
+
+def corrupted_share_by_region(dossier: pd.DataFrame) -> pd.DataFrame:
+    """Share of corrupted samples among the hard-to-learn (confidence < 0.5) and the other
+    training samples of each index: what the data map shows of the ground truth, as numbers."""
+    rows = dossier[(dossier["role"] == "train") & (dossier["split"] == "train")]
+    if "is_corrupted" not in rows or "confidence" not in rows:
+        return pd.DataFrame(columns=["index", "region", "n", "corrupted"])
+    region = np.where(rows["confidence"] < 0.5, "hard (confidence < 0.5)", "easy or ambiguous")
+    grouped = rows.assign(region=region).groupby(["index", "region"])["is_corrupted"]
+    return grouped.agg(n="size", corrupted="mean").reset_index()

@@ -1,0 +1,90 @@
+"""Who each row of the dossier is: position, id, split, label or target, label name, group, text,
+and the ground truth (corrupted or not), read from the run's ``dataset.h5`` without its images
+(a table job stays light) and its ``corrupted_indices.npy``.
+
+A training row's ``split`` is ``train`` or ``holdout`` (held out of training, kept for evaluation),
+a query's ``test``; ``id`` is ``{train|test}:{position in that split}`` (a query's, that of the test
+sample it is). A column the data has nothing for is absent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+
+from epochlens.data.labels import read_labels
+from epochlens.errors import DataError
+from epochlens.samples.thumbnails import thumbnail_name
+
+
+def stored_strings(path: str | Path, key: str) -> list[str] | None:
+    try:
+        with h5py.File(path, "r") as f:
+            if key not in f:
+                return None
+            return [s.decode() if isinstance(s, bytes) else str(s) for s in f[key][()]]
+    except OSError as exc:
+        raise DataError(f"{path}: unreadable ({exc}). Delete it and rerun the prepare_data rule.") from exc
+
+
+def class_names(path: str | Path) -> list[str] | None:
+    """The data set's class names (None for a regression or a sequence model's data)."""
+    with h5py.File(path, "r") as f:
+        names = f.attrs.get("class_names")
+        kind = str(f.attrs.get("kind", "classification"))
+    return json.loads(names) if names is not None and kind == "classification" else None
+
+
+def label_columns(labels: np.ndarray, names: list[str] | None) -> dict[str, object]:
+    """``label`` (int64) and ``label_name`` of a classifier's labels; ``target`` (float64, or a
+    list per sample of a multi-value target) of a regression's; nothing of token labels (N, L)."""
+    labels = np.asarray(labels)
+    if np.issubdtype(labels.dtype, np.floating):
+        flat = labels.astype(np.float64)
+        return {"target": flat if flat.ndim == 1 else list(flat.reshape(len(flat), -1))}
+    if labels.ndim != 1:  # a causal LM's or text-to-text model's tokens: no label
+        return {}
+    out: dict[str, object] = {"label": labels.astype(np.int64)}
+    if names is not None:
+        out["label_name"] = np.asarray(names, dtype=object)[labels]
+    return out
+
+
+def identity_frame(
+    dataset: str | Path,
+    split: str,
+    positions: np.ndarray,
+    corrupted: np.ndarray | None,
+    thumbnails: str | None = None,
+) -> pd.DataFrame:
+    """Identity columns of the samples at ``positions`` of ``split`` (``train`` or ``test``).
+
+    ``corrupted``: the corrupted training positions (None: no ground truth known, no column).
+    ``thumbnails``: the thumbnails' split name (train, test, test_trigger) of an image run, whose
+    ``image`` column names them (:mod:`epochlens.samples.thumbnails`); None: no column.
+    """
+    stored = read_labels(dataset, split)
+    positions = np.asarray(positions, np.int64)
+    frame = pd.DataFrame({"position": positions, "id": [f"{split}:{p}" for p in positions]})
+    if split == "train":
+        holdout = stored.holdout if stored.holdout is not None else np.zeros(len(stored.labels), bool)
+        frame["split"] = np.where(holdout[positions], "holdout", "train")
+    else:
+        frame["split"] = "test"
+    for key, values in label_columns(stored.labels[positions], class_names(dataset)).items():
+        frame[key] = values
+    groups = stored.group_of_each()
+    if groups is not None:
+        frame["group"] = groups[positions]
+    texts = stored_strings(dataset, f"{split}/text")
+    if texts is not None:
+        frame["text"] = np.asarray(texts, dtype=object)[positions]
+    if thumbnails is not None:
+        frame["image"] = [thumbnail_name(thumbnails, p) for p in positions]
+    if corrupted is not None:
+        frame["is_corrupted"] = np.isin(positions, corrupted) if split == "train" else False
+    return frame

@@ -1,0 +1,126 @@
+"""Influence per method from a checkpoint's ``scores.npz`` (:mod:`epochlens.influence.study_scores`):
+each training sample's self-influence and its rank, its reduced influence on the queries (the
+suspicion signal of ``tables/poison_detection.csv``), its top-k proponents and opponents among the
+queries; each query's top-k training samples either way.
+
+``pairwise_none`` (Q, N) holds g_qᵀ P g_n: positive where training sample n lowers query q's loss
+(a proponent), negative where it raises it (an opponent). Holdout samples (not trained on) are NaN
+and never a neighbour. ``query_influence`` is :func:`epochlens.study.poison.reduce_query_influence`
+of the run's ``queries.reduce``, signed by the queries' ``query_sign``: higher = more suspect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from epochlens.errors import InfluenceError
+from epochlens.study.poison import reduce_query_influence
+
+#: Neighbours kept per sample and direction.
+NEIGHBOURS = 10
+
+
+def read_scores(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays of one ``scores.npz``; an unreadable file names itself and the fix."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (OSError, ValueError) as exc:
+        raise InfluenceError(
+            f"{path}: not a readable influence scores file ({exc}). Delete it and rerun its job."
+        ) from exc
+
+
+#: Rows longer than this are partitioned one by one instead of sorted all at once.
+LONG_ROWS = 1024
+
+
+def _first_k(key: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the k smallest keys of one row, in stable order (ties: lower position
+    first), as a stable argsort's first k, from a partition of the row."""
+    kth = np.partition(key, k - 1)[k - 1]
+    candidates = np.flatnonzero(key <= kth)  # the k smallest and any ties with the k-th
+    return candidates[np.argsort(key[candidates], kind="stable")][:k]
+
+
+def top_k(scores: np.ndarray, k: int, largest: bool = True) -> tuple[pa.ListArray, pa.ListArray]:
+    """Per row of ``scores`` (R, C): the columns of the k largest (or smallest) finite scores, in
+    order (ties: lower column first), and those scores, as list arrays of R lists (shorter where a
+    row has fewer finite scores)."""
+    scores = np.asarray(scores, np.float64)
+    k = min(k, scores.shape[1])
+    key = np.where(np.isfinite(scores), -scores if largest else scores, np.inf)
+    if scores.shape[1] <= LONG_ROWS or k == 0:  # one sort of every row at once
+        order = np.argsort(key, axis=1, kind="stable")[:, :k]
+    else:  # long rows (a query's scores of every training sample): partitioned
+        order = np.stack([_first_k(row, k) for row in key]).reshape(len(key), k)
+    picked = np.take_along_axis(scores, order, axis=1)
+    keep = np.isfinite(picked)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int32))
+    cols = pa.ListArray.from_arrays(offsets, pa.array(order[keep].astype(np.int64)))
+    return cols, pa.ListArray.from_arrays(offsets, pa.array(picked[keep]))
+
+
+def rank_descending(values: np.ndarray) -> pd.array:
+    """1 for the highest finite value, 2 for the next, ...; missing (NA) where not finite."""
+    values = np.asarray(values, np.float64)
+    ranks = pd.Series(values).rank(ascending=False, method="first")
+    return pd.array(ranks.to_numpy(), dtype="Int64")
+
+
+def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: int = NEIGHBOURS) -> dict:
+    """The training rows' columns of one method (each of length N), named ``*_{method}``."""
+    self_scores = np.asarray(arrays["self_influence"], np.float64)
+    cols = {
+        f"self_influence_{method}": self_scores,
+        f"self_influence_rank_{method}": rank_descending(self_scores),
+    }
+    pairwise = arrays.get("pairwise_none")
+    if pairwise is None or pairwise.shape[0] == 0:  # no queries: no query influence, no neighbours
+        return cols
+    cols[f"query_influence_{method}"] = reduce_query_influence(pairwise, float(arrays["query_sign"]), reduce)
+    for name, largest in (("proponents", True), ("opponents", False)):
+        positions, scores = top_k(pairwise.T, k, largest)
+        cols[f"{name}_{method}"] = positions
+        cols[f"{name[:-1]}_scores_{method}"] = scores
+    return cols
+
+
+def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -> dict[str, np.ndarray]:
+    """The query influence of one method under each query transform but ``none`` (the detection
+    table's ``query_influence_{transform}`` signals), keyed ``{method}_query_influence_{transform}``:
+    detectors of the dossier, not columns of their own."""
+    sign = float(arrays.get("query_sign", 1.0))
+    return {
+        f"{method}_query_influence_{key.removeprefix('pairwise_')}": reduce_query_influence(
+            arrays[key], sign, reduce
+        )
+        for key in arrays
+        if key.startswith("pairwise_") and key != "pairwise_none" and arrays[key].shape[0] > 0
+    }
+
+
+def query_columns(method: str, arrays: dict[str, np.ndarray], k: int = NEIGHBOURS) -> dict:
+    """The query rows' columns of one method (each of length Q): top and bottom training samples."""
+    pairwise = arrays.get("pairwise_none")
+    if pairwise is None or pairwise.shape[0] == 0:
+        return {}
+    cols = {}
+    for name, largest in (("top_train", True), ("bottom_train", False)):
+        positions, scores = top_k(pairwise, k, largest)
+        cols[f"{name}_{method}"] = positions
+        cols[f"{name}_scores_{method}"] = scores
+    return cols
+
+
+def check_scores(path: str | Path, arrays: dict[str, np.ndarray], n_train: int) -> None:
+    """Scores of another data set than the run's are refused, naming the file."""
+    if len(arrays.get("self_influence", ())) != n_train:
+        raise InfluenceError(
+            f"{path}: self_influence of {len(arrays.get('self_influence', ()))} samples for a data set of "
+            f"{n_train} training samples: the scores are of other data. Rerun its influence_scores job."
+        )

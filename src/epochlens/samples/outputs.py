@@ -1,0 +1,195 @@
+"""What one checkpoint predicts for every sample: the per-checkpoint series of the dossier that
+no other stage caches.
+
+For a classifier (images or text) over the classes active at the checkpoint (logits restricted
+to them, as every stage does), per sample x with label y and logits z:
+
+    loss(x)    = cross-entropy of the restricted logits       (nats)
+    p_label(x) = softmax(z)_y                                  probability of the label
+    margin(x)  = z_y − max_{c≠y} z_c                           AUM's margin (Pleiss et al. 2020)
+    correct(x) = argmax z == y
+
+Samples whose class is not active are NaN (``correct`` False). With a single active class the
+margin is NaN (there is no other class). A regression gives ``loss`` (the run's squared error) and
+``abs_error`` (mean |prediction − target| over the sample's values); a causal LM's or a
+text-to-text model's ``loss`` (mean NLL of the target tokens) and ``correct`` (exact match), as
+the evaluation stage measures them (:func:`epochlens.outcome.sequence_outcome`). Every array is
+(N,) in the order of the split; an index's file (``index-{i}/sample_outputs.npz``) stacks its
+checkpoints, (m, N).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from epochlens.atomic import write_atomic
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from epochlens.job import CheckpointJob
+
+#: Series of a classifier, a regression and a sequence model (the keys of :func:`split_outputs`).
+CLASSIFIER_KEYS = ("loss", "p_label", "margin", "correct", "predicted")
+REGRESSION_KEYS = ("loss", "abs_error")
+SEQUENCE_KEYS = ("loss", "correct")
+SPLITS = ("train", "test")
+
+
+def classifier_outcome(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """loss, p_label, margin, correct and predicted (a position in the logits) of logits (B, C)
+    for targets (B,) (positions in the logits), float64."""
+    import torch
+
+    z = logits.double()
+    logp = torch.log_softmax(z, dim=1)
+    picked = z.gather(1, targets[:, None])[:, 0]
+    others = z.scatter(1, targets[:, None], float("-inf"))
+    margin = picked - others.max(1).values if z.shape[1] > 1 else torch.full_like(picked, float("nan"))
+    predicted = z.argmax(1)
+    return {
+        "loss": -logp.gather(1, targets[:, None])[:, 0],
+        "p_label": logp.gather(1, targets[:, None])[:, 0].exp(),
+        "margin": margin,
+        "correct": predicted == targets,
+        "predicted": predicted,
+    }
+
+
+def _batches(inputs, n: int, batch_size: int, device):
+    from epochlens.batches import to_device
+
+    for start in range(0, n, batch_size):
+        rows = slice(start, start + batch_size)
+        if isinstance(inputs, Mapping):
+            yield rows, to_device({k: v[rows] for k, v in inputs.items()}, device)
+        else:
+            yield rows, inputs[rows].to(device)
+
+
+def classifier_outputs(
+    model: nn.Module, inputs, labels: np.ndarray, active: np.ndarray, batch_size: int, device
+) -> dict[str, np.ndarray]:
+    """:func:`classifier_outcome` of every sample (N,) whose label is active; NaN (False, -1)
+    for the others. ``predicted`` is a class id."""
+    import torch
+
+    from epochlens.models.networks import positions_in, restrict_logits
+    from epochlens.tasks import call_model
+
+    n = len(labels)
+    out = {key: np.full(n, np.nan) for key in ("loss", "p_label", "margin")}
+    out["correct"], out["predicted"] = np.zeros(n, bool), np.full(n, -1, np.int64)
+    idx = np.flatnonzero(np.isin(labels, active))
+    if len(idx) == 0:
+        return out
+    targets = torch.as_tensor(positions_in(labels[idx], active))
+    picked = {k: v[idx] for k, v in inputs.items()} if isinstance(inputs, Mapping) else inputs[idx]
+    model.eval().to(device)
+    parts = []
+    with torch.no_grad():
+        for rows, xb in _batches(picked, len(idx), batch_size, device):
+            logits = restrict_logits(call_model(model, xb), active)
+            parts.append(
+                {k: v.cpu() for k, v in classifier_outcome(logits, targets[rows].to(device)).items()}
+            )
+    for key in CLASSIFIER_KEYS:
+        out[key][idx] = torch.cat([p[key] for p in parts]).numpy()
+    out["predicted"][idx] = np.asarray(active)[out["predicted"][idx]]
+    return out
+
+
+def sequence_outputs(model: nn.Module, inputs, labels: np.ndarray, batch_size: int, device) -> dict:
+    """A causal LM's or text-to-text model's loss (mean NLL of the target tokens) and exact match
+    of every sample, :func:`epochlens.outcome.sequence_outcome` of its token labels (N, L)."""
+    import torch
+
+    from epochlens.outcome import sequence_outcome, shifts
+    from epochlens.tasks import call_model
+
+    model.eval().to(device)
+    targets, parts = torch.as_tensor(np.asarray(labels)), []
+    with torch.no_grad():
+        for rows, xb in _batches(inputs, len(targets), batch_size, device):
+            hit, loss = sequence_outcome(call_model(model, xb), targets[rows].to(device), shift=shifts(xb))
+            parts.append((loss.double().cpu(), hit.cpu()))
+    if not parts:
+        return {"loss": np.zeros(0), "correct": np.zeros(0, bool)}
+    return {
+        "loss": torch.cat([p[0] for p in parts]).numpy(),
+        "correct": torch.cat([p[1] for p in parts]).numpy().astype(bool),
+    }
+
+
+def split_outputs(
+    job: CheckpointJob, split: str, batch_size: int, reduction: str = "mean"
+) -> dict[str, np.ndarray]:
+    """The series of every sample of ``split`` (train: every training sample, the holdout too)
+    at the job's checkpoint: :data:`CLASSIFIER_KEYS`, :data:`REGRESSION_KEYS` or
+    :data:`SEQUENCE_KEYS` by the run's data."""
+    from epochlens.data.text import TextDataset
+
+    data, labels = job.data, job.data.labels(split)
+    if isinstance(data, TextDataset) and data.token_labels:
+        return sequence_outputs(job.model, data.inputs(split), labels, batch_size, job.device)
+    inputs = data.inputs(split) if isinstance(data, TextDataset) else data.normalized(split)
+    if getattr(data, "is_regression", False):
+        from epochlens.outcome import predict_regression
+
+        pred, loss = predict_regression(job.model, inputs, labels, reduction, batch_size, job.device)
+        error = np.abs(pred - np.asarray(labels, np.float64).reshape(len(labels), -1)).mean(1)
+        return {"loss": loss, "abs_error": error}
+    assert job.active is not None, "a classifier's outputs need its class schedule"
+    return classifier_outputs(job.model, inputs, np.asarray(labels), job.active, batch_size, job.device)
+
+
+def checkpoint_outputs(
+    job: CheckpointJob, batch_size: int, reduction: str = "mean", trigger: Mapping | None = None
+) -> dict[str, np.ndarray]:
+    """Both splits' series at the job's checkpoint, keyed ``{split}_{series}`` (``train_loss``,
+    ``test_p_label``, ...), and ``epoch``. ``trigger``: a backdoor's
+    ``data.corruption`` (kind trigger), whose queries are the test samples with the trigger: their
+    series too, as ``test_trigger_{series}``."""
+    arrays: dict[str, np.ndarray] = {"epoch": np.int64(job.epoch)}
+    for split in SPLITS:
+        for key, values in split_outputs(job, split, batch_size, reduction).items():
+            arrays[f"{split}_{key}"] = values
+    if trigger is not None and trigger.get("kind") == "trigger":
+        for key, values in split_outputs(triggered(job, trigger), "test", batch_size, reduction).items():
+            arrays[f"test_trigger_{key}"] = values
+    return arrays
+
+
+def triggered(job: CheckpointJob, trigger: Mapping) -> CheckpointJob:
+    """The job with the backdoor's trigger on its test split, as the influence queries have it
+    (:func:`epochlens.study.queries.select_queries`)."""
+    import dataclasses
+
+    from epochlens.study.queries import _stamped  # the queries' own stamping, not a copy
+
+    stamped = dataclasses.replace(job, data=_stamped(job.data, trigger))
+    stamped.__dict__["model"] = job.model  # the same model (a cached property), not loaded again
+    return stamped
+
+
+def stack_outputs(per_epoch: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Checkpoints' outputs (:func:`checkpoint_outputs`, in epoch order) as one run's file:
+    ``epochs`` (m,) and every series (m, N)."""
+    keys = [k for k in per_epoch[0] if k != "epoch"]
+    arrays = {"epochs": np.asarray([int(e["epoch"]) for e in per_epoch], np.int64)}
+    arrays.update({key: np.stack([e[key] for e in per_epoch]) for key in keys})
+    return arrays
+
+
+def write_outputs(path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write an index's outputs (:func:`stack_outputs`) atomically (``sample_outputs.npz``)."""
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    write_atomic(path, write)
