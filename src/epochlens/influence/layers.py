@@ -125,34 +125,7 @@ def select_layers(
             "least one."
         )
     for pattern in include:
-        matched = [n for n in named if fnmatch.fnmatchcase(n, pattern)]
-        unsupported = [n for n in matched if n not in candidates]
-        explicit = not _has_wildcard(pattern) and pattern in named and pattern not in candidates
-        if explicit or (matched and not any(n in candidates for n in matched)):
-            types = sorted(
-                {
-                    "out_proj of nn.MultiheadAttention (applied with F.linear, never called)"
-                    if n in inert
-                    else type(named[n]).__name__
-                    for n in unsupported
-                }
-            )
-            children = [n for n in candidates if n.startswith(f"{unsupported[0]}.")] if unsupported else []
-            hint = (
-                f" Its trackable submodules are {_short(children)}: select them with '{unsupported[0]}.*'."
-                if children
-                else ""
-            )
-            raise LayerSelectionError(
-                f"layer pattern {pattern!r} names {_short(unsupported)} of type {'; '.join(types)}, which "
-                f"influence cannot track; the supported types are {SUPPORTED}.{hint} Fix influence "
-                "layers in the config."
-            )
-        if not matched:
-            raise LayerSelectionError(
-                f"layer pattern {pattern!r} matches no Linear/Conv2d module (nor Conv1D); trackable "
-                f"modules are {_short(list(candidates))}. Fix influence layers in the config."
-            )
+        _check_pattern(pattern, named, candidates, inert)
     groups: dict[int, list[str]] = {}
     for name, module in candidates.items():
         groups.setdefault(id(module.weight), []).append(name)
@@ -181,34 +154,8 @@ def select_layers(
             continue
         info = _describe(name, module)
         if len(members) > 1:
-            others = [candidates[n] for n in members[1:]]
-            for other_name, other in zip(members[1:], others, strict=True):
-                described = _describe(other_name, other)
-                same_bias = getattr(other, "bias", None) is getattr(module, "bias", None)
-                if (described.kind, described.out_dim, described.in_features) != (
-                    info.kind,
-                    info.out_dim,
-                    info.in_features,
-                ) or not same_bias:
-                    raise LayerSelectionError(
-                        f"layers {name!r} and {other_name!r} share a weight but not their bias (or their "
-                        "shape); influence treats tied modules as one layer, which needs both tied. "
-                        "Exclude one of them with influence exclude_layers."
-                    )
-            info.aliases = tuple(members[1:])
-            info.extra_modules = tuple(others)
-        untracked = sorted(
-            {
-                n
-                for p in (module.weight, getattr(module, "bias", None))
-                if p is not None
-                for n in owners.get(id(p), [])
-                if n not in members
-            }
-        )
-        if untracked:
-            kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in untracked)
-            info.note = f"weight shared with {kinds}, not tracked: the gradient through it is not included"
+            _tie(info, name, module, members, candidates)
+        info.note = _untracked_note(module, members, owners, named)
         chosen[name] = info
     if not chosen:
         raise LayerSelectionError(
@@ -216,6 +163,80 @@ def select_layers(
             f"of {_short(list(candidates))}; widen it."
         )
     return chosen
+
+
+def _check_pattern(
+    pattern: str, named: dict[str, nn.Module], candidates: dict[str, nn.Module], inert: set
+) -> None:
+    """Refuse an include pattern that matches no trackable module, or names modules that cannot be
+    tracked (pointing at their trackable submodules where there are some)."""
+    matched = [n for n in named if fnmatch.fnmatchcase(n, pattern)]
+    unsupported = [n for n in matched if n not in candidates]
+    explicit = not _has_wildcard(pattern) and pattern in named and pattern not in candidates
+    if explicit or (matched and not any(n in candidates for n in matched)):
+        types = sorted(
+            {
+                "out_proj of nn.MultiheadAttention (applied with F.linear, never called)"
+                if n in inert
+                else type(named[n]).__name__
+                for n in unsupported
+            }
+        )
+        children = [n for n in candidates if n.startswith(f"{unsupported[0]}.")] if unsupported else []
+        hint = (
+            f" Its trackable submodules are {_short(children)}: select them with '{unsupported[0]}.*'."
+            if children
+            else ""
+        )
+        raise LayerSelectionError(
+            f"layer pattern {pattern!r} names {_short(unsupported)} of type {'; '.join(types)}, which "
+            f"influence cannot track; the supported types are {SUPPORTED}.{hint} Fix influence "
+            "layers in the config."
+        )
+    if not matched:
+        raise LayerSelectionError(
+            f"layer pattern {pattern!r} matches no Linear/Conv2d module (nor Conv1D); trackable "
+            f"modules are {_short(list(candidates))}. Fix influence layers in the config."
+        )
+
+
+def _tie(info: LayerInfo, name: str, module: nn.Module, members: list[str], candidates: dict) -> None:
+    """Make the modules sharing ``module``'s weight aliases of its layer; they must share its bias
+    and shape too."""
+    others = [candidates[n] for n in members[1:]]
+    for other_name, other in zip(members[1:], others, strict=True):
+        described = _describe(other_name, other)
+        same_bias = getattr(other, "bias", None) is getattr(module, "bias", None)
+        if (described.kind, described.out_dim, described.in_features) != (
+            info.kind,
+            info.out_dim,
+            info.in_features,
+        ) or not same_bias:
+            raise LayerSelectionError(
+                f"layers {name!r} and {other_name!r} share a weight but not their bias (or their "
+                "shape); influence treats tied modules as one layer, which needs both tied. "
+                "Exclude one of them with influence exclude_layers."
+            )
+    info.aliases = tuple(members[1:])
+    info.extra_modules = tuple(others)
+
+
+def _untracked_note(module: nn.Module, members: list[str], owners: dict, named: dict) -> str:
+    """What a layer's note says of other modules that hold its weight or bias without being tracked
+    ("" when none does)."""
+    untracked = sorted(
+        {
+            n
+            for p in (module.weight, getattr(module, "bias", None))
+            if p is not None
+            for n in owners.get(id(p), [])
+            if n not in members
+        }
+    )
+    if not untracked:
+        return ""
+    kinds = ", ".join(f"{n} ({type(named[n]).__name__})" for n in untracked)
+    return f"weight shared with {kinds}, not tracked: the gradient through it is not included"
 
 
 def _describe(name: str, module: nn.Module) -> LayerInfo:
