@@ -237,7 +237,7 @@ def train_incremental(
         if resume_dir is None
         else ResumeDir(resume_dir, resume_key(model, data, schedule, settings, save_every))
     )
-    run = _Run(model, optimizer, generator, checkpoint_path, resume)
+    run = _Run(model, optimizer, generator, checkpoint_path, resume, ept)
     first = run.begin(schedule, start, log_path)
     bar = progress_bar(
         total=last,
@@ -252,32 +252,50 @@ def train_incremental(
         task, epoch_in_task = divmod(epoch - 1, ept)
         if rows is None or rows[0] != task:
             rows = (task, *_task_rows(data, schedule, task, device))
-        _, active, train_idx, val_idx, targets = rows
-        if epoch_in_task == 0:
-            run.best_acc, run.best_state = -1.0, None
-        lr = settings.lr * settings.lr_decay ** sum(epoch_in_task >= m for m in milestones)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        n, total_loss, total_correct = _train_epoch(run, x_all, targets, train_idx, active, settings, device)
-        val_acc = run.holdout_accuracy(x_all, targets, val_idx, active, settings.early_stopping, device)
-        if epoch_in_task == ept - 1 and settings.early_stopping and run.best_state is not None:
-            model.load_state_dict(run.best_state)
-        run.train_log.append(
-            dict(
-                epoch=epoch,
-                task=task,
-                num_active=len(active),
-                lr=lr,
-                train_loss=total_loss / max(n, 1),
-                train_accuracy=total_correct / max(n, 1),
-                holdout_accuracy=val_acc,
-            )
-        )
+        val_acc = _epoch(run, epoch, epoch_in_task == ept - 1, rows, settings, milestones, x_all, device)
         run.saves(epoch, save_at, resume_every)
         bar.set_postfix(task=task, holdout=f"{val_acc:.3f}", refresh=False)
         bar.update(1)
     bar.close()
     return run.train_log.table()
+
+
+def _epoch(
+    run: _Run,
+    epoch: int,
+    task_end: bool,
+    rows: tuple,
+    settings: TrainSettings,
+    milestones: list[int],
+    x_all: Inputs,
+    device: torch.device,
+) -> float:
+    """One epoch of a task (``rows``: task, active classes, training rows, holdout rows, targets) at
+    its learning rate, its holdout accuracy (with early stopping, the task's best weights restored at
+    its end), logged; the holdout accuracy."""
+    task, active, train_idx, val_idx, targets = rows
+    epoch_in_task = (epoch - 1) % run.epochs_per_task
+    if epoch_in_task == 0:
+        run.best_acc, run.best_state = -1.0, None
+    lr = settings.lr * settings.lr_decay ** sum(epoch_in_task >= m for m in milestones)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    n, total_loss, total_correct = _train_epoch(run, x_all, targets, train_idx, active, settings, device)
+    val_acc = run.holdout_accuracy(x_all, targets, val_idx, active, settings.early_stopping, device)
+    if task_end and settings.early_stopping and run.best_state is not None:
+        run.model.load_state_dict(run.best_state)
+    run.train_log.append(
+        dict(
+            epoch=epoch,
+            task=task,
+            num_active=len(active),
+            lr=lr,
+            train_loss=total_loss / max(n, 1),
+            train_accuracy=total_correct / max(n, 1),
+            holdout_accuracy=val_acc,
+        )
+    )
+    return val_acc
 
 
 def _optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
@@ -346,6 +364,7 @@ class _Run:
     generator: torch.Generator
     checkpoint_path: Callable[[int], Path]
     resume: ResumeDir | None
+    epochs_per_task: int
     kept: dict[int, str] = field(default_factory=dict)  # checkpoint epoch -> file name in the resume folder
     best_acc: float = -1.0
     best_state: dict | None = None

@@ -194,7 +194,6 @@ def per_sample_curvature(
     targets, active = _scored_samples(labels, active_classes, n_samples, regression, lm, seq2seq)
     out = {key: np.full(n_samples, np.nan, dtype=np.float32) for key in RESULT_KEYS[:4]}
     out["correct"] = np.zeros(n_samples, dtype=bool)
-
     net, dtype, device = _evaluation_copy(model, images, device)
     check_finite_images(images, active, sample_indices)
     if len(active) == 0:
@@ -202,32 +201,46 @@ def per_sample_curvature(
     shape = tuple(images.shape[1:])
     chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(shape)))
     active_idx = torch.as_tensor(active_classes, device=device)
-    first = torch.as_tensor(active[:1])
-    _check_outputs(
-        net, images[first].to(device, dtype), active_classes, _token_rows(tokens, first, device), lm,
-        targets[active[:1]] if regression else None,
-    )  # fmt: skip
+    batches = _Batches(images, targets, tokens, regression, dtype, device)
+    x, y, t = batches.at(active[:1])  # the model's outputs checked on one sample
+    _check_outputs(net, x, active_classes, t, lm, targets[active[:1]] if regression else None)
     loss = _Loss(settings, regression, loss_threshold)
-
     bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
         for start in range(0, len(active), settings.batch_size):
             rows = active[start : start + settings.batch_size]
-            x = images[torch.as_tensor(rows)].to(device=device, dtype=dtype)
-            y = torch.as_tensor(targets[rows], device=device)
-            if regression:
-                y = y.to(dtype)
-            t = _token_rows(tokens, torch.as_tensor(rows), device)
+            x, y, t = batches.at(rows)
             signs = _batch_directions(settings, sample_indices[rows], shape, t)
             stats = _batch_statistics(net, x, y, signs.to(device), active_idx, settings, chunks, t, loss)
             stats = stats.cpu().numpy()  # the one device-to-host copy per batch
             check_finite_results(stats, sample_indices[rows])
-            for j, key in enumerate(RESULT_KEYS[:4]):
-                out[key][rows] = stats[:, j]
-            out["correct"][rows] = stats[:, 4] > 0.5
+            _store(out, rows, stats)
             bar.update(len(rows))
     bar.close()
     return out
+
+
+def _store(out: dict[str, np.ndarray], rows: np.ndarray, stats: np.ndarray) -> None:
+    """A batch's statistics (B, 5) into the results at its rows."""
+    for j, key in enumerate(RESULT_KEYS[:4]):
+        out[key][rows] = stats[:, j]
+    out["correct"][rows] = stats[:, 4] > 0.5
+
+
+class _Batches:
+    """A batch's inputs on the device in the model's dtype, its targets (a regression's in that
+    dtype too) and a text model's token rows."""
+
+    def __init__(self, images, targets, tokens, regression: bool, dtype, device) -> None:
+        self.images, self.targets, self.tokens = images, targets, tokens
+        self.regression, self.dtype, self.device = regression, dtype, device
+
+    def at(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, Mapping[str, torch.Tensor] | None]:
+        x = self.images[torch.as_tensor(rows)].to(device=self.device, dtype=self.dtype)
+        y = torch.as_tensor(self.targets[rows], device=self.device)
+        if self.regression:
+            y = y.to(self.dtype)
+        return x, y, _token_rows(self.tokens, torch.as_tensor(rows), self.device)
 
 
 def _scored_samples(
