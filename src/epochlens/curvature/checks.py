@@ -1,6 +1,7 @@
 """What the curvature estimator refuses, naming what to fix: arguments that do not describe the same
 samples or do not fit the task (:func:`check_arguments`), NaN/Inf in the inputs
-(:func:`check_finite_images`) and in the results (:func:`check_finite_results`).
+(:func:`check_finite_images`) and in the results (:func:`check_finite_results`), and a model whose
+outputs do not fit the task (:func:`check_outputs`).
 """
 
 from __future__ import annotations
@@ -88,3 +89,44 @@ def check_finite_results(stats: np.ndarray, sample_indices: np.ndarray) -> None:
 
 def _short(items: list, n: int = 10) -> str:
     return str(list(items[:n])) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def check_outputs(
+    logits: object,
+    active_classes: np.ndarray,
+    tokens: Mapping[str, torch.Tensor] | None = None,
+    lm: bool = False,
+    regression_targets: np.ndarray | None = None,
+) -> None:
+    """Check on one sample's output (``logits``) that the model returns (batch, classes) logits
+    covering the classes, a causal LM (``lm``) (batch, length, vocabulary) logits, or a regression
+    (one sample's ``regression_targets``) as many values as the targets."""
+    if regression_targets is not None:
+        want = int(np.prod(np.shape(regression_targets)[1:]))
+        got = int(np.prod(logits.shape[1:])) if isinstance(logits, torch.Tensor) else None
+        if got != want:
+            raise EpochlensError(
+                f"a regression model must return {want} value(s) per sample, the targets' number, got "
+                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
+                + ": check model.output and the model's head"
+            )
+        return
+    if lm:
+        length = tokens["input_ids" if shifts(tokens) else "labels"].shape[1]
+        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != (1, length) or logits.ndim != 3:
+            raise EpochlensError(
+                f"a causal LM must return logits of shape (batch, {length}, vocabulary), got "
+                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
+            )
+        return
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
+        raise EpochlensError(
+            f"the model must return logits of shape (batch, classes), got {type(logits).__name__}"
+            + (f" {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else "")
+        )
+    if active_classes.max() >= logits.shape[1] or active_classes.min() < 0:
+        raise ConfigError(
+            f"active classes {active_classes.min()}..{active_classes.max()} do not all exist: the "
+            f"model has {logits.shape[1]} outputs. Check the class order and the data set's "
+            "num_classes."
+        )

@@ -89,11 +89,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from epochlens.curvature.checks import check_arguments, check_finite_images, check_finite_results
+from epochlens.curvature.checks import (
+    check_arguments,
+    check_finite_images,
+    check_finite_results,
+    check_outputs,
+)
 from epochlens.curvature.directions import rademacher_directions, token_directions
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.device import device_for_dtype, model_device
-from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.outcome import IGNORE_INDEX, sequence_outcome, shifts, squared_error
@@ -203,7 +207,9 @@ def per_sample_curvature(
     active_idx = torch.as_tensor(active_classes, device=device)
     batches = _Batches(images, targets, tokens, regression, dtype, device)
     x, y, t = batches.at(active[:1])  # the model's outputs checked on one sample
-    _check_outputs(net, x, active_classes, t, lm, targets[active[:1]] if regression else None)
+    with torch.no_grad():
+        logits = _forward(net, x, t)
+    check_outputs(logits, active_classes, t, lm, targets[active[:1]] if regression else None)
     loss = _Loss(settings, regression, loss_threshold)
     bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
@@ -466,47 +472,3 @@ def _forward(net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor]
         return net(**tokens)
     finally:
         handle.remove()
-
-
-def _check_outputs(
-    net: nn.Module,
-    x: torch.Tensor,
-    active_classes: np.ndarray,
-    tokens: Mapping[str, torch.Tensor] | None = None,
-    lm: bool = False,
-    regression_targets: np.ndarray | None = None,
-) -> None:
-    """Check on one sample that the model returns (batch, classes) logits covering the classes, a
-    causal LM (``lm``) (batch, length, vocabulary) logits, or a regression (one sample's
-    ``regression_targets``) as many values as the targets."""
-    with torch.no_grad():
-        logits = _forward(net, x, tokens)
-    if regression_targets is not None:
-        want = int(np.prod(np.shape(regression_targets)[1:]))
-        got = int(np.prod(logits.shape[1:])) if isinstance(logits, torch.Tensor) else None
-        if got != want:
-            raise EpochlensError(
-                f"a regression model must return {want} value(s) per sample, the targets' number, got "
-                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
-                + ": check model.output and the model's head"
-            )
-        return
-    if lm:
-        length = tokens["input_ids" if shifts(tokens) else "labels"].shape[1]
-        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != (1, length) or logits.ndim != 3:
-            raise EpochlensError(
-                f"a causal LM must return logits of shape (batch, {length}, vocabulary), got "
-                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
-            )
-        return
-    if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
-        raise EpochlensError(
-            f"the model must return logits of shape (batch, classes), got {type(logits).__name__}"
-            + (f" {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else "")
-        )
-    if active_classes.max() >= logits.shape[1] or active_classes.min() < 0:
-        raise ConfigError(
-            f"active classes {active_classes.min()}..{active_classes.max()} do not all exist: the "
-            f"model has {logits.shape[1]} outputs. Check the class order and the data set's "
-            "num_classes."
-        )
