@@ -196,33 +196,38 @@ def per_sample_curvature(
         images, labels, sample_indices, active_classes, settings, tokens
     )
     targets, active = _scored_samples(labels, active_classes, n_samples, regression, lm, seq2seq)
-    out = {key: np.full(n_samples, np.nan, dtype=np.float32) for key in RESULT_KEYS[:4]}
-    out["correct"] = np.zeros(n_samples, dtype=bool)
+    out = _empty_results(n_samples)
     net, dtype, device = _evaluation_copy(model, images, device)
     check_finite_images(images, active, sample_indices)
     if len(active) == 0:
         return out
-    shape = tuple(images.shape[1:])
-    chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(shape)))
-    active_idx = torch.as_tensor(active_classes, device=device)
     batches = _Batches(images, targets, tokens, regression, dtype, device)
+    chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(batches.shape)))
+    active_idx = torch.as_tensor(active_classes, device=device)
     x, y, t = batches.at(active[:1])  # the model's outputs checked on one sample
-    with torch.no_grad():
-        logits = _forward(net, x, t)
-    check_outputs(logits, active_classes, t, lm, targets[active[:1]] if regression else None)
+    check_outputs(
+        _no_grad_forward(net, x, t), active_classes, t, lm, targets[active[:1]] if regression else None
+    )
     loss = _Loss(settings, regression, loss_threshold)
     bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
         for start in range(0, len(active), settings.batch_size):
             rows = active[start : start + settings.batch_size]
             x, y, t = batches.at(rows)
-            signs = _batch_directions(settings, sample_indices[rows], shape, t)
+            signs = _batch_directions(settings, sample_indices[rows], batches.shape, t)
             stats = _batch_statistics(net, x, y, signs.to(device), active_idx, settings, chunks, t, loss)
             stats = stats.cpu().numpy()  # the one device-to-host copy per batch
             check_finite_results(stats, sample_indices[rows])
             _store(out, rows, stats)
             bar.update(len(rows))
     bar.close()
+    return out
+
+
+def _empty_results(n_samples: int) -> dict[str, np.ndarray]:
+    """NaN results (``correct`` False) for every sample: what a sample not computed keeps."""
+    out = {key: np.full(n_samples, np.nan, dtype=np.float32) for key in RESULT_KEYS[:4]}
+    out["correct"] = np.zeros(n_samples, dtype=bool)
     return out
 
 
@@ -239,6 +244,7 @@ class _Batches:
 
     def __init__(self, images, targets, tokens, regression: bool, dtype, device) -> None:
         self.images, self.targets, self.tokens = images, targets, tokens
+        self.shape = tuple(images.shape[1:])  # one sample's
         self.regression, self.dtype, self.device = regression, dtype, device
 
     def at(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, Mapping[str, torch.Tensor] | None]:
@@ -458,6 +464,13 @@ def _token_rows(
     if tokens is None:
         return None
     return {k: torch.as_tensor(v)[rows].to(device) for k, v in tokens.items()}
+
+
+@torch.no_grad()
+def _no_grad_forward(
+    net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor] | None
+) -> torch.Tensor:
+    return _forward(net, x, tokens)
 
 
 def _forward(net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
