@@ -15,7 +15,7 @@ Modules, one concept each:
 * :mod:`.damping`       relative damping, refusal of zero/underflowing damping, the ladder;
 * :mod:`.precondition`  damped inverses per layer and the diagnostics table;
 * :mod:`.scores`        pairwise (Q, N) and self (N,) influence;
-* :mod:`.tracin`        TracIn over checkpoints, and the sum of per-checkpoint scores;
+* :mod:`.tracin`        TracIn over checkpoints; :mod:`.accumulate` sums per-checkpoint scores;
 * :mod:`.io`            factors files with a cache key;
 * :mod:`.study_factors`, :mod:`.study_scores`  one checkpoint of a run for the data-quality
   study: factors and their spectrum; scores with queries, TracIn and metadata.

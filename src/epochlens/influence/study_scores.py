@@ -3,7 +3,7 @@
 
 :func:`checkpoint_scores`: self-influence of every training image and influence on the queries
 (which the study chooses and passes in: :class:`ScoreQueries`, one (Q, N) matrix per query
-transform); for TracIn the sum over checkpoints (:func:`epochlens.influence.tracin.accumulate_tracin`);
+transform); for TracIn the sum over checkpoints (:func:`epochlens.influence.accumulate.accumulate_tracin`);
 holdout images (not trained on) get NaN; and the metadata that says what was computed, how and from what. With
 ``influence.shards`` > 1 the workflow scores contiguous ranges of the training images in separate
 jobs (:func:`score_shard`, :class:`ScoreShard` files) and concatenates them (:func:`merge_scores`):
@@ -25,11 +25,11 @@ import pandas as pd
 
 from epochlens.atomic import write_atomic
 from epochlens.errors import InfluenceError
+from epochlens.influence.accumulate import accumulate_tracin
 from epochlens.influence.io import factor_cache_key, load_factors
 from epochlens.influence.scores import pairwise_influence, self_influence
 from epochlens.influence.settings import InfluenceSettings, influence_settings
 from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples, with_labels
-from epochlens.influence.tracin import accumulate_tracin
 from epochlens.job import CheckpointJob
 from epochlens.provenance import file_sha256, provenance
 

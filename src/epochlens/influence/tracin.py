@@ -1,11 +1,8 @@
 """TracIn (Pruthi et al. 2020): the gradient dot product summed over checkpoints, Σ_k w_k g_q(θ_k)ᵀ g_n(θ_k).
 
-* :func:`tracin_pairwise`, :func:`tracin_self`: the sum over models at several checkpoints (the
-  influence engine of :mod:`epochlens.influence.scores` with method ``identity`` at each);
-* :func:`accumulate_tracin`: the sum of scores computed per checkpoint, where a sample counts only
-  at the checkpoints at which it is finite (class-incremental schedules: a class not yet trained).
-
-Importing this module loads no torch (the study's detection tables use :func:`accumulate_tracin`).
+:func:`tracin_pairwise`, :func:`tracin_self`: the sum over models at several checkpoints (the
+influence engine of :mod:`epochlens.influence.scores` with method ``identity`` at each). Scores
+computed per checkpoint are summed by :func:`epochlens.influence.accumulate.accumulate_tracin`.
 """
 
 from __future__ import annotations
@@ -13,35 +10,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+import torch
+from torch import nn
 
+from epochlens.influence.factors import _report_skipped, resolve_task
+from epochlens.influence.scores import Data, PairwiseScores, SelfScores, pairwise_influence, self_influence
 from epochlens.influence.settings import InfluenceSettings
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
-    from epochlens.influence.scores import Data, PairwiseScores, SelfScores
-    from epochlens.tasks import Task
-
-
-def accumulate_tracin(parts: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
-    """Σ_k w_k parts[k] where each entry counts only at the checkpoints where it is finite.
-
-    In a class-incremental run an image (or a query's label) is not trained before its class is
-    added: its score at those checkpoints is NaN and contributes nothing, as in TracIn's sum over
-    the steps that trained on it. Entries NaN at every checkpoint stay NaN.
-    """
-    if not parts:
-        raise ValueError("TracIn needs at least one checkpoint")
-    weights = [1.0] * len(parts) if weights is None else list(weights)
-    stack = np.stack([np.asarray(p, np.float64) * w for p, w in zip(parts, weights, strict=True)])
-    finite = np.isfinite(stack)
-    total = np.where(finite, stack, 0.0).sum(0)
-    return np.where(finite.any(0), total, np.nan)
+from epochlens.tasks import Task
 
 
 def _per_checkpoint(active_classes, n_models: int) -> list[np.ndarray | None]:
@@ -55,8 +33,6 @@ def _per_checkpoint(active_classes, n_models: int) -> list[np.ndarray | None]:
 
 
 def _per_checkpoint_tasks(task, actives: list) -> list:
-    from epochlens.influence.factors import resolve_task
-
     if task is None:
         return [resolve_task(None, a) for a in actives]
     if isinstance(task, (list, tuple)):
@@ -98,9 +74,6 @@ def tracin_pairwise(
     tasks = _per_checkpoint_tasks(task, _per_checkpoint(active_classes, len(models)))
     settings = replace(settings or InfluenceSettings(), method="identity")
     total, q_sk, n_sk, q_uf, n_uf = None, [], [], [], []
-    from epochlens.influence.factors import _report_skipped
-    from epochlens.influence.scores import PairwiseScores, pairwise_influence
-
     for model, w, t in zip(models, weights, tasks, strict=True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -147,9 +120,6 @@ def tracin_self(
     weights = _check_weights(models, weights)
     tasks = _per_checkpoint_tasks(task, _per_checkpoint(active_classes, len(models)))
     settings = replace(settings or InfluenceSettings(), method="identity")
-    from epochlens.influence.factors import _report_skipped
-    from epochlens.influence.scores import SelfScores, self_influence
-
     total, skipped, underflow, r = None, [], [], None
     for model, w, t in zip(models, weights, tasks, strict=True):
         with warnings.catch_warnings():

@@ -24,7 +24,7 @@ _EXPORTS = {
     "QuerySettings": "settings",
     "QueryTransformSettings": "settings",
     "select_queries": "queries",
-    "accumulate_tracin": "epochlens.influence.tracin",
+    "accumulate_tracin": "epochlens.influence.accumulate",
     "study_signals": "poison",
     "roc_table": "poison",
     "top_ranked": "poison",

@@ -6,7 +6,7 @@ A run trains on a training set of which some images were corrupted on purpose
 holds the steps between the two (torch-free: the detection tables run without it; the queries are
 chosen by :mod:`epochlens.study.queries`):
 
-* :func:`~epochlens.influence.tracin.accumulate_tracin` (defined with the influence engine): TracIn's
+* :func:`~epochlens.influence.accumulate.accumulate_tracin` (defined with the influence engine): TracIn's
   sum over checkpoints where each image counts only at the checkpoints at which its class had been
   trained (class-incremental schedules);
 * :func:`study_signals`: the per-image signals of one method (self-influence, influence on the
@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from epochlens.errors import ConfigError
+from epochlens.influence.accumulate import accumulate_tracin  # noqa: F401 (public here too)
 from epochlens.influence.settings import influence_settings  # noqa: F401 (public here too)
-from epochlens.influence.tracin import accumulate_tracin  # noqa: F401 (public here too)
 from epochlens.study.detection import (
     baseline_signals,
     detection_table,
