@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from epochlens.influence import layers as layer_math
+from epochlens.influence import gradient_math
 from epochlens.influence.gradients import BatchBackprop
 from epochlens.influence.layers import gradient_chunks, held_in_eigenbasis, layer_width, per_sample_gradient
 from epochlens.influence.settings import InfluenceSettings
@@ -152,7 +152,7 @@ def _pair_budget(held: torch.Tensor) -> int:
     a chunk of one sample makes that Q matrix-vector products, memory-bound (ResNet-18's layer4, 20
     queries, one CPU thread: 65 ms per sample at one sample a chunk, 10 ms at twelve)."""
     half = held.numel() * held.element_size() // 2
-    return min(max(half, layer_math.CHUNK_BYTES), 8 * layer_math.CHUNK_BYTES)
+    return min(max(half, gradient_math.CHUNK_BYTES), 8 * gradient_math.CHUNK_BYTES)
 
 
 def _low_rank_block(held: tuple, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ with the default 2 GiB, or one pass with query_gradient_rank 32 (~50 MB, approxi
 gradients are written into buffers allocated once (for the queries that fit, at most Q), chunk by
 chunk as they are preconditioned; besides them a pass holds one batch's forward/backward (the
 network's own tensors, compute dtype) and, layer by layer, chunks of per-sample tensors of at most
-:data:`epochlens.influence.layers.CHUNK_BYTES` each.
+:data:`epochlens.influence.gradient_math.CHUNK_BYTES` each.
 
 Samples with NaN/Inf gradients (or a non-finite solve) get NaN scores and are reported by global
 index; samples whose gradients vanished in the compute dtype (underflow) get NaN and are reported
