@@ -4,7 +4,8 @@ Compares every table and array that both trees hold, and lists the files only on
 
 * ``.npy``, ``.csv``, ``.parquet``: byte for byte (their bytes are their values);
 * ``.npz``: array for array (name, dtype, shape, values bit for bit): the zip container stamps each
-  member with the time it was written;
+  member with the time it was written; a member holding a JSON record is compared as JSON without
+  the keys that record run time and code version (:data:`JSON_VOLATILE_KEYS`);
 * ``.h5``: dataset for dataset (dtype, shape, values bit for bit) and every attribute but the ones
   that record when and how fast a file was written (:data:`H5_TIMING_ATTRS`);
 * ``.pt``: byte for byte, else tensor for tensor (a state_dict or a dict holding tensors).
@@ -23,13 +24,15 @@ Usage::
 
     python benchmarks/compare_results.py BASE/results NEW/results
 
-Exit status 0 when every compared file is equal and both trees hold the same compared files.
+Exit status 0 when every compared file is equal and both trees hold the same compared files
+(``--produced-only``: every file of the new tree is in the base and equal to it).
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -43,6 +46,9 @@ EXCLUDED_SUFFIXES = (".json", ".log", ".tsv")
 FIGURES = (".png", ".pdf", ".svg")
 #: Attributes of an .h5 file that record when it was written and how long it took.
 H5_TIMING_ATTRS = ("created_utc", "compute_seconds")
+#: Keys of the JSON records that some .npz files hold as a string member (a curvature shard's
+#: ``header``, an LDS retraining's ``info``) that record how long a job took and which code ran it.
+JSON_VOLATILE_KEYS = ("compute_time_seconds", "timings", "provenance")
 
 
 def _kind(path: Path) -> str:
@@ -70,7 +76,25 @@ def _npz(a: Path, b: Path) -> list[str]:
     with np.load(a, allow_pickle=False) as x, np.load(b, allow_pickle=False) as y:
         if sorted(x.files) != sorted(y.files):
             return [f"members {sorted(x.files)} != {sorted(y.files)}"]
-        return [f"array {k!r} differs" for k in x.files if not _arrays_equal(x[k], y[k])]
+        return [f"array {k!r} differs" for k in x.files if not _members_equal(x[k], y[k])]
+
+
+def _members_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype.kind == "U" and a.shape == () and b.dtype.kind == "U" and b.shape == ():
+        try:
+            return _stable(json.loads(str(a))) == _stable(json.loads(str(b)))
+        except ValueError:
+            pass  # not JSON: compared as an array
+    return _arrays_equal(a, b)
+
+
+def _stable(record):
+    """A JSON record without the keys that record run time and code version."""
+    if isinstance(record, dict):
+        return {k: _stable(v) for k, v in record.items() if k not in JSON_VOLATILE_KEYS}
+    if isinstance(record, list):
+        return [_stable(v) for v in record]
+    return record
 
 
 def _h5(a: Path, b: Path) -> list[str]:
@@ -138,8 +162,9 @@ def compare_file(kind: str, a: Path, b: Path) -> list[str]:
     return [] if filecmp.cmp(a, b, shallow=False) else ["bytes differ"]
 
 
-def compare_trees(base: Path, new: Path) -> tuple[Counter, list[str], Counter]:
-    """(files compared per kind, problems, files left out per kind)."""
+def compare_trees(base: Path, new: Path, produced_only: bool = False) -> tuple[Counter, list[str], Counter]:
+    """(files compared per kind, problems, files left out per kind). With ``produced_only``, files
+    of the base that the new tree does not hold (yet) are counted apart, not as problems."""
     files = {}
     for root in (base, new):
         for p in root.rglob("*"):
@@ -153,7 +178,10 @@ def compare_trees(base: Path, new: Path) -> tuple[Counter, list[str], Counter]:
             continue
         if len(files[rel]) == 1:
             where = "base" if base in files[rel] else "new"
-            problems.append(f"{rel}: only in {where}")
+            if produced_only and where == "base":
+                excluded[f".{kind} not produced in new"] += 1
+            else:
+                problems.append(f"{rel}: only in {where}")
             continue
         found = compare_file("bytes" if kind == "figure" else kind, base / rel, new / rel)
         if kind == "figure":
@@ -169,11 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("base", type=Path, help="the reference results/ folder")
     parser.add_argument("new", type=Path, help="the results/ folder to check against it")
     parser.add_argument("--show", type=int, default=30, help="differences to print (default 30)")
+    parser.add_argument(
+        "--produced-only",
+        action="store_true",
+        help="compare the files the new tree holds; count the base's others apart (a run not finished)",
+    )
     args = parser.parse_args(argv)
     for folder in (args.base, args.new):
         if not folder.is_dir():
             parser.error(f"{folder} is not a folder: give two results/ folders of the workflow")
-    compared, problems, excluded = compare_trees(args.base, args.new)
+    compared, problems, excluded = compare_trees(args.base, args.new, args.produced_only)
     kinds = ", ".join(f"{n} .{k}" for k, n in sorted(compared.items()))
     print(f"compared: {kinds} ({sum(compared.values())} files)")
     print("left out:", ", ".join(f"{n} {k}" for k, n in sorted(excluded.items())))
