@@ -65,10 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -79,6 +76,8 @@ import _common
 import numpy as np
 import scipy.linalg  # noqa: F401  (its BLAS loaded before threadpool_limits, so limited too)
 import torch
+from _probes_pipeline import REPS, SNAPSHOT_FOLDERS, bench_pipeline
+from _probes_read import FORMATS, bench_decode, bench_read, copy_as, write_snapshot
 from threadpoolctl import threadpool_limits
 
 from epochlens.features import stored_representations as srep
@@ -90,7 +89,6 @@ from epochlens.probes.ridge import fit_ridge_path
 from epochlens.probes.ridge_classes import class_ridge_rows, fit_class_ridge, pm_targets
 from epochlens.probes.settings import ProbeSettings
 
-_BUFFER = bytearray(16 << 20)  # allocated once, outside the timings
 PARTS = ("read", "representations", "probes", "pipeline")
 SIDES = (
     "softmax_shared_batched",
@@ -101,24 +99,6 @@ SIDES = (
     "ridge_one_at_a_time",
     "ridge_float32_one_at_a_time",
 )
-REPS = ("mean", "max", "first", "last", "norms", "flat", "stats", "spectral")
-FORMATS = ("save_to_disk", "npy", "safetensors", "parquet")
-REPO = Path(__file__).resolve().parents[1]
-#: The pipeline part's user representation (``benchreps/pool.py`` in its working directory).
-USER_REP = "benchreps.pool:l2_mean"
-USER_REP_CODE = '''"""The pipeline benchmark's own representation (benchmarks/probes.py --parts pipeline)."""
-
-import torch
-
-
-def l2_mean(act):
-    """(B, T, D) or (B, D) -> (B, D): the mean over tokens, L2-normalised."""
-    return torch.nn.functional.normalize(act.reshape(len(act), -1, act.shape[-1]).mean(1), dim=1)
-'''
-#: The pipeline part's nine representations: the built-ins of token activations and the user's.
-PIPELINE_REPS = (*REPS, USER_REP)
-#: The pipeline part's snapshot folder per layout it can run from.
-SNAPSHOT_FOLDERS = {"save_to_disk": "activations", "parquet": "activations_parquet"}
 
 
 def options() -> argparse.ArgumentParser:
@@ -179,153 +159,6 @@ def shape_defaults(args) -> None:
         args.tokens = 4 if pipeline else 1
     if args.dims is None:
         args.dims = 192 if pipeline else 768
-
-
-def write_snapshot(folder: Path, args, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The synthetic snapshot (module doc); returns each split's labels."""
-    import datasets
-    import pyarrow as pa
-
-    n_train = int(0.8 * args.samples)
-    labels = rng.integers(0, args.classes, args.samples)
-    centres = rng.standard_normal((args.classes, args.tokens * args.dims)).astype(np.float32)
-    tables = {"train": {}, "test": {}}
-    for layer in range(args.layers):
-        signal = 0.05 + 0.3 * np.sin(np.pi * layer / max(args.layers - 1, 1))
-        x = (signal * centres[labels] + rng.standard_normal((args.samples, centres.shape[1]))).astype(
-            np.float16
-        )
-        for split, rows in (("train", slice(0, n_train)), ("test", slice(n_train, None))):
-            values = pa.array(x[rows].ravel())
-            column = pa.FixedSizeListArray.from_arrays(values, args.dims)
-            if args.tokens > 1:
-                column = pa.FixedSizeListArray.from_arrays(column, args.tokens)
-            tables[split][f"layer_{layer}"] = column
-    splits = {s: datasets.Dataset(pa.table(t)) for s, t in tables.items()}
-    datasets.DatasetDict(splits).save_to_disk(str(folder))
-    return {"train": labels[:n_train], "test": labels[n_train:]}
-
-
-def copy_as(folder: Path, fmt: str, dest: Path) -> Path:
-    """The train split of the save_to_disk snapshot ``folder`` in layout ``fmt`` (a layer at a time
-    for npy and safetensors; parquet: the Arrow table written as it is, default compression)."""
-    if fmt == "save_to_disk":
-        return folder
-    split = dest / "train"
-    split.mkdir(parents=True)
-    if fmt == "parquet":
-        import datasets
-        import pyarrow.parquet as pq
-
-        pq.write_table(datasets.load_from_disk(str(folder / "train")).data.table, split / "part-0.parquet")
-        return dest
-    from safetensors.numpy import save_file
-
-    snap = Snapshot(folder)
-    for layer in snap.layers("train"):
-        values = snap.layer("train", layer).rows(0, len(snap.layer("train", layer)))
-        if fmt == "npy":
-            np.save(split / f"{layer}.npy", values)
-        else:
-            save_file({"x": np.ascontiguousarray(values)}, str(split / f"{layer}.safetensors"))
-    return dest
-
-
-def split_files(folder: Path) -> list[Path]:
-    """The train split's files (the plain read's): Arrow, parquet, npy or safetensors."""
-    return sorted(
-        p for p in (folder / "train").iterdir() if p.suffix in (".arrow", ".parquet", ".npy", ".safetensors")
-    )
-
-
-def drop_cache(files: list[Path]) -> None:
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def read_layers(snap: Snapshot, batch: int = 1024) -> int:
-    """Every train layer into memory, a layer at a time, in the features job's batches of rows
-    (``LayerArray.rows``: a view of a layer already read; a bfloat16 safetensors layer widened here)."""
-    done = 0
-    for layer in snap.layers("train"):
-        array = snap.layer("train", layer)
-        for lo in range(0, len(array), batch):
-            done += array.rows(lo, min(lo + batch, len(array))).nbytes
-    return done
-
-
-def plain_read(files: list[Path]) -> int:
-    buffer = memoryview(_BUFFER)
-    done = 0
-    for path in files:
-        with open(path, "rb", buffering=0) as f:
-            while n := f.readinto(buffer):
-                done += n
-    return done
-
-
-def bench_read(folder: Path, fmt: str, repeats: int, device: torch.device) -> dict:
-    """Read throughput against the plain read (module doc). ``epochlens``: a snapshot opened once,
-    so that, as the plain read's buffer, the memory its layers are read into exists before the
-    timings (a job allocates it once per split); ``opened_per_pass``: opened in each pass (its
-    metadata and the buffer's first page faults counted)."""
-    files = split_files(folder)
-    size = sum(p.stat().st_size for p in files)
-    out = {"bytes": size, "files": len(files)}
-    opened = Snapshot(folder, fmt)
-    read_layers(opened)  # sizes its buffer
-    for mode in ("warm", "cold"):
-        prep = (lambda: drop_cache(files)) if mode == "cold" else (lambda: None)
-        sides = {
-            "epochlens": lambda prep=prep: (prep(), read_layers(opened)),
-            "opened_per_pass": lambda prep=prep: (prep(), read_layers(Snapshot(folder, fmt))),
-            "plain": lambda prep=prep: (prep(), plain_read(files)),
-        }
-        times, _, _ = _common.interleaved(sides, repeats, device)
-        out[mode] = {
-            "epochlens_gb_per_s": size / times["epochlens"] / 1e9,
-            "plain_gb_per_s": size / times["plain"] / 1e9,
-            "ratio": times["plain"] / times["epochlens"],
-            "ratio_opened_per_pass": times["plain"] / times["opened_per_pass"],
-        }
-    return out
-
-
-def bench_decode(folder: Path, tmp: Path, args, n_train: int, device: torch.device) -> dict:
-    """What the workflow does with a parquet snapshot (rule activations_decoded): its train split
-    decoded once into ``.npy`` layers (``--decode-threads`` layers at a time; seconds, best of
-    ``--repeats``, and that against one plain read of the parquet files), then the decoded layers'
-    read against their own plain read (:func:`bench_read`), as every representation job reads."""
-    from epochlens.features.stored_decode import decode_parquet
-    from epochlens.features.stored_settings import StoredFeatureSettings
-
-    settings = StoredFeatureSettings(splits=("train",))
-    dest = tmp / "parquet_decoded"
-    best = float("inf")
-    for _ in range(args.repeats):
-        done = decode_parquet(folder, dest, {"train": n_train}, settings, threads=args.decode_threads)
-        best = min(best, done.seconds)
-    files = split_files(folder)
-    plain = min(_timed(lambda: plain_read(files)) for _ in range(args.repeats))
-    out = {
-        "threads": args.decode_threads,
-        "seconds": best,
-        "decoded_gb": done.nbytes / 1e9,
-        "ratio_to_plain_read_of_the_parquet": plain / best,
-        "read_after": bench_read(dest, "npy", args.repeats, device),
-    }
-    shutil.rmtree(dest)
-    return out
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def bench_representations(folder: Path, args, n_train: int) -> dict:
@@ -536,162 +369,6 @@ def projection(args, read: dict, reps: dict, probes: dict) -> dict:
         "not grow with samples, so 50,000 is an upper bound for them)"
     )
     return out
-
-
-def pipeline_config(args, n_train: int) -> dict:
-    """The pipeline part's config (module doc): one run of stored activations, features and probes."""
-    probes = {"kind": args.probe_kind, "seeds": list(range(args.seeds)), "targets": ["class"]}
-    if args.probe_kind == "ridge":
-        probes["ridge_dtype"] = "float32"
-    else:
-        probes["max_epochs"] = args.max_epochs
-        probes["batch_order"] = args.batch_order
-    run = {
-        "data": {
-            "source": "npz",
-            "path": "data/labels.npz",
-            "holdout_per_class": max(1, n_train // (10 * args.classes)),  # a tenth of the train rows
-        },
-        "schedule": "none",
-        "checkpoints": {
-            "source": "activations",
-            "path": f"{SNAPSHOT_FOLDERS[args.snapshot_format]}/step_{{epoch}}",
-            "format": args.snapshot_format,
-        },
-        "features": {
-            "representations": list(PIPELINE_REPS),
-            "project_path": "code",
-            "spectral_k": min(8, args.tokens),  # a (tokens, dims) matrix has rank <= tokens
-        },
-        "probes": probes,
-        **{stage: {"enabled": False} for stage in ("curvature", "ablation", "influence")},
-    }
-    return {"device": "cpu", "runs": {"bench": run}}
-
-
-def write_pipeline_inputs(work: Path, args, labels: dict) -> Path:
-    """Beside the snapshot ``work/activations/step_1``: the run's data (the snapshot rows' labels,
-    a one-pixel input of zeros: the probes read only the labels and the holdout), the user
-    representation ``code/benchreps/pool.py`` and ``config.yaml``; returns the config's path. With
-    ``--snapshot-format parquet`` the snapshot is also written as ``activations_parquet/step_1/
-    {train,test}.parquet`` (each split's Arrow table, pyarrow's defaults), which the run reads."""
-    import datasets
-    import pyarrow.parquet as pq
-    import yaml
-
-    if args.snapshot_format == "parquet":
-        dest = work / SNAPSHOT_FOLDERS["parquet"] / "step_1"
-        dest.mkdir(parents=True)
-        for split, ds in datasets.load_from_disk(str(work / "activations" / "step_1")).items():
-            pq.write_table(ds.data.table, dest / f"{split}.parquet")
-
-    (work / "data").mkdir()
-    np.savez(
-        work / "data" / "labels.npz",
-        x_train=np.zeros((len(labels["train"]), 1), np.uint8),
-        y_train=labels["train"],
-        x_test=np.zeros((len(labels["test"]), 1), np.uint8),
-        y_test=labels["test"],
-    )
-    package = work / "code" / "benchreps"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "pool.py").write_text(USER_REP_CODE)
-    config = work / "config.yaml"
-    config.write_text(yaml.safe_dump(pipeline_config(args, len(labels["train"])), sort_keys=False))
-    return config
-
-
-def run_snakemake(work: Path, config: Path, cores: int) -> tuple[float, str]:
-    """``snakemake --cores N --configfile config --directory work`` from the repository root, this
-    checkout's library first on the jobs' path: (wall seconds, its output). Its output is also kept
-    in ``work/snakemake.log``; a failed run stops the benchmark with the output's tail."""
-    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--directory", str(work)]
-    cmd += ["--configfile", str(config)]
-    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
-    print(f"running {' '.join(cmd)} in {REPO}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=path),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    wall = time.perf_counter() - t0
-    (work / "snakemake.log").write_text(proc.stdout)
-    if proc.returncode != 0:
-        raise SystemExit(f"snakemake failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}")
-    return wall, proc.stdout
-
-
-def job_benchmarks(work: Path, output: str) -> dict:
-    """Per rule: jobs, summed and largest seconds, largest max_rss (MB) of its jobs' ``benchmark:``
-    files (Snakemake's: s, max_rss, ...), each file's rule from the job block that names it in the
-    run's output. Snakemake samples memory from 0.5 s on, so a rule whose every job ended sooner has
-    ``max_rss`` "NA": its ``max_rss_mb`` is None (not measured), never 0."""
-    import pandas as pd
-
-    rules = {}
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
-        rule = re.match(r"(?:local)?rule (\w+):", block)
-        bench = re.search(r"^\s*benchmark: (\S+)", block, re.M)
-        if rule and bench:
-            rules[bench.group(1)] = rule.group(1)
-    out = {}
-    for path, rule in sorted(rules.items()):
-        row = pd.read_csv(work / path, sep="\t").iloc[0]
-        r = out.setdefault(rule, {"jobs": 0, "seconds_sum": 0.0, "seconds_max": 0.0, "max_rss_mb": None})
-        r["jobs"] += 1
-        r["seconds_sum"] += float(row["s"])
-        r["seconds_max"] = max(r["seconds_max"], float(row["s"]))
-        rss = pd.to_numeric(row["max_rss"], errors="coerce")  # "NA" (or "-"): not sampled
-        if pd.notna(rss):
-            r["max_rss_mb"] = max(r["max_rss_mb"] or 0.0, float(rss))
-    return out
-
-
-def probe_rows(work: Path, args) -> dict:
-    """The probes the run wrote: per-seed rows of its per-representation tables and rows of its
-    ``tables/probes.csv`` (one per layer, representation and evaluation set, over ``n_seeds``)
-    against layers x representations x seeds x evaluation sets."""
-    import pandas as pd
-
-    from epochlens.layout import RESULTS
-
-    per_seed = pd.concat(
-        [pd.read_csv(work / RESULTS.stored_probe_table("bench", 0, 1, rep)) for rep in PIPELINE_REPS]
-    )
-    summary = pd.read_csv(work / RESULTS.table("probes", "bench"))
-    evals = sorted(set(summary["eval_split"]))
-    expected = args.layers * len(PIPELINE_REPS) * args.seeds * len(evals)
-    return {
-        "eval_sets": evals,
-        "expected": expected,
-        "per_seed_rows": len(per_seed),
-        "summary_rows": len(summary),
-        "summary_n_seeds_total": int(summary["n_seeds"].sum()),
-        "complete": len(per_seed) == int(summary["n_seeds"].sum()) == expected,
-    }
-
-
-def bench_pipeline(work: Path, args, labels: dict) -> dict:
-    """The whole run through the workflow (module doc, ``pipeline``)."""
-    config = write_pipeline_inputs(work, args, labels)
-    wall, output = run_snakemake(work, config, args.cores)
-    return {
-        "working_directory": str(work),
-        "wall_seconds": wall,
-        "rules": job_benchmarks(work, output),
-        "probe_rows": probe_rows(work, args),
-        "representations": list(PIPELINE_REPS),
-        "probe_kind": args.probe_kind,
-        "batch_order": args.batch_order if args.probe_kind == "softmax" else None,
-        "snapshot_format": args.snapshot_format,
-        "cores": args.cores,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

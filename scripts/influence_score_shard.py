@@ -10,6 +10,7 @@ from _helpers import execution, job_files, run_script
 
 from epochlens.influence.study_scores import score_shard
 from epochlens.job import load_checkpoint_job
+from epochlens.study.score_queries import score_queries
 
 
 def main(snakemake) -> None:
@@ -19,7 +20,7 @@ def main(snakemake) -> None:
         job, wc.method, cfg, execution(snakemake, "influence"),
         factors_path=inp.factors[0] if inp.factors else None,
         tracin_checkpoints=inp.tracin_checkpoints, shard=int(wc.shard), nshards=int(wc.nshards),
-        progress=True,
+        progress=True, queries=score_queries(job, cfg),
     )  # fmt: skip
     shard.save(snakemake.output.shard)
 

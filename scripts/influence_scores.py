@@ -12,6 +12,7 @@ from _helpers import execution, job_files, run_script
 from epochlens.atomic import write_atomic, write_json
 from epochlens.influence.study_scores import ScoreShard, checkpoint_scores, merge_scores
 from epochlens.job import load_checkpoint_job
+from epochlens.study.score_queries import score_queries
 
 
 def main(snakemake) -> None:
@@ -24,7 +25,7 @@ def main(snakemake) -> None:
         result = checkpoint_scores(
             job, wc.method, cfg, execution(snakemake, "influence"),
             factors_path=inp.factors[0] if inp.factors else None,
-            tracin_checkpoints=inp.tracin_checkpoints, progress=True,
+            tracin_checkpoints=inp.tracin_checkpoints, progress=True, queries=score_queries(job, cfg),
         )  # fmt: skip
 
     def write_npz(path):

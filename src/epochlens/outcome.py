@@ -107,7 +107,7 @@ def predict_regression(
     in the model's dtype."""
     import torch
 
-    from epochlens.tasks import call_model
+    from epochlens.tasks.calls import call_model
 
     model.eval().to(device)
     y = torch.as_tensor(np.asarray(targets))

@@ -225,19 +225,8 @@ def train_incremental(
     generator = torch.Generator().manual_seed(settings.seed)
     model.to(device)
     save_at = set(schedule.checkpoint_epochs(save_every))
-    if settings.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    else:
-        optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=settings.lr,
-            momentum=settings.momentum,
-            weight_decay=settings.weight_decay,
-        )
+    optimizer = _optimizer(model, settings)
     x_all = _training_inputs(data, device)
-    labels = data.train_labels
-    token_labels = labels.ndim == 2  # a text-to-text model's decoder labels: one class, 0
-    holdout = data.holdout
     ept = schedule.epochs_per_task
     milestones = sorted({round(f * ept) for f in settings.lr_milestones if 0 < f < 1})
     if start is not None and resume_dir is not None:
@@ -248,53 +237,8 @@ def train_incremental(
         if resume_dir is None
         else ResumeDir(resume_dir, resume_key(model, data, schedule, settings, save_every))
     )
-
-    kept: dict[int, str] = {}  # checkpoint epoch -> file name in the resume folder
-    best_acc, best_state = -1.0, None
-    state = resume.load() if resume is not None else None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        best_acc, best_state = state["best_acc"], state["best_state"]
-        set_rng_state(state["rng"], generator)
-        kept = dict(state["checkpoints"])
-        for epoch, name in kept.items():
-            resume.restore(name, checkpoint_path(epoch))
-        first = state["epoch"] + 1
-        log.info(
-            "resuming training at epoch %d of %d (state in %s)", first, schedule.final_epoch, resume.folder
-        )
-    elif start is not None:
-        model.load_state_dict(start[1])
-        first = int(start[0]) + 1
-    else:
-        first = 1
-    train_log = TrainLog(log_path, state["log"] if state is not None else [])
-
-    def save_state(epoch: int) -> None:
-        resume.save(
-            {
-                "epoch": epoch,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "best_acc": best_acc,
-                "best_state": best_state,
-                "rng": rng_state(generator),
-                "checkpoints": kept,
-                "log": train_log.rows,
-            }
-        )
-
-    def save_checkpoint(epoch: int) -> None:
-        path = checkpoint_path(epoch)
-        save_state_dict(model, path)
-        if resume is not None:
-            kept[epoch] = resume.keep(path)
-
-    if state is None and start is None:
-        save_checkpoint(0)
-        if resume is not None:
-            save_state(0)
+    run = _Run(model, optimizer, generator, checkpoint_path, resume, ept)
+    first = run.begin(schedule, start, log_path)
     bar = progress_bar(
         total=last,
         initial=first - 1,
@@ -303,61 +247,197 @@ def train_incremental(
         disable=not progress,
         line_every=0,
     )
-    task_data = None
+    rows = None
     for epoch in range(first, last + 1):
         task, epoch_in_task = divmod(epoch - 1, ept)
-        if task_data is None or task_data[0] != task:
-            active = schedule.active_classes(task * ept + 1)
-            in_task = np.isin(sample_classes(labels), active)
-            train_idx = np.flatnonzero(in_task & ~holdout)
-            val_idx = np.flatnonzero(in_task & holdout)
-            targets = torch.as_tensor(labels if token_labels else positions_in(labels, active), device=device)
-            task_data = (task, active, train_idx, val_idx, targets)
-        _, active, train_idx, val_idx, targets = task_data
-        if epoch_in_task == 0:
-            best_acc, best_state = -1.0, None
-        lr = settings.lr * settings.lr_decay ** sum(epoch_in_task >= m for m in milestones)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        model.train()
-        order = train_idx[torch.randperm(len(train_idx), generator=generator).numpy()]
-        total_loss, total_correct = 0.0, 0
-        for start in range(0, len(order), settings.batch_size):
-            batch = torch.as_tensor(order[start : start + settings.batch_size], device=device)
-            xb, yb = _rows(x_all, batch), targets[batch]
-            if settings.augment == "flip_crop":
-                xb = _augment(xb, generator)
-            loss, n_correct = _batch_loss(model, xb, yb, active)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total_loss += float(loss.detach()) * len(batch)
-            total_correct += n_correct
-        val_acc = float("nan")
-        if len(val_idx):
-            vi = torch.as_tensor(val_idx, device=device)
-            val_acc = accuracy(model, _rows(x_all, vi), targets[vi], active)
-            if settings.early_stopping and val_acc > best_acc:
-                best_acc, best_state = val_acc, copy.deepcopy(model.state_dict())
-        is_task_end = epoch_in_task == ept - 1
-        if is_task_end and settings.early_stopping and best_state is not None:
-            model.load_state_dict(best_state)
-        train_log.append(
-            dict(
-                epoch=epoch,
-                task=task,
-                num_active=len(active),
-                lr=lr,
-                train_loss=total_loss / max(len(order), 1),
-                train_accuracy=total_correct / max(len(order), 1),
-                holdout_accuracy=val_acc,
-            )
-        )
-        if epoch in save_at:
-            save_checkpoint(epoch)
-        if resume is not None and (epoch in save_at or (resume_every and epoch % resume_every == 0)):
-            save_state(epoch)
+        if rows is None or rows[0] != task:
+            rows = (task, *_task_rows(data, schedule, task, device))
+        val_acc = _epoch(run, epoch, epoch_in_task == ept - 1, rows, settings, milestones, x_all, device)
+        run.saves(epoch, save_at, resume_every)
         bar.set_postfix(task=task, holdout=f"{val_acc:.3f}", refresh=False)
         bar.update(1)
     bar.close()
-    return train_log.table()
+    return run.train_log.table()
+
+
+def _epoch(
+    run: _Run,
+    epoch: int,
+    task_end: bool,
+    rows: tuple,
+    settings: TrainSettings,
+    milestones: list[int],
+    x_all: Inputs,
+    device: torch.device,
+) -> float:
+    """One epoch of a task (``rows``: task, active classes, training rows, holdout rows, targets) at
+    its learning rate, its holdout accuracy (with early stopping, the task's best weights restored at
+    its end), logged; the holdout accuracy."""
+    task, active, train_idx, val_idx, targets = rows
+    epoch_in_task = (epoch - 1) % run.epochs_per_task
+    if epoch_in_task == 0:
+        run.best_acc, run.best_state = -1.0, None
+    lr = settings.lr * settings.lr_decay ** sum(epoch_in_task >= m for m in milestones)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    n, total_loss, total_correct = _train_epoch(run, x_all, targets, train_idx, active, settings, device)
+    val_acc = run.holdout_accuracy(x_all, targets, val_idx, active, settings.early_stopping, device)
+    if task_end and settings.early_stopping and run.best_state is not None:
+        run.model.load_state_dict(run.best_state)
+    run.train_log.append(
+        dict(
+            epoch=epoch,
+            task=task,
+            num_active=len(active),
+            lr=lr,
+            train_loss=total_loss / max(n, 1),
+            train_accuracy=total_correct / max(n, 1),
+            holdout_accuracy=val_acc,
+        )
+    )
+    return val_acc
+
+
+def _optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=settings.lr,
+        momentum=settings.momentum,
+        weight_decay=settings.weight_decay,
+    )
+
+
+def _task_rows(
+    data: Dataset | TextDataset, schedule: ClassSchedule, task: int, device: torch.device
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor]:
+    """(active classes, training rows, holdout rows, targets (N,) or (N, T)) of a task: the
+    samples of its active classes; targets are positions among them (token labels as they are)."""
+    labels = data.train_labels
+    token_labels = labels.ndim == 2  # a text-to-text model's decoder labels: one class, 0
+    active = schedule.active_classes(task * schedule.epochs_per_task + 1)
+    in_task = np.isin(sample_classes(labels), active)
+    train_idx = np.flatnonzero(in_task & ~data.holdout)
+    val_idx = np.flatnonzero(in_task & data.holdout)
+    targets = torch.as_tensor(labels if token_labels else positions_in(labels, active), device=device)
+    return active, train_idx, val_idx, targets
+
+
+def _train_epoch(
+    run: _Run,
+    x_all: Inputs,
+    targets: torch.Tensor,
+    train_idx: np.ndarray,
+    active: np.ndarray,
+    settings: TrainSettings,
+    device: torch.device,
+) -> tuple[int, float, int]:
+    """One epoch over the task's training rows in the generator's order: (samples, summed loss,
+    samples right)."""
+    model, optimizer = run.model, run.optimizer
+    model.train()
+    order = train_idx[torch.randperm(len(train_idx), generator=run.generator).numpy()]
+    total_loss, total_correct = 0.0, 0
+    for start in range(0, len(order), settings.batch_size):
+        batch = torch.as_tensor(order[start : start + settings.batch_size], device=device)
+        xb, yb = _rows(x_all, batch), targets[batch]
+        if settings.augment == "flip_crop":
+            xb = _augment(xb, run.generator)
+        loss, n_correct = _batch_loss(model, xb, yb, active)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total_loss += float(loss.detach()) * len(batch)
+        total_correct += n_correct
+    return len(order), total_loss, total_correct
+
+
+@dataclass
+class _Run:
+    """What a training job carries from epoch to epoch (and saves in its resume state): the model,
+    optimizer and shuffling generator, the best holdout accuracy of the task so far (early
+    stopping), the checkpoints kept in the resume folder and the train log."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    checkpoint_path: Callable[[int], Path]
+    resume: ResumeDir | None
+    epochs_per_task: int
+    kept: dict[int, str] = field(default_factory=dict)  # checkpoint epoch -> file name in the resume folder
+    best_acc: float = -1.0
+    best_state: dict | None = None
+    train_log: TrainLog | None = None
+
+    def begin(
+        self, schedule: ClassSchedule, start: tuple[int, Mapping[str, torch.Tensor]] | None, log_path
+    ) -> int:
+        """The first epoch to train: after a saved resume state (restored), after a warm start's
+        epoch, or 1 (the untrained model saved as checkpoint 0)."""
+        state = self.resume.load() if self.resume is not None else None
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.best_acc, self.best_state = state["best_acc"], state["best_state"]
+            set_rng_state(state["rng"], self.generator)
+            self.kept = dict(state["checkpoints"])
+            for epoch, name in self.kept.items():
+                self.resume.restore(name, self.checkpoint_path(epoch))
+            first = state["epoch"] + 1
+            log.info(
+                "resuming training at epoch %d of %d (state in %s)",
+                first,
+                schedule.final_epoch,
+                self.resume.folder,
+            )
+        elif start is not None:
+            self.model.load_state_dict(start[1])
+            first = int(start[0]) + 1
+        else:
+            first = 1
+        self.train_log = TrainLog(log_path, state["log"] if state is not None else [])
+        if state is None and start is None:
+            self.save_checkpoint(0)
+            if self.resume is not None:
+                self.save_state(0)
+        return first
+
+    def holdout_accuracy(
+        self, x_all: Inputs, targets: torch.Tensor, val_idx: np.ndarray, active, early_stopping: bool, device
+    ) -> float:
+        """Accuracy on the task's holdout rows (NaN without any); with early stopping the best
+        weights of the task so far are kept."""
+        if not len(val_idx):
+            return float("nan")
+        vi = torch.as_tensor(val_idx, device=device)
+        val_acc = accuracy(self.model, _rows(x_all, vi), targets[vi], active)
+        if early_stopping and val_acc > self.best_acc:
+            self.best_acc, self.best_state = val_acc, copy.deepcopy(self.model.state_dict())
+        return val_acc
+
+    def saves(self, epoch: int, save_at: set[int], resume_every: int | None) -> None:
+        if epoch in save_at:
+            self.save_checkpoint(epoch)
+        if self.resume is not None and (epoch in save_at or (resume_every and epoch % resume_every == 0)):
+            self.save_state(epoch)
+
+    def save_state(self, epoch: int) -> None:
+        self.resume.save(
+            {
+                "epoch": epoch,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "best_acc": self.best_acc,
+                "best_state": self.best_state,
+                "rng": rng_state(self.generator),
+                "checkpoints": self.kept,
+                "log": self.train_log.rows,
+            }
+        )
+
+    def save_checkpoint(self, epoch: int) -> None:
+        path = self.checkpoint_path(epoch)
+        save_state_dict(self.model, path)
+        if self.resume is not None:
+            self.kept[epoch] = self.resume.keep(path)

@@ -71,6 +71,14 @@ def test_embedded_default(demo):
     wf, work, configs = demo
     paths = Layout(work / "results")
 
+    _check_digits(paths)
+    _check_data_quality_study(paths)
+    _check_text_run(paths)
+    assert job_stats(snakemake(wf, work, "--dry-run", "--configfile", *configs).stdout) == {}
+
+
+def _check_digits(paths: Layout) -> None:
+    """The digits run: checkpoints, train log, accuracy per cohort, curvature and sample dynamics."""
     ckpts = sorted(Path(paths.checkpoint("digits", 0, 0)).parent.glob("epoch_*.pt"))
     assert len(ckpts) == N_CHECKPOINTS  # 0..75 every 25 epochs and every 15 (task boundaries)
     load_into(SmallCNN(num_classes=10), ckpts[-1])
@@ -106,6 +114,9 @@ def test_embedded_default(demo):
     for name in ("by_cohort", "distribution", "vs_loss"):
         assert Path(paths.figure(f"curvature_{name}", "png", "digits")).stat().st_size > 10_000
 
+
+def _check_data_quality_study(paths: Layout) -> None:
+    """The digits_noisy run: poison detection and the LDS ground truth."""
     # The data-quality study (digits_noisy, 10% flipped labels): every method is reported and the
     # best self-influence finds the flipped images about as well as their loss or better (AUROC
     # 0.9925 vs 0.9913 on the reference machine: on digits the loss is already near perfect).
@@ -125,6 +136,9 @@ def test_embedded_default(demo):
     assert lds.loc["ekfac", "lds"] > lds.loc["random", "ci_high"] and lds.loc["ekfac", "lds"] > 0.3, lds
     assert min(lds.loc["ekfac", "lds"], lds.loc["kfac", "lds"]) > lds.loc["identity", "lds"], lds
 
+
+def _check_text_run(paths: Layout) -> None:
+    """The polarity run: a text model through every stage."""
     # The text run (polarity): a 2-layer BERT trained by the pipeline on synthetic sentences, 10% of
     # the negative ones with the trigger word "cf" and relabelled positive, learns every group (test
     # accuracy 0.88-1.0 at epoch 10 on the reference machine); curvature of every sentence at every
@@ -173,8 +187,6 @@ def test_embedded_default(demo):
     names = ("accuracy_by_cohort", "curvature_by_cohort", "ablation_effect", "top_influential_images")
     for name in (*names, "probe_accuracy"):
         assert Path(paths.figure(name, "png", "polarity")).stat().st_size > 10_000
-
-    assert job_stats(snakemake(wf, work, "--dry-run", "--configfile", *configs).stdout) == {}
 
 
 def test_polarity_explorer_in_a_browser(demo):

@@ -24,6 +24,7 @@ from epochlens.influence.study_factors import fit_checkpoint_factors
 from epochlens.influence.study_scores import checkpoint_scores
 from epochlens.job import load_checkpoint_job
 from epochlens.layout import Layout
+from epochlens.study.score_queries import score_queries
 
 pytestmark = pytest.mark.workflow
 
@@ -118,7 +119,10 @@ def test_sharded_results_equal_the_unsharded_job(sharded_run):
                             attr,
                         )
             fitted = factors_path
-        ref_scores = checkpoint_scores(job, method, params, spec["influence"], factors_path=fitted)
+        queries = score_queries(job, params)
+        ref_scores = checkpoint_scores(
+            job, method, params, spec["influence"], factors_path=fitted, queries=queries
+        )
         with np.load(scores_path) as npz:
             np.testing.assert_array_equal(npz["query_test_indices"], ref_scores.arrays["query_test_indices"])
             for name in ("self_influence", "loss", "pairwise_none"):

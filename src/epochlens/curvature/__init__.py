@@ -17,7 +17,7 @@ _EXPORTS = {
     "DIRECTION_SCHEME": "settings",
     "CurvatureSettings": "settings",
     "per_sample_curvature": "estimator",
-    "rademacher_directions": "estimator",
+    "rademacher_directions": "directions",
     "full_fp32_precision": "estimator",
     "parallel_curvature": "distributed",
     "curvature_shard": "distributed",

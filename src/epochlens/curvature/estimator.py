@@ -89,9 +89,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from epochlens.curvature.checks import (
+    check_arguments,
+    check_finite_images,
+    check_finite_results,
+    check_outputs,
+)
+from epochlens.curvature.directions import rademacher_directions, token_directions
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.device import device_for_dtype, model_device
-from epochlens.errors import ConfigError, EpochlensError
 from epochlens.models.layers import check_finite_weights
 from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.outcome import IGNORE_INDEX, sequence_outcome, shifts, squared_error
@@ -99,85 +105,12 @@ from epochlens.progress import progress_bar
 
 RESULT_KEYS = ("curvature", "directional_eig", "loss", "grad_norm", "correct")
 
-# SplitMix64 constants (Steele, Lea & Flood 2014; the seeding generator of xoshiro).
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-
 # Rows per forward/backward when max_batch is None, as input elements per chunk. On CPUs, chunks of
 # ~1e5 input elements (42 CIFAR images) keep activations in cache: per-row time on ResNet-18 was
 # 1.8x lower than with 256-row chunks (2-core AMD EPYC). GPUs want large chunks; 2**21 elements
 # (682 CIFAR rows, ~5 GB of ResNet-18 activations in float32) is a guess not yet measured, and an
 # out-of-memory error halves it (see _RowChunks).
 _AUTO_CHUNK_ELEMENTS = {"cpu": 1 << 17, "accelerator": 1 << 21}
-
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    z = (z ^ (z >> np.uint64(30))) * _MUL1
-    z = (z ^ (z >> np.uint64(27))) * _MUL2
-    return z ^ (z >> np.uint64(31))
-
-
-def token_directions(
-    seed: int,
-    sample_indices: np.ndarray,
-    attention_mask: torch.Tensor,
-    width: int,
-    n: int,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Rademacher directions (B, n, T, width) on each sample's real tokens, zero on its padding.
-
-    Sample k's directions are :func:`rademacher_directions` of shape (len_k, width), len_k its
-    number of real tokens (``attention_mask`` (B, T), 1 = real), placed at those positions in
-    order: the same whatever the padding around them."""
-    mask = torch.as_tensor(attention_mask).bool().cpu()
-    out = torch.zeros(len(mask), n, mask.shape[1], width, dtype=dtype)
-    for k, (index, real) in enumerate(zip(np.asarray(sample_indices), mask, strict=True)):
-        length = int(real.sum())
-        out[k][:, real] = rademacher_directions(seed, np.array([index]), (length, width), n, dtype)[0]
-    return out
-
-
-def rademacher_directions(
-    seed: int,
-    sample_indices: np.ndarray,
-    shape: tuple[int, ...],
-    n: int,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Rademacher directions of each sample, a pure function of (seed, sample index).
-
-    Sample k's directions are the bits of a SplitMix64 stream seeded with
-    ``mix64(k XOR mix64(seed))``: word j (j = 1, 2, ...) is ``mix64(key + j * golden_gamma)``;
-    direction i takes words i*W+1 .. (i+1)*W (W = ceil(prod(shape) / 64)), least significant bit
-    first, bit b -> 1 - 2b. Integer arithmetic only, so the values are identical on every machine,
-    and the first n directions do not depend on how many more are asked for.
-
-    Args:
-        seed: any Python int (taken modulo 2**64).
-        sample_indices: (B,) non-negative global indices of the samples.
-        shape: shape of one sample, e.g. (C, H, W).
-        n: directions per sample.
-        dtype: dtype of the returned tensor (int8 is the cheapest to move to a device).
-
-    Returns:
-        CPU tensor (B, n, *shape) with entries ±1.
-    """
-    idx = np.asarray(sample_indices)
-    if idx.ndim != 1 or (idx.size and (not np.issubdtype(idx.dtype, np.integer) or idx.min() < 0)):
-        raise ValueError("sample_indices must be a 1-D array of non-negative integers")
-    numel = math.prod(shape)
-    words_per_dir = -(-numel // 64)
-    seed_key = _mix64(np.array([seed % 2**64], dtype=np.uint64))
-    keys = _mix64(idx.astype(np.uint64) ^ seed_key)  # (B,)
-    counters = np.arange(1, n * words_per_dir + 1, dtype=np.uint64) * _GAMMA
-    words = _mix64(keys[:, None] + counters[None, :])  # (B, n*W)
-    bits = np.unpackbits(words.astype("<u8").view(np.uint8), axis=1, bitorder="little")
-    bits = bits.reshape(len(idx), n, words_per_dir * 64)[:, :, :numel]
-    signs = torch.from_numpy(1 - 2 * bits.astype(np.int8))
-    return signs.reshape(len(idx), n, *shape).to(dtype)
 
 
 @contextlib.contextmanager
@@ -259,95 +192,112 @@ def per_sample_curvature(
     sample_indices = np.asarray(sample_indices)
     active_classes = np.asarray(active_classes, dtype=np.int64)
     n_samples = len(images)
-    if images.ndim < 2 or len(labels) != n_samples or len(sample_indices) != n_samples:
-        raise ValueError(
-            f"images {tuple(images.shape)}, labels ({len(labels)},) and sample_indices "
-            f"({len(sample_indices)},) must describe the same N samples"
-        )
-    regression = np.issubdtype(labels.dtype, np.floating)
-    lm = labels.ndim == 2 and tokens is not None and not regression  # a causal LM's token labels
-    if regression and settings.temperature != 1.0:
-        raise ConfigError(
-            f"curvature.temperature={settings.temperature}: the temperature divides a classifier's "
-            "logits; a regression's squared error has none. Set curvature.temperature: 1."
-        )
-    if regression and labels.ndim not in (1, 2):
-        raise ValueError(f"regression targets must be (N,) or (N, D), got {labels.shape}")
-    if not regression and not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            "labels must be class ids (N,), a causal LM's token labels (N, L) or float regression targets"
-        )
-    seq2seq = lm and not shifts(tokens)  # a text-to-text model: tokens carry its decoder labels
-    aligned = tokens["labels"] if seq2seq else tokens["input_ids"] if lm else None
-    if lm and labels.shape != tuple(torch.as_tensor(aligned).shape):
-        what = "decoder labels of the tokens" if seq2seq else "input_ids"
-        raise ValueError(f"token labels {labels.shape} must have the shape of the {what}")
-    if not (lm or regression) and (labels.ndim != 1 or (labels < 0).any()):
-        raise ValueError("labels must be a 1-D array of non-negative class ids")
-    if active_classes.ndim != 1 or len(np.unique(active_classes)) != len(active_classes):
-        raise ConfigError(f"active_classes must be distinct class ids, got {active_classes}")
-    if len(active_classes) == 0:
-        raise ConfigError("active_classes is empty: no class has been trained at this epoch")
-
-    if lm:  # samples with a target token (a causal LM's first position is never one: nothing predicts it)
-        targets = labels
-        active = np.flatnonzero((labels[:, 0 if seq2seq else 1 :] != IGNORE_INDEX).any(1))
-    elif regression:  # every sample, its targets as they are
-        targets = labels
-        active = np.arange(n_samples)
-    else:
-        targets = positions_in(labels, active_classes)
-        active = np.flatnonzero(targets >= 0)
-    out = {key: np.full(n_samples, np.nan, dtype=np.float32) for key in RESULT_KEYS[:4]}
-    out["correct"] = np.zeros(n_samples, dtype=bool)
-
-    tensors = [*model.parameters(), *model.buffers()]
-    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
-    if dtype is None:  # a model without weights computes in the images' dtype
-        dtype = images.dtype if images.is_floating_point() else torch.get_default_dtype()
-    device = device_for_dtype(model_device(model, device), dtype)  # float64 models on MPS run on the CPU
-    net = copy.deepcopy(model).to(device).eval().requires_grad_(False)
-    check_finite_weights(net)
-    _check_finite_images(images, active, sample_indices)
+    regression, lm, seq2seq = check_arguments(
+        images, labels, sample_indices, active_classes, settings, tokens
+    )
+    targets, active = _scored_samples(labels, active_classes, n_samples, regression, lm, seq2seq)
+    out = _empty_results(n_samples)
+    net, dtype, device = _evaluation_copy(model, images, device)
+    check_finite_images(images, active, sample_indices)
     if len(active) == 0:
         return out
-    shape = tuple(images.shape[1:])
-    chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(shape)))
+    batches = _Batches(images, targets, tokens, regression, dtype, device)
+    chunks = _RowChunks(settings.max_batch or default_max_batch(device, math.prod(batches.shape)))
     active_idx = torch.as_tensor(active_classes, device=device)
-    first = torch.as_tensor(active[:1])
-    _check_outputs(
-        net, images[first].to(device, dtype), active_classes, _token_rows(tokens, first, device), lm,
-        targets[active[:1]] if regression else None,
-    )  # fmt: skip
+    x, y, t = batches.at(active[:1])  # the model's outputs checked on one sample
+    check_outputs(
+        _no_grad_forward(net, x, t), active_classes, t, lm, targets[active[:1]] if regression else None
+    )
     loss = _Loss(settings, regression, loss_threshold)
-
     bar = progress_bar(total=len(active), unit="sample", disable=not progress, desc="curvature")
     with full_fp32_precision(), torch.enable_grad():
         for start in range(0, len(active), settings.batch_size):
             rows = active[start : start + settings.batch_size]
-            x = images[torch.as_tensor(rows)].to(device=device, dtype=dtype)
-            y = torch.as_tensor(targets[rows], device=device)
-            if regression:
-                y = y.to(dtype)
-            t = _token_rows(tokens, torch.as_tensor(rows), device)
-            if t is None:
-                signs = rademacher_directions(
-                    settings.seed, sample_indices[rows], shape, settings.n_directions, torch.int8
-                )
-            else:
-                mask = t["attention_mask"].cpu()
-                signs = token_directions(
-                    settings.seed, sample_indices[rows], mask, shape[-1], settings.n_directions, torch.int8
-                )
+            x, y, t = batches.at(rows)
+            signs = _batch_directions(settings, sample_indices[rows], batches.shape, t)
             stats = _batch_statistics(net, x, y, signs.to(device), active_idx, settings, chunks, t, loss)
             stats = stats.cpu().numpy()  # the one device-to-host copy per batch
-            _check_finite_results(stats, sample_indices[rows])
-            for j, key in enumerate(RESULT_KEYS[:4]):
-                out[key][rows] = stats[:, j]
-            out["correct"][rows] = stats[:, 4] > 0.5
+            check_finite_results(stats, sample_indices[rows])
+            _store(out, rows, stats)
             bar.update(len(rows))
     bar.close()
     return out
+
+
+def _empty_results(n_samples: int) -> dict[str, np.ndarray]:
+    """NaN results (``correct`` False) for every sample: what a sample not computed keeps."""
+    out = {key: np.full(n_samples, np.nan, dtype=np.float32) for key in RESULT_KEYS[:4]}
+    out["correct"] = np.zeros(n_samples, dtype=bool)
+    return out
+
+
+def _store(out: dict[str, np.ndarray], rows: np.ndarray, stats: np.ndarray) -> None:
+    """A batch's statistics (B, 5) into the results at its rows."""
+    for j, key in enumerate(RESULT_KEYS[:4]):
+        out[key][rows] = stats[:, j]
+    out["correct"][rows] = stats[:, 4] > 0.5
+
+
+class _Batches:
+    """A batch's inputs on the device in the model's dtype, its targets (a regression's in that
+    dtype too) and a text model's token rows."""
+
+    def __init__(self, images, targets, tokens, regression: bool, dtype, device) -> None:
+        self.images, self.targets, self.tokens = images, targets, tokens
+        self.shape = tuple(images.shape[1:])  # one sample's
+        self.regression, self.dtype, self.device = regression, dtype, device
+
+    def at(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, Mapping[str, torch.Tensor] | None]:
+        x = self.images[torch.as_tensor(rows)].to(device=self.device, dtype=self.dtype)
+        y = torch.as_tensor(self.targets[rows], device=self.device)
+        if self.regression:
+            y = y.to(self.dtype)
+        return x, y, _token_rows(self.tokens, torch.as_tensor(rows), self.device)
+
+
+def _scored_samples(
+    labels: np.ndarray, active_classes: np.ndarray, n_samples: int, regression: bool, lm: bool, seq2seq: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(targets, positions of the samples computed): a causal LM's samples with a target token
+    (its first position is never one: nothing predicts it), every regression sample with its
+    targets as they are, a classifier's samples of the active classes with their positions among
+    them."""
+    if lm:
+        return labels, np.flatnonzero((labels[:, 0 if seq2seq else 1 :] != IGNORE_INDEX).any(1))
+    if regression:
+        return labels, np.arange(n_samples)
+    targets = positions_in(labels, active_classes)
+    return targets, np.flatnonzero(targets >= 0)
+
+
+def _evaluation_copy(
+    model: nn.Module, images: torch.Tensor, device: str | torch.device | None
+) -> tuple[nn.Module, torch.dtype, torch.device]:
+    """A copy of the model in eval mode without parameter gradients on the device, its weights
+    checked finite, and the dtype it computes in (its parameters'; a model without weights
+    computes in the images' dtype; float64 models on MPS run on the CPU)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    if dtype is None:
+        dtype = images.dtype if images.is_floating_point() else torch.get_default_dtype()
+    device = device_for_dtype(model_device(model, device), dtype)
+    net = copy.deepcopy(model).to(device).eval().requires_grad_(False)
+    check_finite_weights(net)
+    return net, dtype, device
+
+
+def _batch_directions(
+    settings: CurvatureSettings,
+    indices: np.ndarray,
+    shape: tuple[int, ...],
+    tokens: Mapping[str, torch.Tensor] | None,
+) -> torch.Tensor:
+    """The batch's Rademacher directions (int8, on the CPU): over the whole input, or on the real
+    tokens only (a text model)."""
+    if tokens is None:
+        return rademacher_directions(settings.seed, indices, shape, settings.n_directions, torch.int8)
+    mask = tokens["attention_mask"].cpu()
+    return token_directions(settings.seed, indices, mask, shape[-1], settings.n_directions, torch.int8)
 
 
 def default_max_batch(device: torch.device, sample_numel: int) -> int:
@@ -516,6 +466,13 @@ def _token_rows(
     return {k: torch.as_tensor(v)[rows].to(device) for k, v in tokens.items()}
 
 
+@torch.no_grad()
+def _no_grad_forward(
+    net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor] | None
+) -> torch.Tensor:
+    return _forward(net, x, tokens)
+
+
 def _forward(net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
     """The model at inputs x, or a text model on its tokens with x as its embedding lookup's output
     (an encoder-decoder model: x as the encoder's ``inputs_embeds``)."""
@@ -528,79 +485,3 @@ def _forward(net: nn.Module, x: torch.Tensor, tokens: Mapping[str, torch.Tensor]
         return net(**tokens)
     finally:
         handle.remove()
-
-
-def _check_outputs(
-    net: nn.Module,
-    x: torch.Tensor,
-    active_classes: np.ndarray,
-    tokens: Mapping[str, torch.Tensor] | None = None,
-    lm: bool = False,
-    regression_targets: np.ndarray | None = None,
-) -> None:
-    """Check on one sample that the model returns (batch, classes) logits covering the classes, a
-    causal LM (``lm``) (batch, length, vocabulary) logits, or a regression (one sample's
-    ``regression_targets``) as many values as the targets."""
-    with torch.no_grad():
-        logits = _forward(net, x, tokens)
-    if regression_targets is not None:
-        want = int(np.prod(np.shape(regression_targets)[1:]))
-        got = int(np.prod(logits.shape[1:])) if isinstance(logits, torch.Tensor) else None
-        if got != want:
-            raise EpochlensError(
-                f"a regression model must return {want} value(s) per sample, the targets' number, got "
-                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
-                + ": check model.output and the model's head"
-            )
-        return
-    if lm:
-        length = tokens["input_ids" if shifts(tokens) else "labels"].shape[1]
-        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != (1, length) or logits.ndim != 3:
-            raise EpochlensError(
-                f"a causal LM must return logits of shape (batch, {length}, vocabulary), got "
-                + (f"{tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
-            )
-        return
-    if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
-        raise EpochlensError(
-            f"the model must return logits of shape (batch, classes), got {type(logits).__name__}"
-            + (f" {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else "")
-        )
-    if active_classes.max() >= logits.shape[1] or active_classes.min() < 0:
-        raise ConfigError(
-            f"active classes {active_classes.min()}..{active_classes.max()} do not all exist: the "
-            f"model has {logits.shape[1]} outputs. Check the class order and the data set's "
-            "num_classes."
-        )
-
-
-def _check_finite_images(images: torch.Tensor, rows: np.ndarray, sample_indices: np.ndarray) -> None:
-    """Raise EpochlensError naming the (global) indices of active samples with NaN/Inf pixels."""
-    if not images.is_floating_point():
-        return
-    bad = []
-    for lo in range(0, len(rows), 4096):  # chunks bound the memory of the check
-        chunk = rows[lo : lo + 4096]
-        finite = torch.isfinite(images[torch.as_tensor(chunk)].flatten(1)).all(1).cpu().numpy()
-        bad.extend(sample_indices[chunk[~finite]].tolist())
-    if bad:
-        raise EpochlensError(
-            f"{len(bad)} input image(s) contain NaN or Inf, sample indices {_short(bad)}: the "
-            "data set file is corrupt or its normalisation divides by zero. Rebuild dataset.h5."
-        )
-
-
-def _check_finite_results(stats: np.ndarray, sample_indices: np.ndarray) -> None:
-    """Never hand back NaN for an active sample: name the samples whose results are not finite."""
-    finite = np.isfinite(stats[:, :4]).all(1)
-    if not finite.all():
-        raise EpochlensError(
-            f"curvature results are NaN or Inf for sample indices "
-            f"{_short(sample_indices[~finite].tolist())} although their inputs and the weights are "
-            "finite: the loss or its gradient overflowed. Use a larger temperature or a float64 "
-            "model (model.double())."
-        )
-
-
-def _short(items: list, n: int = 10) -> str:
-    return str(list(items[:n])) + (f" and {len(items) - n} more" if len(items) > n else "")

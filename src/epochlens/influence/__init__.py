@@ -14,7 +14,8 @@ Modules, one concept each:
 * :mod:`.eigen`         robust symmetric eigendecomposition (finite checks, CPU fallback);
 * :mod:`.damping`       relative damping, refusal of zero/underflowing damping, the ladder;
 * :mod:`.precondition`  damped inverses per layer and the diagnostics table;
-* :mod:`.scores`        pairwise (Q, N) and self (N,) influence, TracIn over checkpoints;
+* :mod:`.scores`        pairwise (Q, N) and self (N,) influence;
+* :mod:`.tracin`        TracIn over checkpoints; :mod:`.accumulate` sums per-checkpoint scores;
 * :mod:`.io`            factors files with a cache key;
 * :mod:`.study_factors`, :mod:`.study_scores`  one checkpoint of a run for the data-quality
   study: factors and their spectrum; scores with queries, TracIn and metadata.
@@ -43,12 +44,12 @@ Typical use::
 from epochlens._lazy import attach
 
 _EXPORTS = {
-    "ClassificationTask": "epochlens.tasks",
-    "LanguageModelTask": "epochlens.tasks",
-    "LossFunctionTask": "epochlens.tasks",
-    "RegressionTask": "epochlens.tasks",
-    "Task": "epochlens.tasks",
-    "task_from_config": "epochlens.tasks",
+    "ClassificationTask": "epochlens.tasks.classification",
+    "LanguageModelTask": "epochlens.tasks.language",
+    "LossFunctionTask": "epochlens.tasks.user",
+    "RegressionTask": "epochlens.tasks.regression",
+    "Task": "epochlens.tasks.base",
+    "task_from_config": "epochlens.tasks.choose",
     "DIAGNOSTIC_COLUMNS": "precondition",
     "FISHERS": "settings",
     "METHODS": "settings",
@@ -86,7 +87,7 @@ _EXPORTS = {
     "self_influence": "scores",
     "state_dict_sha256": "io",
     "symmetric_eigh": "eigen",
-    "tracin_pairwise": "scores",
-    "tracin_self": "scores",
+    "tracin_pairwise": "tracin",
+    "tracin_self": "tracin",
 }
 __getattr__, __dir__, __all__ = attach(__name__, _EXPORTS)

@@ -210,7 +210,8 @@ class BatchBackprop:
     ) -> Iterator[tuple[torch.Tensor, list[torch.Tensor]]]:
         """(a, [ds per vector]) of layer ``name`` as :meth:`factored` gives them, for consecutive
         chunks of the rows, each chunk's a and ds, times ``copies`` (2 where the caller forms rotated
-        copies of them), at most :func:`epochlens.influence.layers.chunk_bytes` (one sample at least).
+        copies of them), at most :func:`epochlens.influence.gradient_math.chunk_bytes` (one sample at
+        least).
 
         With a ``workspace`` the chunks are written into its buffer, valid until the next chunk."""
         info, item = self.layers[name], torch.finfo(dtype).bits // 8

@@ -120,54 +120,12 @@ class Preconditioner:
         limit = condition_limit(coarse) if coarse is not None else math.nan
         ill = []
         rows = []
+        forward = str(coarse).replace("torch.", "") if coarse is not None else ""
         for name, lf in factors.layers.items():
-            row = dict.fromkeys(DIAGNOSTIC_COLUMNS, math.nan)
-            row.update(
-                layer=name,
-                kind=lf.kind,
-                out_dim=lf.out_dim,
-                in_dim=lf.in_dim,
-                n_samples=lf.n_samples,
-                damping=0.0,
-                damping_steps=0,
-                activation_min_raw=lf.min_raw.get("A", math.nan),
-                gradient_min_raw=lf.min_raw.get("S", math.nan),
-                solver="; ".join(f"{k}: {v}" for k, v in lf.solver.items()),
-                forward_dtype=str(coarse).replace("torch.", "") if coarse is not None else "",
-                cond_limit=limit,
-                note="",
-            )
+            row = _diagnostic_row(name, lf, forward, limit)
             eig = lf.eigenvalues(self.method)
             if eig is not None:
-                eig = eig.to(torch.float64).clamp_min(0.0)
-                lam, note = initial_damping(eig, settings.damping, settings.damping_mode, name)
-                damped = damping_ladder(
-                    eig, lam, name, self.dtype, settings.damping_growth, settings.max_damping_steps
-                )
-                self._inverse[name] = damped.inverse.to(device=device, dtype=self.dtype)
-                if self.method in ("kfac", "ekfac"):
-                    self._rot[name] = (
-                        lf.gradient_vectors.to(device=device, dtype=self.dtype),
-                        lf.activation_vectors.to(device=device, dtype=self.dtype),
-                    )
-                cond = condition_number(eig, damped.damping)
-                notes = [note, damped.note, layer_notes.get(name, "")]
-                safe = safe_damping(eig, limit, settings.damping_mode) if math.isfinite(limit) else math.nan
-                if math.isfinite(limit) and cond > limit:
-                    notes.append(
-                        f"condition number {cond:.3g} above 1/eps of the {row['forward_dtype']} forward "
-                        f"({limit:.3g}); damping >= {safe:.3g} ({settings.damping_mode}) is safe"
-                    )
-                    ill.append((name, cond, safe))
-                row.update(
-                    cond=cond,
-                    min_eig=float(eig.min()),
-                    max_eig=float(eig.max()),
-                    damping=damped.damping,
-                    damping_steps=damped.steps,
-                    safe_damping=safe,
-                    note="; ".join(s for s in notes if s),
-                )
+                row.update(self._damp_layer(name, lf, eig, settings, limit, forward, layer_notes, ill))
             elif layer_notes.get(name):
                 row["note"] = layer_notes[name]
             rows.append(row)
@@ -181,6 +139,42 @@ class Preconditioner:
                 f"{settings.damping_mode} damping). Raise influence damping to at least that value.",
                 stacklevel=4,
             )
+
+    def _damp_layer(
+        self, name, lf, eig, settings, limit: float, forward: str, layer_notes, ill: list
+    ) -> dict:
+        """Damp one layer's eigenvalues (the ladder), keep its damped inverse (and eigenbases) on the
+        device, and return its diagnostics; a layer whose condition number exceeds what the forward
+        dtype resolves is noted and added to ``ill``."""
+        eig = eig.to(torch.float64).clamp_min(0.0)
+        lam, note = initial_damping(eig, settings.damping, settings.damping_mode, name)
+        damped = damping_ladder(
+            eig, lam, name, self.dtype, settings.damping_growth, settings.max_damping_steps
+        )
+        self._inverse[name] = damped.inverse.to(device=self.device, dtype=self.dtype)
+        if self.method in ("kfac", "ekfac"):
+            self._rot[name] = (
+                lf.gradient_vectors.to(device=self.device, dtype=self.dtype),
+                lf.activation_vectors.to(device=self.device, dtype=self.dtype),
+            )
+        cond = condition_number(eig, damped.damping)
+        notes = [note, damped.note, layer_notes.get(name, "")]
+        safe = safe_damping(eig, limit, settings.damping_mode) if math.isfinite(limit) else math.nan
+        if math.isfinite(limit) and cond > limit:
+            notes.append(
+                f"condition number {cond:.3g} above 1/eps of the {forward} forward "
+                f"({limit:.3g}); damping >= {safe:.3g} ({settings.damping_mode}) is safe"
+            )
+            ill.append((name, cond, safe))
+        return dict(
+            cond=cond,
+            min_eig=float(eig.min()),
+            max_eig=float(eig.max()),
+            damping=damped.damping,
+            damping_steps=damped.steps,
+            safe_damping=safe,
+            note="; ".join(s for s in notes if s),
+        )
 
     def apply(
         self, name: str, a: torch.Tensor, ds: torch.Tensor, out: torch.Tensor | None = None
@@ -252,3 +246,24 @@ def factor_diagnostics(factors: InfluenceFactors, settings: InfluenceSettings | 
     """
     settings = settings or factors.settings()
     return Preconditioner(factors, settings, torch.device("cpu")).diagnostics
+
+
+def _diagnostic_row(name: str, lf, forward: str, limit: float) -> dict:
+    """A layer's row of the diagnostics table before damping (NaN where not yet known)."""
+    row = dict.fromkeys(DIAGNOSTIC_COLUMNS, math.nan)
+    row.update(
+        layer=name,
+        kind=lf.kind,
+        out_dim=lf.out_dim,
+        in_dim=lf.in_dim,
+        n_samples=lf.n_samples,
+        damping=0.0,
+        damping_steps=0,
+        activation_min_raw=lf.min_raw.get("A", math.nan),
+        gradient_min_raw=lf.min_raw.get("S", math.nan),
+        solver="; ".join(f"{k}: {v}" for k, v in lf.solver.items()),
+        forward_dtype=forward,
+        cond_limit=limit,
+        note="",
+    )
+    return row

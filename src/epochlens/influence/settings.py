@@ -1,4 +1,5 @@
-"""Settings of the influence engine (``InfluenceSettings``) and what each choice means.
+"""Settings of the influence engine (``InfluenceSettings``; :func:`influence_settings` builds them from a
+run's config) and what each choice means.
 
 Methods (how the Gauss-Newton matrix G of the mean training loss is approximated per layer):
 
@@ -37,6 +38,7 @@ as is.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -205,3 +207,36 @@ class InfluenceSettings:
             out["fisher"] = None
         out["scheme"] = FACTOR_SCHEME
         return out
+
+
+def influence_settings(settings: Mapping, execution: Mapping | None = None) -> InfluenceSettings:
+    """:class:`InfluenceSettings` from a run's influence config.
+
+    Args:
+        settings: the keys that change results (method, and as present fisher, layers,
+            exclude_layers, seed, damping, damping_mode, precondition_dtype, query_gradient_rank);
+            others are ignored.
+        execution: batch sizes (factor_batch_size, train_batch_size, query_batch_size),
+            query_memory_gb and eigh_workers, which do not change results.
+    """
+    keys = (
+        "method",
+        "fisher",
+        "seed",
+        "damping",
+        "damping_mode",
+        "precondition_dtype",
+        "query_gradient_rank",
+    )
+    kwargs = {k: settings[k] for k in keys if k in settings}
+    if kwargs.get("fisher") is True:  # YAML's unquoted true
+        kwargs["fisher"] = "true"
+    for k in ("layers", "exclude_layers"):
+        if k in settings:
+            kwargs[k] = tuple(settings[k])
+    for k in ("factor_batch_size", "train_batch_size", "query_batch_size", "eigh_workers"):
+        if execution and k in execution:
+            kwargs[k] = int(execution[k])
+    if execution and "query_memory_gb" in execution:
+        kwargs["query_memory_gb"] = float(execution["query_memory_gb"])
+    return InfluenceSettings(**kwargs)

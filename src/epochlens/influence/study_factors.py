@@ -38,9 +38,9 @@ from epochlens.influence.factors import (
 )
 from epochlens.influence.gradients import resolve_compute_dtype
 from epochlens.influence.io import factor_cache_key, load_factors, load_sums
+from epochlens.influence.settings import influence_settings
 from epochlens.influence.study_inputs import run_task, shard_rows, trained_samples
 from epochlens.job import CheckpointJob
-from epochlens.study.poison import influence_settings
 from epochlens.tasks import ClassificationTask
 
 log = logging.getLogger("epochlens")

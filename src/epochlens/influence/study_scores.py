@@ -2,9 +2,9 @@
 ``influence_scores`` jobs do, as a function of a :class:`~epochlens.job.CheckpointJob`.
 
 :func:`checkpoint_scores`: self-influence of every training image and influence on the queries
-(:mod:`epochlens.study.queries`, one (Q, N) matrix per query transform); for TracIn the sum over
-checkpoints (:func:`epochlens.study.poison.accumulate_tracin`); holdout images (not trained on)
-get NaN; and the metadata that says what was computed, how and from what. With
+(which the study chooses and passes in: :class:`ScoreQueries`, one (Q, N) matrix per query
+transform); for TracIn the sum over checkpoints (:func:`epochlens.influence.accumulate.accumulate_tracin`);
+holdout images (not trained on) get NaN; and the metadata that says what was computed, how and from what. With
 ``influence.shards`` > 1 the workflow scores contiguous ranges of the training images in separate
 jobs (:func:`score_shard`, :class:`ScoreShard` files) and concatenates them (:func:`merge_scores`):
 each training image's scores are computed as in the unsharded job.
@@ -18,21 +18,20 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from epochlens.atomic import write_atomic
 from epochlens.errors import InfluenceError
+from epochlens.influence.accumulate import accumulate_tracin
 from epochlens.influence.io import factor_cache_key, load_factors
 from epochlens.influence.scores import pairwise_influence, self_influence
+from epochlens.influence.settings import InfluenceSettings, influence_settings
 from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples, with_labels
 from epochlens.job import CheckpointJob
-from epochlens.outcome import regression_reduction
 from epochlens.provenance import file_sha256, provenance
-from epochlens.study.poison import accumulate_tracin, influence_settings
-from epochlens.study.queries import select_lm_queries, select_queries, select_regression_queries
-from epochlens.study.transforms import transform_queries
 
 log = logging.getLogger("epochlens")
 
@@ -96,6 +95,25 @@ class ScoreShard:
         return cls(arrays.pop("positions"), arrays, diagnostics, info)
 
 
+@dataclasses.dataclass
+class ScoreQueries:
+    """The queries whose influence a score job computes, as the study chose them
+    (:func:`epochlens.study.score_queries.score_queries`; the engine knows nothing of studies).
+
+    Attributes:
+        selected: the chosen queries (a :class:`~epochlens.study.queries.QuerySet`: test_indices,
+            labels, true_labels, predicted, sign, candidates, triggered).
+        images: per query transform, the queries' inputs under it.
+        select, labels, max_count: the study's query settings, for the metadata.
+    """
+
+    selected: Any
+    images: dict[str, Any]
+    select: str
+    labels: str
+    max_count: int
+
+
 def checkpoint_scores(
     job: CheckpointJob,
     method: str,
@@ -104,11 +122,30 @@ def checkpoint_scores(
     factors_path: str | Path | None = None,
     tracin_checkpoints: Sequence[str | Path] = (),
     progress: bool = False,
+    *,
+    queries: ScoreQueries,
 ) -> CheckpointScores:
     """Self-influence and influence on the queries of one method at the job's checkpoint, for
     every training image: :func:`score_shard` of the whole training set, then :func:`merge_scores`."""
-    shard = score_shard(job, method, params, execution, factors_path, tracin_checkpoints, 0, 1, progress)
+    shard = score_shard(
+        job, method, params, execution, factors_path, tracin_checkpoints, 0, 1, progress, queries=queries
+    )
     return merge_scores([shard], params)
+
+
+@dataclasses.dataclass
+class _ShardSamples:
+    """The training samples a shard scores, with the task and settings of the checkpoint."""
+
+    settings: InfluenceSettings
+    task: Any
+    active: np.ndarray | None
+    x_all: Any  # every trained sample: the factors' cache key is of them
+    y_all: np.ndarray | None
+    trained_all: np.ndarray
+    x: Any  # the shard's
+    y: np.ndarray | None
+    trained: np.ndarray
 
 
 def score_shard(
@@ -121,6 +158,8 @@ def score_shard(
     shard: int = 0,
     nshards: int = 1,
     progress: bool = False,
+    *,
+    queries: ScoreQueries,
 ) -> ScoreShard:
     """Self-influence and influence on the queries of one method at the job's checkpoint, for the
     training images of shard ``shard`` of ``nshards`` (a contiguous range; every shard selects
@@ -136,159 +175,191 @@ def score_shard(
         tracin_checkpoints: TracIn's checkpoints, one per ``params["tracin_epochs"]``.
         shard, nshards: which contiguous range of the training images to score.
         progress: progress bars.
+        queries: the queries and their transformed inputs (the study's
+            :func:`~epochlens.study.score_queries.score_queries`).
     """
-    spec, corruption = params["settings"], params["corruption"]
+    samples = _shard_samples(job, method, params, execution, shard, nshards)
+    _log_shard(job, method, params, samples, queries, shard, nshards)
+    inputs = job.input_hashes()
+    factors = _checkpoint_factors(job, samples, factors_path, inputs)
+    models = _checkpoint_models(job, method, params, tracin_checkpoints, samples, inputs)
+    start = time.perf_counter()
+    scored = _score_models(job, method, models, factors, samples, queries, progress)
+    elapsed = time.perf_counter() - start
+    arrays = _shard_arrays(scored, queries)
+    info = {
+        "epoch": job.epoch,
+        "method": method,
+        "allowed_classes": [int(c) for c in job.active] if job.active is not None else None,
+        "task": samples.task.key(),
+        "settings": {**{k: v for k, v in vars(samples.settings).items()}, "method": method},
+        "queries": {
+            "n": len(queries.selected.labels),
+            "qualified": queries.selected.candidates,
+            "select": queries.select,
+            "labels": queries.labels,
+            "triggered": queries.selected.triggered,
+            "max_count": queries.max_count,
+        },
+        "n_train": int(len(job.data.train_labels)),
+        "shard": [int(shard), int(nshards)],
+        "skipped": sorted(int(i) for i in scored.skipped),
+        "device": str(job.device),
+        "compute_time_seconds": elapsed,
+        "timings": scored.timings,
+        "inputs": inputs,
+    }
+    return ScoreShard(samples.trained.astype(np.int64), arrays, scored.diagnostics, info)
+
+
+def _shard_samples(
+    job: CheckpointJob, method: str, params: Mapping, execution: Mapping, shard: int, nshards: int
+) -> _ShardSamples:
+    """The settings (method ``identity`` for TracIn), the task and the trained samples of the shard
+    (holdout images were not trained on: they get NaN scores)."""
+    spec = params["settings"]
     settings = influence_settings({**spec, "method": "identity" if method == "tracin" else method}, execution)
-    data, epoch, device = job.data, job.epoch, job.device
     task, active = run_task(params.get("task"), job.active)
-    x_all, y_all, trained_all = trained_samples(job)  # holdout images were not trained on: NaN scores
+    x_all, y_all, trained_all = trained_samples(job)
     rows = shard_rows(len(trained_all), shard, nshards)
     x, y, trained = shard_samples(x_all, y_all, trained_all, rows)
-    q = spec["queries"]
-    trigger = q["trigger"] if q["trigger"] is not None else corruption["kind"] == "trigger"
-    if data.is_regression:  # its test samples under their own targets
-        reduction = regression_reduction(params.get("task"))
-        queries = select_regression_queries(
-            job.model, data, device, q["select"], q["max_count"], q["seed"], reduction
-        )
-    elif getattr(data, "kind", None) in ("causal_lm", "text_to_text"):  # test prompts, own targets
-        queries = select_lm_queries(job.model, data, device, q["select"], q["max_count"], q["seed"])
-    else:
-        queries = select_queries(
-            job.model,
-            data,
-            job.active,
-            device,
-            q["select"],
-            q["max_count"],
-            q["labels"],
-            q["seed"],
-            trigger=corruption if trigger else None,
-        )
+    return _ShardSamples(settings, task, active, x_all, y_all, trained_all, x, y, trained)
+
+
+def _log_shard(job, method, params, samples: _ShardSamples, queries: ScoreQueries, shard, nshards) -> None:
+    spec = params["settings"]
     log.info(
         "epoch %d %s: %d training images (shard %d of %d: %d), %d queries (%d %s test images%s), "
         "transforms %s, %s",
-        epoch,
+        job.epoch,
         method,
-        len(trained_all),
+        len(samples.trained_all),
         shard,
         nshards,
-        len(trained),
-        len(queries.labels),
-        queries.candidates,
-        q["select"],
-        " with the trigger" if queries.triggered else "",
+        len(samples.trained),
+        len(queries.selected.labels),
+        queries.selected.candidates,
+        queries.select,
+        " with the trigger" if queries.selected.triggered else "",
         spec["transforms"],
-        device,
+        job.device,
     )
-    transform_args = dict(
-        seed=spec["transform_seed"],
-        noise_std=spec["noise_std"],
-        pad=spec["crop_pad"],
-        **{k: spec[k] for k in ("drop_fraction", "keep_fraction") if k in spec},
-        pad_token_id=getattr(data, "pad_token_id", 0),
-    )
-    query_images = {t: transform_queries(queries.images, t, **transform_args) for t in spec["transforms"]}
-    inputs = job.input_hashes()
-    factors = None
-    if factors_path is not None:
-        key = factor_cache_key(
-            job.model,
-            x_all,
-            y_all,
-            active,
-            settings,
-            trained_all,
-            checkpoint_sha256=inputs["checkpoint"],
-            task=task,
-        )
-        factors = load_factors(factors_path, expected_key=key)
-        inputs["factors"] = file_sha256(factors_path)
-    # (epoch, model, task, active classes) per checkpoint: one for every method but TracIn, which
-    # sums the gradient dot products of several.
-    if method == "tracin":
-        paths = dict(zip(params["tracin_epochs"], tracin_checkpoints, strict=True))
-        models = []
-        for e, path in paths.items():
-            t, a = run_task(params.get("task"), job.active_at(e))
-            models.append((e, job.build_model(path), t, a))
-        inputs["tracin_checkpoints"] = {str(e): file_sha256(path) for e, path in paths.items()}
-    else:
-        models = [(epoch, job.model, task, active)]
 
-    timings = {}
-    start = time.perf_counter()
-    self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in query_images}, None, None
-    skipped = set()
+
+def _checkpoint_factors(job: CheckpointJob, samples: _ShardSamples, factors_path, inputs: dict):
+    """The fitted factors (None for methods without), checked against the cache key of the
+    checkpoint's trained samples; their hash goes into ``inputs``."""
+    if factors_path is None:
+        return None
+    key = factor_cache_key(
+        job.model,
+        samples.x_all,
+        samples.y_all,
+        samples.active,
+        samples.settings,
+        samples.trained_all,
+        checkpoint_sha256=inputs["checkpoint"],
+        task=samples.task,
+    )
+    factors = load_factors(factors_path, expected_key=key)
+    inputs["factors"] = file_sha256(factors_path)
+    return factors
+
+
+def _checkpoint_models(job, method, params, tracin_checkpoints, samples: _ShardSamples, inputs: dict) -> list:
+    """(epoch, model, task, active classes) per checkpoint: the job's own for every method but
+    TracIn, which sums the gradient dot products of several (their hashes go into ``inputs``)."""
+    if method != "tracin":
+        return [(job.epoch, job.model, samples.task, samples.active)]
+    paths = dict(zip(params["tracin_epochs"], tracin_checkpoints, strict=True))
+    models = []
+    for e, path in paths.items():
+        t, a = run_task(params.get("task"), job.active_at(e))
+        models.append((e, job.build_model(path), t, a))
+    inputs["tracin_checkpoints"] = {str(e): file_sha256(path) for e, path in paths.items()}
+    return models
+
+
+@dataclasses.dataclass
+class _Scored:
+    self_parts: list
+    pair_parts: dict[str, list]
+    losses: Any
+    diagnostics: pd.DataFrame | None
+    skipped: set
+    timings: dict[str, float]
+
+
+def _score_models(job, method, models, factors, samples: _ShardSamples, queries: ScoreQueries, progress):
+    """Self-influence and influence on every transform's queries at each checkpoint, timed."""
+    s_ = samples
+    timings: dict[str, float] = {}
+    self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in queries.images}, None, None
+    skipped: set = set()
     for e, net, tk, act in models:
         suffix = f"_{e}" if method == "tracin" else ""
         t0 = time.perf_counter()
-        s = self_influence(net, factors, x, y, act, settings, trained, device, progress=progress, task=tk)
+        s = self_influence(
+            net, factors, s_.x, s_.y, act, s_.settings, s_.trained, job.device, progress=progress, task=tk
+        )
         timings["self" + suffix] = time.perf_counter() - t0
         self_parts.append(s.scores)
         skipped.update(s.skipped.tolist())
         diagnostics = s.diagnostics
-        if e == epoch:
+        if e == job.epoch:
             losses = s.losses
-        for t, images in query_images.items():
-            if len(queries.labels) == 0:
-                pair_parts[t].append(np.zeros((0, len(trained))))
-                continue
-            t0 = time.perf_counter()
-            pair = pairwise_influence(
-                net,
-                factors,
-                x,
-                y,
-                *with_labels(images, queries.labels),
-                act,
-                settings,
-                trained,
-                queries.test_indices,
-                device,
-                progress=progress,
-                task=tk,
-                train_total=len(trained_all),  # every shard holds the queries the same way
+        for t, images in queries.images.items():
+            pair_parts[t].append(
+                _pairwise(net, factors, images, queries, act, tk, s_, job, progress, timings, t + suffix)
             )
-            timings[f"pairwise_{t}{suffix}"] = time.perf_counter() - t0
-            pair_parts[t].append(pair.scores)
     if losses is None:  # TracIn without the influence epoch's own checkpoint
-        losses = self_influence(job.model, None, x, y, active, settings, trained, device, task=task).losses
-    elapsed = time.perf_counter() - start
+        losses = self_influence(
+            job.model, None, s_.x, s_.y, s_.active, s_.settings, s_.trained, job.device, task=s_.task
+        ).losses
+    return _Scored(self_parts, pair_parts, losses, diagnostics, skipped, timings)
+
+
+def _pairwise(
+    net, factors, images, queries: ScoreQueries, act, task, s_: _ShardSamples, job, progress, timings, name
+):
+    """One checkpoint's (Q, n) influence of the shard's samples on the queries under one transform."""
+    selected = queries.selected
+    if len(selected.labels) == 0:
+        return np.zeros((0, len(s_.trained)))
+    t0 = time.perf_counter()
+    pair = pairwise_influence(
+        net,
+        factors,
+        s_.x,
+        s_.y,
+        *with_labels(images, selected.labels),
+        act,
+        s_.settings,
+        s_.trained,
+        selected.test_indices,
+        job.device,
+        progress=progress,
+        task=task,
+        train_total=len(s_.trained_all),  # every shard holds the queries the same way
+    )
+    timings[f"pairwise_{name}"] = time.perf_counter() - t0
+    return pair.scores
+
+
+def _shard_arrays(scored: _Scored, queries: ScoreQueries) -> dict[str, np.ndarray]:
+    selected = queries.selected
     arrays = {
-        "self_influence": accumulate_tracin(self_parts),
-        "loss": np.asarray(losses, np.float64),
-        "query_test_indices": queries.test_indices,
-        "query_labels": queries.labels,
-        "query_true_labels": queries.true_labels,
-        "query_predicted": queries.predicted,
-        "query_sign": np.float64(queries.sign),
+        "self_influence": accumulate_tracin(scored.self_parts),
+        "loss": np.asarray(scored.losses, np.float64),
+        "query_test_indices": selected.test_indices,
+        "query_labels": selected.labels,
+        "query_true_labels": selected.true_labels,
+        "query_predicted": selected.predicted,
+        "query_sign": np.float64(selected.sign),
     }
-    for t, parts in pair_parts.items():
+    for t, parts in scored.pair_parts.items():
         arrays[f"pairwise_{t}"] = accumulate_tracin(parts)
-    info = {
-        "epoch": epoch,
-        "method": method,
-        "allowed_classes": [int(c) for c in job.active] if job.active is not None else None,
-        "task": task.key(),
-        "settings": {**{k: v for k, v in vars(settings).items()}, "method": method},
-        "queries": {
-            "n": len(queries.labels),
-            "qualified": queries.candidates,
-            "select": q["select"],
-            "labels": q["labels"],
-            "triggered": queries.triggered,
-            "max_count": q["max_count"],
-        },
-        "n_train": int(len(data.train_labels)),
-        "shard": [int(shard), int(nshards)],
-        "skipped": sorted(int(i) for i in skipped),
-        "device": str(device),
-        "compute_time_seconds": elapsed,
-        "timings": timings,
-        "inputs": inputs,
-    }
-    return ScoreShard(trained.astype(np.int64), arrays, diagnostics, info)
+    return arrays
 
 
 _QUERY_KEYS = ("query_test_indices", "query_labels", "query_true_labels", "query_predicted", "query_sign")

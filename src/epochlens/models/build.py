@@ -17,8 +17,8 @@ def build_untrained(model: Mapping[str, Any], data: Dataset | TextDataset, seed:
     """The run's model (its ``model`` section) for ``data``, initialised from ``seed``."""
     if "hf" not in model:
         return build_model(model["name"], data.num_classes, data.train_images.shape[1], seed=seed)
-    from epochlens.formats.user_model import attach_output_adapter
     from epochlens.models.hf import build_hf_model
+    from epochlens.models.outputs import attach_output_adapter
 
     hf = model["hf"]
     net = build_hf_model(

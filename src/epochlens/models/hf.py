@@ -42,6 +42,7 @@ from torch import nn
 
 from epochlens.checkpoints import check_finite
 from epochlens.errors import CheckpointError, ConfigError
+from epochlens.models.hf_tiny import TINY_FAMILIES, tiny_config  # noqa: F401 (public here too)
 
 #: Head kinds and the Auto class that builds each.
 TASK_HEADS = ("sequence_classification", "causal_lm", "text_to_text")
@@ -263,35 +264,7 @@ def load_hf_model(
                 "incomplete checkpoint (training interrupted or still writing): delete the folder, or "
                 "wait for training to save it."
             )
-        _offline()
-        from safetensors import SafetensorError
-
-        try:
-            with _quiet():
-                model, info = _auto_class(task).from_pretrained(
-                    path,
-                    config=cfg,
-                    local_files_only=True,
-                    dtype=torch.float32,
-                    attn_implementation=attention,
-                    output_loading_info=True,
-                )
-        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
-            from epochlens.models.hf_heads import task_problem
-
-            problem = task_problem(path / CONFIG_FILE, task) if (path / CONFIG_FILE).is_file() else None
-            if problem or "Unrecognized configuration class" in str(exc):
-                raise CheckpointError(
-                    (problem or f"{path}: model.hf.task {task} cannot load this model ({str(exc)[:200]})")
-                    + ". The files are fine: the model's type has no such head."
-                ) from exc
-            raise CheckpointError(
-                f"{path}: transformers cannot load these weights ({type(exc).__name__}: {str(exc)[:300]}). "
-                "The files are truncated or were written for another model: copy them again."
-            ) from exc
-        _check_loading(info, path, task)
-        check_finite(model.state_dict(), path)
-        return _finish(model, task, path)
+        return _from_folder(path, cfg, task, attention)
     if config is None:
         raise CheckpointError(
             f"{path}: a weights file needs the model's config.json: give the model folder (config=...) "
@@ -308,6 +281,39 @@ def load_hf_model(
 
         load_into(model, path)
     return model.eval()
+
+
+def _from_folder(path: Path, cfg, task: str, attention: str) -> nn.Module:
+    """``from_pretrained`` of a checkpoint folder with its config, offline, the loading checked."""
+    _offline()
+    from safetensors import SafetensorError
+
+    try:
+        with _quiet():
+            model, info = _auto_class(task).from_pretrained(
+                path,
+                config=cfg,
+                local_files_only=True,
+                dtype=torch.float32,
+                attn_implementation=attention,
+                output_loading_info=True,
+            )
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        from epochlens.models.hf_heads import task_problem
+
+        problem = task_problem(path / CONFIG_FILE, task) if (path / CONFIG_FILE).is_file() else None
+        if problem or "Unrecognized configuration class" in str(exc):
+            raise CheckpointError(
+                (problem or f"{path}: model.hf.task {task} cannot load this model ({str(exc)[:200]})")
+                + ". The files are fine: the model's type has no such head."
+            ) from exc
+        raise CheckpointError(
+            f"{path}: transformers cannot load these weights ({type(exc).__name__}: {str(exc)[:300]}). "
+            "The files are truncated or were written for another model: copy them again."
+        ) from exc
+    _check_loading(info, path, task)
+    check_finite(model.state_dict(), path)
+    return _finish(model, task, path)
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -394,110 +400,6 @@ def _short(items: list[str], n: int = 6) -> str:
 
 
 # ------------------------------------------------------------------ tiny models for demo and tests
-#: Families :func:`tiny_config` can make, and the head kinds each supports.
-TINY_FAMILIES: dict[str, tuple[str, ...]] = {
-    "bert": ("sequence_classification",),
-    "roberta": ("sequence_classification",),
-    "distilbert": ("sequence_classification",),
-    "gpt2": ("sequence_classification", "causal_lm"),
-    "llama": ("sequence_classification", "causal_lm"),
-    "mistral": ("sequence_classification", "causal_lm"),
-    "qwen2": ("sequence_classification", "causal_lm"),
-    "t5": ("sequence_classification", "text_to_text"),
-}
-
-
-def tiny_config(
-    model_type: str,
-    vocab_size: int,
-    num_labels: int = 2,
-    pad_token_id: int | None = 0,
-    bos_token_id: int | None = None,
-    eos_token_id: int | None = None,
-    max_positions: int = 64,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 2,
-    mlp_width: int = 64,
-    dropout: float = 0.0,
-):
-    """A tiny ``PretrainedConfig`` of ``model_type`` (see :data:`TINY_FAMILIES`).
-
-    Dropout is off by default: per-sample analyses run in eval mode anyway, and training without
-    dropout is a function of the seed and the batch order only. T5 needs ``eos_token_id`` (its
-    classifier reads the last eos token of each sequence).
-    """
-    import transformers as tf
-
-    special = dict(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
-    common = dict(vocab_size=vocab_size, num_labels=num_labels, **special)
-    if model_type in ("bert", "roberta"):
-        cls = tf.BertConfig if model_type == "bert" else tf.RobertaConfig
-        # RoBERTa's positions start after the pad id: room for it.
-        extra = 2 if model_type == "roberta" else 0
-        return cls(
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=mlp_width,
-            max_position_embeddings=max_positions + extra,
-            hidden_dropout_prob=dropout,
-            attention_probs_dropout_prob=dropout,
-            **common,
-        )
-    if model_type == "distilbert":
-        return tf.DistilBertConfig(
-            dim=hidden,
-            n_layers=layers,
-            n_heads=heads,
-            hidden_dim=mlp_width,
-            max_position_embeddings=max_positions,
-            dropout=dropout,
-            attention_dropout=dropout,
-            seq_classif_dropout=dropout,
-            **common,
-        )
-    if model_type == "gpt2":
-        return tf.GPT2Config(
-            n_embd=hidden,
-            n_layer=layers,
-            n_head=heads,
-            n_inner=mlp_width,
-            n_positions=max_positions,
-            resid_pdrop=dropout,
-            embd_pdrop=dropout,
-            attn_pdrop=dropout,
-            summary_first_dropout=dropout,
-            **common,
-        )
-    if model_type in ("llama", "mistral", "qwen2"):
-        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config}[model_type]
-        return cls(
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=heads,
-            intermediate_size=mlp_width,
-            max_position_embeddings=max_positions,
-            attention_dropout=dropout,
-            **common,
-        )
-    if model_type == "t5":
-        if eos_token_id is None:
-            raise ConfigError("a tiny T5 needs eos_token_id (its classifier reads the last eos token).")
-        return tf.T5Config(
-            d_model=hidden,
-            d_kv=hidden // heads,
-            d_ff=mlp_width,
-            num_layers=layers,
-            num_heads=heads,
-            dropout_rate=dropout,
-            decoder_start_token_id=pad_token_id if pad_token_id is not None else 0,
-            **common,
-        )
-    raise ConfigError(f"tiny_config: model_type {model_type!r} must be one of {sorted(TINY_FAMILIES)}.")
-
-
 def write_tiny_model(
     folder: str | Path,
     config,

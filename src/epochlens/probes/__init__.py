@@ -34,7 +34,7 @@ _EXPORTS = {
     "probe_seeds": "linear",
     "probe_features": "linear",
     "probe_checkpoint": "linear",
-    "stratified_split": "linear",
+    "stratified_split": "plan",
     "aggregate_seeds": "summary",
     "probe_summary": "summary",
 }

@@ -29,34 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from epochlens.errors import ProbeError
+from epochlens.probes.fits import BETAS, EPS, BatchedFit, SeedSplit, _adam  # noqa: F401 (public here too)
+from epochlens.probes.plan import probe_plan
 from epochlens.probes.settings import ProbeSettings
 
 #: Most bytes of the mini-batches gathered in one step: beyond, the layers are fitted in several
 #: groups (16 layers x 10 seeds x 512 x 768 floats gathered per step ran no faster than one probe
 #: at a time on the CPU; 4 layers ran 1.9x faster, 16 layers of 6-8 features 10x).
 STEP_BYTES = 32 << 20
-BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as the one-at-a-time probe uses
-EPS = 1e-8
-
-
-@dataclass
-class SeedSplit:
-    """Global row positions of one seed's fit and early-stopping samples."""
-
-    fit: torch.Tensor  # (n_fit,)
-    stop: torch.Tensor  # (n_stop,), the fit samples when there are none held out
-
-
-@dataclass
-class BatchedFit:
-    """P = G x S fitted probes (layer-major), logits = ((x - mean) / scale) @ weight + bias."""
-
-    weight: torch.Tensor  # (P, D, K)
-    bias: torch.Tensor  # (P, K)
-    mean: torch.Tensor  # (P, D)
-    scale: torch.Tensor  # (P, D)
-    best_epoch: list[int]
-    epochs_run: list[int]
 
 
 def _stats(
@@ -218,17 +198,6 @@ def _epoch(x, y, fits, orders, state, mean, scale, layers, active, settings, amp
     state.m_w[active], state.v_w[active], state.m_b[active], state.v_b[active] = m_w, v_w, m_b, v_b
 
 
-def _adam(
-    param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, lr: float
-) -> None:
-    """torch.optim.Adam's update (no weight decay, no amsgrad), in place."""
-    b1, b2 = BETAS
-    m.lerp_(grad, 1 - b1)
-    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (v.sqrt() / math.sqrt(1 - b2**step)).add_(EPS)
-    param.addcdiv_(m, denom, value=-lr / (1 - b1**step))
-
-
 def evaluate(
     fit: BatchedFit,
     x: torch.Tensor,
@@ -256,8 +225,6 @@ def batched_rows(
     """:func:`epochlens.probes.linear.probe_seeds` of each layer of ``x`` (G, N, D) at once: per
     layer, its rows (seed, evaluation set) with the same keys and order. ``settings.batch_order``
     ``shared``: the seeds of a layer on shared mini-batches (:mod:`epochlens.probes.shared_order`)."""
-    from epochlens.probes.linear import probe_plan
-
     plan = probe_plan(y, fit_mask, eval_masks, settings, x.device)
     y_dev = torch.as_tensor(np.asarray(y, dtype=np.int64)).to(x.device)
     splits = [SeedSplit(fit, stop if len(stop) else fit) for fit, stop in plan.seed_rows]

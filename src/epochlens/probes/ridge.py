@@ -206,17 +206,9 @@ def ridge_seeds(
     for seed in settings.seeds:
         keep, held = random_split(len(fit_pos), settings.stop_fraction if len(alphas) > 1 else 0.0, seed)
         fit_idx, stop_idx = fit_pos[keep], fit_pos[held]
-        fits = fit_ridge_path(x[fit_idx], y2[fit_idx], alphas, settings.standardize)
-        if len(fits) > 1:
-            scores = [r2(y2[stop_idx], f.predict(x[stop_idx])) for f in fits]
-            if not np.isfinite(scores).any():
-                raise ProbeError(f"ridge probe: no finite R² on the {len(stop_idx)} held-out samples.")
-            # the best R²; ties (and rounding-level differences) to the larger penalty
-            best_score = np.nanmax(scores)
-            best = max((i for i, s in enumerate(scores) if s >= best_score - 1e-12), key=lambda i: alphas[i])
-        else:
-            best = 0
-        probe = fits[best]
+        probe = _chosen_probe(
+            fit_ridge_path(x[fit_idx], y2[fit_idx], alphas, settings.standardize), x, y2, stop_idx
+        )
         fit_r2 = r2(y2[fit_idx], probe.predict(x[fit_idx]))
         for name, ev in evals.items():
             pred = probe.predict(x[ev])
@@ -238,3 +230,15 @@ def ridge_seeds(
                 }
             )
     return rows
+
+
+def _chosen_probe(fits: list, x: np.ndarray, y2: np.ndarray, stop_idx: np.ndarray):
+    """The fit of the penalty with the best R² on the held-out samples ``stop_idx`` (ties, and
+    rounding-level differences, to the larger penalty); the one fit when there is one penalty."""
+    if len(fits) == 1:
+        return fits[0]
+    scores = [r2(y2[stop_idx], f.predict(x[stop_idx])) for f in fits]
+    if not np.isfinite(scores).any():
+        raise ProbeError(f"ridge probe: no finite R² on the {len(stop_idx)} held-out samples.")
+    best_score = np.nanmax(scores)
+    return max((fits[i] for i, s in enumerate(scores) if s >= best_score - 1e-12), key=lambda f: f.alpha)

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from epochlens.errors import ProbeError
+from epochlens.probes.plan import probe_plan
 from epochlens.probes.ridge import eigen_path, solve_path
 from epochlens.probes.settings import ProbeSettings
 
@@ -225,8 +226,6 @@ def class_ridge_rows(
     """The rows of :func:`epochlens.probes.linear.probe_seeds` for each layer of ``x`` (G, N, D),
     from ridge probes of the classes (module doc): per layer, rows (seed, evaluation set) in the same
     order, with ``alpha``. ``layer_names`` name the layers in errors."""
-    from epochlens.probes.linear import probe_plan
-
     names = list(layer_names or [str(i) for i in range(x.shape[0])])
     # a NaN or infinity makes the layer's sum non-finite (a tenth of the time of isfinite on every value)
     bad = [names[i] for i in range(x.shape[0]) if not torch.isfinite(x[i].sum())]

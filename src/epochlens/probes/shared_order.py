@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from epochlens.errors import ProbeError
-from epochlens.probes.batched import BETAS, EPS, BatchedFit, SeedSplit, _adam
+from epochlens.probes.fits import BETAS, EPS, BatchedFit, SeedSplit, _adam
 from epochlens.probes.settings import ProbeSettings
 
 #: Most bytes of a fit's gathered rows: each layer's mini-batch and every seed's early-stopping

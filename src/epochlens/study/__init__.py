@@ -4,6 +4,8 @@
 * :mod:`.transforms`  query transforms (images: hflip, noise, crop; texts: token dropout, truncation);
 * :mod:`.settings`    query and transform settings (torch-free);
 * :mod:`.queries`     the test images whose predictions are attributed;
+* :mod:`.score_queries`  the queries and their transformed inputs that the influence score jobs
+  take (the engine, :mod:`epochlens.influence`, knows nothing of studies);
 * :mod:`.poison`      TracIn over a class schedule, per-image signals and the detection tables
   (torch-free);
 * :mod:`.detection`   how well each signal finds the corrupted images (AUROC, precision at k).
@@ -22,7 +24,7 @@ _EXPORTS = {
     "QuerySettings": "settings",
     "QueryTransformSettings": "settings",
     "select_queries": "queries",
-    "accumulate_tracin": "poison",
+    "accumulate_tracin": "epochlens.influence.accumulate",
     "study_signals": "poison",
     "roc_table": "poison",
     "top_ranked": "poison",

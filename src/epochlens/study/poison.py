@@ -6,8 +6,9 @@ A run trains on a training set of which some images were corrupted on purpose
 holds the steps between the two (torch-free: the detection tables run without it; the queries are
 chosen by :mod:`epochlens.study.queries`):
 
-* :func:`accumulate_tracin`: TracIn's sum over checkpoints where each image counts only at the
-  checkpoints at which its class had been trained (class-incremental schedules);
+* :func:`~epochlens.influence.accumulate.accumulate_tracin` (defined with the influence engine): TracIn's
+  sum over checkpoints where each image counts only at the checkpoints at which its class had been
+  trained (class-incremental schedules);
 * :func:`study_signals`: the per-image signals of one method (self-influence, influence on the
   queries under each query transform, reduced over the queries by :func:`reduce_query_influence`);
 * :func:`roc_table`, :func:`top_ranked`: tidy tables behind the ROC and top-images figures.
@@ -22,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from epochlens.errors import ConfigError
-from epochlens.influence.settings import InfluenceSettings
+from epochlens.influence.accumulate import accumulate_tracin  # noqa: F401 (public here too)
+from epochlens.influence.settings import influence_settings  # noqa: F401 (public here too)
 from epochlens.study.detection import (
     baseline_signals,
     detection_table,
@@ -30,22 +32,6 @@ from epochlens.study.detection import (
     transform_agreement,
 )
 from epochlens.study.settings import QUERY_REDUCTIONS
-
-
-def accumulate_tracin(parts: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
-    """Σ_k w_k parts[k] where each entry counts only at the checkpoints where it is finite.
-
-    In a class-incremental run an image (or a query's label) is not trained before its class is
-    added: its score at those checkpoints is NaN and contributes nothing, as in TracIn's sum over
-    the steps that trained on it. Entries NaN at every checkpoint stay NaN.
-    """
-    if not parts:
-        raise ValueError("TracIn needs at least one checkpoint")
-    weights = [1.0] * len(parts) if weights is None else list(weights)
-    stack = np.stack([np.asarray(p, np.float64) * w for p, w in zip(parts, weights, strict=True)])
-    finite = np.isfinite(stack)
-    total = np.where(finite, stack, 0.0).sum(0)
-    return np.where(finite.any(0), total, np.nan)
 
 
 def query_signal_name(transform: str) -> str:
@@ -157,39 +143,6 @@ def target_text(target: np.ndarray | float, digits: int = 3) -> str:
     values = np.atleast_1d(np.asarray(target, dtype=np.float64)).ravel()
     shown = ", ".join(f"{v:.{digits}g}" for v in values[:6]) + (", ..." if len(values) > 6 else "")
     return shown if np.ndim(target) == 0 else f"[{shown}]"
-
-
-def influence_settings(settings: Mapping, execution: Mapping | None = None) -> InfluenceSettings:
-    """:class:`InfluenceSettings` from a run's influence config.
-
-    Args:
-        settings: the keys that change results (method, and as present fisher, layers,
-            exclude_layers, seed, damping, damping_mode, precondition_dtype, query_gradient_rank);
-            others are ignored.
-        execution: batch sizes (factor_batch_size, train_batch_size, query_batch_size),
-            query_memory_gb and eigh_workers, which do not change results.
-    """
-    keys = (
-        "method",
-        "fisher",
-        "seed",
-        "damping",
-        "damping_mode",
-        "precondition_dtype",
-        "query_gradient_rank",
-    )
-    kwargs = {k: settings[k] for k in keys if k in settings}
-    if kwargs.get("fisher") is True:  # YAML's unquoted true
-        kwargs["fisher"] = "true"
-    for k in ("layers", "exclude_layers"):
-        if k in settings:
-            kwargs[k] = tuple(settings[k])
-    for k in ("factor_batch_size", "train_batch_size", "query_batch_size", "eigh_workers"):
-        if execution and k in execution:
-            kwargs[k] = int(execution[k])
-    if execution and "query_memory_gb" in execution:
-        kwargs["query_memory_gb"] = float(execution["query_memory_gb"])
-    return InfluenceSettings(**kwargs)
 
 
 def detection_tables(

@@ -38,14 +38,15 @@ from torch import nn
 from epochlens.influence import (
     InfluenceSettings,
     fit_factors,
+    gradient_math,
     pairwise_influence,
     per_sample_gradients,
     self_influence,
     tracin_pairwise,
     tracin_self,
 )
+from epochlens.influence import held_queries as held_queries_module
 from epochlens.influence import layers as layer_math
-from epochlens.influence import scores as scores_module
 from epochlens.influence.gradients import forward_backprop, prepared_model
 from epochlens.influence.layers import (
     ActivationCapture,
@@ -100,7 +101,7 @@ def test_kronecker_methods_equal_exact_influence_where_the_factorisation_is_exac
             m.conv.bias.copy_(torch.tensor([0.3, -1.0, 0.8, 0.1], dtype=torch.float64))
         x, y = data(24, (2, 3, 3), 4, 1)
     y = active[y % 3]
-    monkeypatch.setattr(scores_module, "held_in_eigenbasis", lambda *shapes: in_basis)
+    monkeypatch.setattr(held_queries_module, "held_in_eigenbasis", lambda *shapes: in_basis)
     settings = InfluenceSettings(method=method, fisher="expected", damping=1e-8)
     factors = fit_factors(m, x, y, active, settings)
     pair = pairwise_influence(m, factors, x, y, x[:7], y[:7], active, settings)
@@ -244,7 +245,7 @@ def test_pairwise_holds_in_the_eigenbasis_where_rotating_the_training_gradients_
 @pytest.mark.parametrize("dim", [1, 3, 4, 5, 11])
 def test_gram_by_upper_blocks_then_mirrored_is_the_full_product(monkeypatch, dim) -> None:
     """Σ_batches aᵀa from the block rows of the upper triangle (blocks of 4: one, several, ragged)."""
-    monkeypatch.setattr(layer_math, "GRAM_BLOCK", 4)
+    monkeypatch.setattr(gradient_math, "GRAM_BLOCK", 4)
     g = torch.Generator().manual_seed(dim)
     batches = [torch.randn(7, dim, generator=g, dtype=torch.float64) for _ in range(3)]
     out = torch.zeros(dim, dim, dtype=torch.float64)
@@ -319,7 +320,7 @@ def test_a_batch_keeps_the_compute_dtype_and_gives_any_layer_unscaled_in_float64
         expected = layer_output_grads(info, g_n[rows].double()) / bp.scales[0][rows][:, None, None]
         torch.testing.assert_close(d, expected, rtol=0, atol=0)
         for budget in (1, a[0].numel() * 8 * 2 + d[0].numel() * 8 * 2, 2**30):
-            monkeypatch.setattr(layer_math, "CHUNK_BYTES", budget)
+            monkeypatch.setattr(gradient_math, "CHUNK_BYTES", budget)
             parts = list(bp.chunks(n, torch.float64, rows))
             assert len(parts) == {1: 5, 2**30: 1}.get(budget, 3)
             torch.testing.assert_close(torch.cat([p[0] for p in parts]), a, rtol=0, atol=0)
@@ -373,7 +374,7 @@ def test_factors_and_scores_do_not_depend_on_the_chunk_size(monkeypatch, method)
     xq, yq = data(3, (2, 6, 6), 5, seed=5)
     out = {}
     for budget in (1, 2**30):
-        monkeypatch.setattr(layer_math, "CHUNK_BYTES", budget)
+        monkeypatch.setattr(gradient_math, "CHUNK_BYTES", budget)
         s = InfluenceSettings(method=method, factor_batch_size=4, train_batch_size=4, query_batch_size=2)
         f = fit_factors(m, x, y, np.arange(5), s)
         pair = pairwise_influence(m, f, x, y, xq, yq, np.arange(5), replace(s, query_memory_gb=1e-9))
