@@ -4,7 +4,7 @@ from epochlens.config.checks import is_text_run, is_text_to_text_run
 
 #: The tasks whose checkpoints give a dossier its series (a user's own task callable has no
 #: probability of a label nor absolute error that epochlens knows how to read).
-DOSSIER_TASKS = ("classification", "regression", "language_model")
+DOSSIER_TASKS = ("classification", "regression", "language_model", "text_to_text")
 
 
 def dossier_kind(run):
