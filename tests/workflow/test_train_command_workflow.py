@@ -200,7 +200,7 @@ def test_editing_the_script_retrains_what_depends_on_it_once_committed(finished)
         project.git("add", "NOTES.md")
         project.git("commit", "-q", "-m", "notes")
         cfg = config(**{RUN: {**run_config(), "curvature": {"enabled": False, "n_directions": 3}}})
-        dossier = {"sample_dossier": 1, "plot_data_map": 1, "all": 1}
+        dossier = {"sample_dossier": 1, "plot_data_map": 1, "sample_explorer": 1, "all": 1}
         assert finished.planned(write_config(finished.work / "analysis.yaml", cfg)) == dossier
 
         # Editing the script: refused while uncommitted (the finished checkpoints stay in use) ...
@@ -283,6 +283,7 @@ def test_each_kind_of_edit_plans_its_stages(finished):
     plans (the training and everything after it, or one stage and its tables)."""
     planned = finished.planned
     everything = {**RETRAINED, "prepare_data": 1, "class_order": 3, "training_data": 1}
+    everything["sample_thumbnails"] = 1  # the dossier's pictures of the data
     with restored(finished.project.npz):
         with np.load(finished.project.npz) as data:
             arrays = dict(data)
@@ -297,10 +298,11 @@ def test_each_kind_of_edit_plans_its_stages(finished):
 
     assert edited("train", seed=11) == RETRAINED  # the command uses {seed}
     curvature = {"curvature_shard": 3, "curvature_epoch": 3, "curvature_tables": 1, "plot_curvature": 1}
-    assert edited("curvature", n_directions=3) == {**curvature, "all": 1}
+    samples = {"sample_dossier": 1, "plot_data_map": 1, "sample_explorer": 1}  # they read both
+    assert edited("curvature", n_directions=3) == {**curvature, **samples, "all": 1}
     assert edited("features", representations=["pooled"]) == {"features_epoch": 3, "all": 1}
     scores = {"influence_scores": 1, "poison_detection": 1, "plot_influence": 1}  # ekfac's; factors kept
-    assert edited("influence", damping=0.2) == {**scores, "lds_tables": 1, "plot_lds": 1, "all": 1}
+    assert edited("influence", damping=0.2) == {**scores, **samples, "lds_tables": 1, "plot_lds": 1, "all": 1}
     # model.kwargs build the model the checkpoints are loaded into (the command has its own):
     # every job that builds it, and not the training
     builds = {k: n for k, n in RETRAINED.items() if k not in ("train_mlp", "lds_retrain")}

@@ -62,11 +62,11 @@ def _classify(table: pa.Table, n_epochs: int) -> dict:
         t = table.schema.field(name).type
         if name == "epochs" or name in nb_names:
             continue
-        if cols._is_list(t):
+        if cols.is_list(t) and name in cols.VALUE_LISTS:
+            strings.append(name)
+        elif cols.is_list(t):
             series.append((name, cols.series(name, table.column(name), n_epochs)))
-            continue
-        s = cols.scalar(name, table.column(name))
-        if s is not None:
+        elif (s := cols.scalar(name, table.column(name))) is not None:
             scalars.append(s)
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
             strings.append(name)
@@ -133,7 +133,7 @@ def _write_chunks(out: Path, table: pa.Table, parts: dict, nbs: list, width: int
     n = table.num_rows
     size = int(np.clip(2 ** round(np.log2(CHUNK_BYTES / (4 * width))), 256, 65536))
     (out / "chunks").mkdir()
-    strings = {name: table.column(name).to_pylist() for name in parts["strings"]}
+    strings = {name: cols.text_values(table.column(name)) for name in parts["strings"]}
     for c, lo in enumerate(range(0, n, size)):
         hi = min(n, lo + size)
         _row_block(parts, nbs, lo, hi).tofile(out / "chunks" / f"{c}.bin")

@@ -27,6 +27,9 @@ KEY = ("index", "role", "position")
 CATEGORICAL_INTS = ("index", "label")
 #: Always shown as text, never as a category.
 STRINGS = ("id", "text", "image")
+#: List columns that hold one sample's values, not a series (a multi-output regression's target):
+#: shown as text in the sample panel and the table.
+VALUE_LISTS = ("target",)
 #: A string column of at most this many distinct values is a category.
 MAX_CATEGORIES = 256
 #: Neighbour lists: (pattern of the positions column, its scores column, the role the positions name).
@@ -59,7 +62,7 @@ class Neighbours:
     values: np.ndarray  # (n, k) float32 scores, NaN = none
 
 
-def _is_list(t: pa.DataType) -> bool:
+def is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
@@ -159,3 +162,11 @@ def neighbours(table: pa.Table, spec: tuple[str, str, str], lookup: dict, key: t
     rows[row_of, slot] = targets
     values[row_of, slot] = flat_scores
     return Neighbours(name, scores_name, role, rows, values)
+
+
+def text_values(column: pa.ChunkedArray) -> list:
+    """A string column's values; a value list's (:data:`VALUE_LISTS`) as text, ``0.5, -1.25``."""
+    values = column.to_pylist()
+    if not is_list(column.type):
+        return values
+    return [None if v is None else ", ".join(f"{x:.6g}" for x in v) for v in values]

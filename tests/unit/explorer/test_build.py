@@ -136,3 +136,22 @@ def test_thumbnails_are_copied_with_the_page(tmp_path):
         build_explorer(write_tiny_dossier(tmp_path / "bad.parquet", rows=rows), tmp_path / "explorer")
     assert (tmp_path / "explorer/thumbs/train_1.png").exists()  # the earlier explorer, kept whole
     assert not (tmp_path / "explorer.partial").exists()
+
+
+def test_a_multi_output_regressions_target_is_text_not_a_series(tmp_path):
+    """A regression's target of 4 values per sample (the dossier's list column ``target``) is the
+    sample's values, not a series across checkpoints: shown as text (a training command's run of
+    4 outputs failed the build, 'holds 4 values for 3 epochs')."""
+    rows = {
+        "index": pa.array([0, 0], pa.int32()),
+        "role": ["train", "train"],
+        "position": pa.array([0, 1], pa.int64()),
+        "target": pa.array([[0.5, -1.25, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0]], pa.list_(pa.float64())),
+        "epochs": pa.array([EPOCHS, EPOCHS], pa.list_(pa.int32())),
+        "loss": pa.array([[1.0, 2.0, 3.0], [0.5, 0.25, 0.125]], pa.list_(pa.float32())),
+    }
+    out = tmp_path / "explorer"
+    m = build_explorer(write_tiny_dossier(tmp_path / "regression.parquet", rows=rows), out)
+    assert "target" in m["strings"] and [s["name"] for s in m["layout"]["series"]] == ["loss"]
+    strings = json.loads((out / "chunks/0.json").read_text())
+    assert strings["target"] == ["0.5, -1.25, 2, 0", "1, 1, 1, 1"]
