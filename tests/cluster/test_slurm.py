@@ -31,7 +31,7 @@ RUN = "slurmtiny"
 # Rules that compute on a GPU when there is one: the workflow asks for one (rules/common.smk:
 # get_gpu_resources), profiles/slurm/config.yaml sizes them.
 GPU_RULES = re.compile(
-    r"train_.+|curvature_shard|features_epoch|ablation_epoch|influence_factors|influence_scores"
+    r"train_.+|curvature_shard|features_epoch|ablation_epoch|influence_factors|influence_scores|sample_outputs"
 )
 # Local rules (Snakefile: localrules): they must never reach SLURM.
 LOCAL_RULES = re.compile(r"(all|figures|accuracy_tables|plot_.+)")

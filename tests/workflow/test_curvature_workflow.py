@@ -164,6 +164,7 @@ def test_resume_recomputes_only_the_missing_shard(runs):
         "plot_probes": 1,
         "sample_dossier": 1,  # it reads the curvature arrays
         "plot_data_map": 1,
+        "sample_explorer": 1,
         "all": 1,
     }
     snakemake(wf, work, configfile=cfg)

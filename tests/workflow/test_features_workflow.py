@@ -271,6 +271,7 @@ def test_what_reruns(tiny_run, tmp_path):
         "sample_outputs": 1,  # the index's checkpoints, this one with them
         "sample_dossier": 1,
         "plot_data_map": 1,
+        "sample_explorer": 1,
         "all": 1,
     }
     for rule in ("features_epoch", "ablation_epoch"):

@@ -79,6 +79,7 @@ def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
         "sample_dossier": 1,
         "sample_thumbnails": 1,
         "plot_data_map": 1,
+        "sample_explorer": 1,
         "all": 1,
     }
     print(f"dry run of the full study: {elapsed:.1f} s")

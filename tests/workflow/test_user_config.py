@@ -91,6 +91,7 @@ def test_user_configfile_is_the_whole_config(tmp_path, from_repo_root):
         "sample_dossier": 1,
         "sample_thumbnails": 1,
         "plot_data_map": 1,
+        "sample_explorer": 1,
         "all": 1,
     }
     assert "results/digits" not in out and "config/config.yaml" not in out

@@ -37,6 +37,7 @@ ONE_EPOCH_AND_AGGREGATES = {
     "sample_outputs": 1,
     "sample_dossier": 1,
     "plot_data_map": 1,
+    "sample_explorer": 1,
     "curvature_shard": 1,
     "curvature_epoch": 1,
     "features_epoch": 1,
@@ -288,6 +289,7 @@ def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
         "sample_outputs": 1,  # every checkpoint of the index (it failed without epoch 4's)
         "sample_dossier": 1,
         "plot_data_map": 1,
+        "sample_explorer": 1,
         "all": 1,
     }
 

@@ -292,7 +292,7 @@ def test_the_config_check_takes_a_t5_run_and_names_what_does_not_fit(tmp_path):
     # influence: with the text_to_text task (the target tokens' mean NLL, no shift) and test prompts
     influence = {"enabled": True, "queries": {"select": "all"}}
     for task in ("classification", "language_model"):
-        with pytest.raises(ConfigError, match="set task: text_to_text"):
+        with pytest.raises(ConfigError, match=r"remove runs.t5.task \(it follows model.hf.task\) or set it"):
             run = {**t5_run(tmp_path, "text_to_text", influence=influence), "task": task}
             run_config.validate({"runs": {"t5": run}}, SCHEMA)
     run = {**t5_run(tmp_path, "text_to_text", influence=influence), "task": "text_to_text"}
