@@ -297,8 +297,12 @@ def test_the_config_check_takes_a_t5_run_and_names_what_does_not_fit(tmp_path):
             run_config.validate({"runs": {"t5": run}}, SCHEMA)
     run = {**t5_run(tmp_path, "text_to_text", influence=influence), "task": "text_to_text"}
     run_config.validate({"runs": {"t5": run}}, SCHEMA)
+    # queries.select defaults to all for a run without class predictions; misclassified is refused
+    run = {**t5_run(tmp_path, "text_to_text", influence={"enabled": True}), "task": "text_to_text"}
+    run_config.validate({"runs": {"t5": run}}, SCHEMA)
     with pytest.raises(ConfigError, match="select: misclassified"):
-        run = {**t5_run(tmp_path, "text_to_text", influence={"enabled": True}), "task": "text_to_text"}
+        influence = {"enabled": True, "queries": {"select": "misclassified"}}
+        run = {**t5_run(tmp_path, "text_to_text", influence=influence), "task": "text_to_text"}
         run_config.validate({"runs": {"t5": run}}, SCHEMA)
     with pytest.raises(ConfigError, match="set model.hf.task: text_to_text"):
         run_config.validate({"runs": {"t5": t5_run(tmp_path, "causal_lm")}}, SCHEMA)
