@@ -7,7 +7,7 @@ Users' files were saved from CUDA and sometimes from ``nn.DataParallel`` (keys p
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -102,10 +102,15 @@ def _short(items: list[str], n: int = 6) -> str:
     return str(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+def nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the floating-point tensors that hold NaN or Inf."""
+    return [k for k, v in named if v.is_floating_point() and not bool(torch.isfinite(v.detach()).all())]
+
+
 def check_finite(state: Mapping[str, torch.Tensor], source: str | Path) -> None:
     """CheckpointError naming the tensors of ``state`` with NaN or Inf values: every result of such
     a model (losses, curvature, influence) would be NaN or a wrong number without a word."""
-    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    bad = nonfinite(state.items())
     if bad:
         raise CheckpointError(
             f"{source}: {len(bad)} tensor(s) hold NaN or Inf values ({_short(bad)}): the training "

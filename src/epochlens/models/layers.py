@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from epochlens.checkpoints import nonfinite
 from epochlens.errors import EpochlensError, LayerError
 
 
@@ -89,10 +90,7 @@ def channels_first(act: torch.Tensor) -> torch.Tensor:
 
 def check_finite_weights(model: nn.Module) -> None:
     """Raise EpochlensError naming every parameter or buffer that holds NaN or Inf."""
-    bad = []
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.is_floating_point() and not bool(torch.isfinite(t.detach()).all()):
-            bad.append(name)
+    bad = nonfinite([*model.named_parameters(), *model.named_buffers()])
     if bad:
         raise EpochlensError(
             f"model weights contain NaN or Inf in {_short(bad)}: the checkpoint is corrupt or "
