@@ -83,7 +83,7 @@ _EXPORTS = {
     "per_sample_gradients": "scores",
     "save_factors": "io",
     "save_table": "io",
-    "select_layers": "layers",
+    "select_layers": "layer_selection",
     "self_influence": "scores",
     "state_dict_sha256": "io",
     "symmetric_eigh": "eigen",

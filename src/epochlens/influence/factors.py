@@ -47,14 +47,8 @@ from epochlens.influence.gradients import (
     resolve_compute_dtype,
     task_batches,
 )
-from epochlens.influence.layers import (
-    ActivationCapture,
-    LayerInfo,
-    gradient_chunks,
-    gram_,
-    select_layers,
-    symmetrize_,
-)
+from epochlens.influence.layer_selection import select_layers
+from epochlens.influence.layers import ActivationCapture, LayerInfo, gradient_chunks, gram_, symmetrize_
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.progress import progress_bar
 from epochlens.tasks import ClassificationTask, Task, task_from_config

@@ -31,7 +31,7 @@ from exact_influence import (
 from scipy.stats import spearmanr
 
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
-from epochlens.influence.layers import select_layers
+from epochlens.influence.layer_selection import select_layers
 from epochlens.tasks import LanguageModelTask
 
 transformers = pytest.importorskip("transformers")

@@ -48,6 +48,7 @@ from epochlens.influence import (
 from epochlens.influence import held_queries as held_queries_module
 from epochlens.influence import layers as layer_math
 from epochlens.influence.gradients import forward_backprop, prepared_model
+from epochlens.influence.layer_selection import select_layers
 from epochlens.influence.layers import (
     ActivationCapture,
     gram_,
@@ -55,7 +56,6 @@ from epochlens.influence.layers import (
     layer_inputs,
     layer_output_grads,
     rotated_gradient,
-    select_layers,
     symmetrize_,
 )
 from epochlens.tasks import ClassificationTask

@@ -46,7 +46,7 @@ from exact_influence import (
 from scipy.stats import spearmanr
 
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
-from epochlens.influence.layers import select_layers
+from epochlens.influence.layer_selection import select_layers
 from epochlens.tasks import TextToTextTask, task_from_config
 
 transformers = pytest.importorskip("transformers")
