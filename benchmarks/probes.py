@@ -22,7 +22,7 @@ noise) and prints one JSON object:
   ``--probe-sides``, interleaved (A B .., .. B A), best of ``--repeats``: softmax probes fitted
   together (:mod:`epochlens.probes.batched`), together on mini-batches that the seeds share
   (``probes.batch_order: shared``, :mod:`epochlens.probes.shared_order`) and one at a time
-  (:func:`epochlens.probes.linear.probe_seeds`, the previous code); ridge probes of the classes
+  (:func:`epochlens.probes.softmax.probe_seeds`, the previous code); ridge probes of the classes
   (``probes.kind: ridge``, :mod:`epochlens.probes.ridge_classes`) stacked in float64 and float32,
   and the same probes one (layer, seed) at a time: :func:`epochlens.probes.ridge.fit_ridge_path`
   on the seed's own fit rows (float64 NumPy, the regression's probe), and the stacked code called
@@ -84,10 +84,11 @@ from epochlens.features import stored_representations as srep
 from epochlens.features.stored import Snapshot
 from epochlens.features.stored_settings import StoredFeatureSettings
 from epochlens.probes.batched import batched_rows
-from epochlens.probes.linear import probe_plan, probe_seeds
+from epochlens.probes.linear import probe_plan
 from epochlens.probes.ridge import fit_ridge_path
 from epochlens.probes.ridge_classes import class_ridge_rows, fit_class_ridge, pm_targets
 from epochlens.probes.settings import ProbeSettings
+from epochlens.probes.softmax import probe_seeds
 
 PARTS = ("read", "representations", "probes", "pipeline")
 SIDES = (

@@ -3,7 +3,8 @@
 * :mod:`.settings`  ``ProbeSettings`` and the targets of each kind of run (torch-free);
 * :mod:`.targets`   class, old/new cohort and curvature-quantile targets; a regression's targets
   and target-quantile bins;
-* :mod:`.linear`    softmax-regression probes with early stopping (:func:`probe_features`);
+* :mod:`.linear`    the probes of a checkpoint's features, targets and splits (:func:`probe_features`);
+* :mod:`.softmax`   one softmax-regression probe per seed with early stopping (:func:`probe_seeds`);
 * :mod:`.ridge`     the closed-form ridge probe of a regression's targets, scored by R² (torch-free);
 * :mod:`.ridge_classes` the closed-form ridge probe of class targets (``probes.kind: ridge``,
   scikit-learn's RidgeClassifier), many layers and seeds from one Gram matrix per layer;
@@ -29,9 +30,9 @@ _EXPORTS = {
     "ridge_seeds": "ridge",
     "class_ridge_rows": "ridge_classes",
     "fit_class_ridge": "ridge_classes",
-    "ProbeFit": "linear",
-    "train_linear_probe": "linear",
-    "probe_seeds": "linear",
+    "ProbeFit": "softmax",
+    "train_linear_probe": "softmax",
+    "probe_seeds": "softmax",
     "probe_features": "linear",
     "probe_checkpoint": "linear",
     "stratified_split": "plan",

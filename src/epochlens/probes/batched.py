@@ -1,8 +1,8 @@
 """Softmax probes of many layers and seeds fitted together: the algorithm of
-:func:`epochlens.probes.linear.train_linear_probe`, as batched tensor operations.
+:func:`epochlens.probes.softmax.train_linear_probe`, as batched tensor operations.
 
 A group of G layers with the same feature width D (one representation, one target) and S seeds
-gives P = G x S probes. Each probe is what :func:`~epochlens.probes.linear.probe_seeds` fits one at
+gives P = G x S probes. Each probe is what :func:`~epochlens.probes.softmax.probe_seeds` fits one at
 a time: the seed's stratified early-stopping split, weights from zero, the seed's mini-batch order
 (one ``randperm`` per epoch from ``Generator().manual_seed(seed)``), Adam on the mean cross-entropy
 plus ``0.5 * weight_decay * ||W||²``, the epoch of the lowest early-stopping loss kept, stopped after
@@ -222,7 +222,7 @@ def batched_rows(
     settings: ProbeSettings,
     amp: bool = False,
 ) -> list[list[dict]]:
-    """:func:`epochlens.probes.linear.probe_seeds` of each layer of ``x`` (G, N, D) at once: per
+    """:func:`epochlens.probes.softmax.probe_seeds` of each layer of ``x`` (G, N, D) at once: per
     layer, its rows (seed, evaluation set) with the same keys and order. ``settings.batch_order``
     ``shared``: the seeds of a layer on shared mini-batches (:mod:`epochlens.probes.shared_order`)."""
     plan = probe_plan(y, fit_mask, eval_masks, settings, x.device)

@@ -24,7 +24,7 @@ seed's held-out samples is kept (ties to the larger penalty), as the ridge probe
 keeps its best R². Layers of one width are stacked: the Grams by BLAS, the outputs of every seed's
 kept probe by one product per layer.
 
-Rows: those of the softmax probe (:func:`epochlens.probes.linear.probe_seeds`), so tables, heatmaps
+Rows: those of the softmax probe (:func:`epochlens.probes.softmax.probe_seeds`), so tables, heatmaps
 and figures read them unchanged: accuracy, chance, fit_accuracy as there; ``loss`` the mean squared
 error of the ±1 targets over samples and classes (not a cross-entropy); best_epoch and epochs_run
 empty (no epochs); ``alpha`` the penalty kept.
@@ -223,7 +223,7 @@ def class_ridge_rows(
     settings: ProbeSettings,
     layer_names: Sequence[str] | None = None,
 ) -> list[list[dict]]:
-    """The rows of :func:`epochlens.probes.linear.probe_seeds` for each layer of ``x`` (G, N, D),
+    """The rows of :func:`epochlens.probes.softmax.probe_seeds` for each layer of ``x`` (G, N, D),
     from ridge probes of the classes (module doc): per layer, rows (seed, evaluation set) in the same
     order, with ``alpha``. ``layer_names`` name the layers in errors."""
     names = list(layer_names or [str(i) for i in range(x.shape[0])])

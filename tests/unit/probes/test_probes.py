@@ -9,8 +9,9 @@ import torch
 from matplotlib import pyplot as plt
 
 from epochlens.errors import ConfigError, ProbeError
-from epochlens.probes.linear import probe_features, probe_seeds, stratified_split, train_linear_probe
+from epochlens.probes.linear import probe_features, stratified_split
 from epochlens.probes.settings import ProbeSettings
+from epochlens.probes.softmax import probe_seeds, train_linear_probe
 from epochlens.probes.summary import aggregate_seeds
 from epochlens.probes.targets import cohort_target, quantile_target, standard_targets
 

@@ -16,9 +16,10 @@ from test_probes import FakeFeatures
 from epochlens import config as run_config
 from epochlens.errors import ConfigError
 from epochlens.probes.batched import SeedSplit, batched_rows
-from epochlens.probes.linear import probe_features, probe_seeds
+from epochlens.probes.linear import probe_features
 from epochlens.probes.settings import ProbeSettings
 from epochlens.probes.shared_order import _Rows, fit_stats, train_shared
+from epochlens.probes.softmax import probe_seeds
 
 SETTINGS = ProbeSettings(seeds=(0, 3, 7), max_epochs=40, patience=5, batch_size=64)
 SHARED = replace(SETTINGS, batch_order="shared")
