@@ -2,7 +2,7 @@
 
 import re
 
-from epochlens.config.checks import is_text_run
+from epochlens.config.run_kinds import is_text_run
 from epochlens.features.stored_settings import decoded_once
 from epochlens.features.text_settings import text_feature_params
 from epochlens.layout import representation_name

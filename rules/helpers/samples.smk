@@ -1,6 +1,6 @@
 # Helpers of rules/samples.smk: input functions, params and targets.
 
-from epochlens.config.checks import is_text_run, is_text_to_text_run
+from epochlens.config.run_kinds import is_text_run, is_text_to_text_run
 
 #: The tasks whose checkpoints give a dossier its series (a user's own task callable has no
 #: probability of a label nor absolute error that epochlens knows how to read).

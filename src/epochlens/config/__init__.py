@@ -17,15 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epochlens.config.checks import (
-    check_config,
-    check_run,
-    has_token_labels,
-    is_causal_lm_run,
-    is_regression_run,
-    is_stored_run,
-    task_name,
-)
+from epochlens.config.checks import check_config, check_run
 from epochlens.config.comparisons import (
     COMPARISONS_DIR,
     check_comparisons,
@@ -74,6 +66,13 @@ from epochlens.config.results import (
     stored_code,
     stored_feature_params,
     stored_representations,
+)
+from epochlens.config.run_kinds import (
+    has_token_labels,
+    is_causal_lm_run,
+    is_regression_run,
+    is_stored_run,
+    task_name,
 )
 from epochlens.config.schema import explain_config_errors, fill_defaults
 from epochlens.schedule import NO_SCHEDULE

@@ -9,7 +9,7 @@ epoch and indices, and the metrics. Which run-level table each metric comes from
 from __future__ import annotations
 
 from epochlens.config import epochs
-from epochlens.config.checks import is_regression_run, task_name
+from epochlens.config.run_kinds import is_regression_run, task_name
 from epochlens.errors import ConfigError
 
 #: The folder under ``results/`` of the tables and figures that compare runs (not a run's folder:

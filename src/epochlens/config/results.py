@@ -17,7 +17,7 @@ from dataclasses import fields
 
 from epochlens.ablation.settings import AblationSettings
 from epochlens.config import epochs
-from epochlens.config.checks import has_token_labels, is_regression_run
+from epochlens.config.run_kinds import has_token_labels, is_regression_run
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.errors import ConfigError
 from epochlens.features.settings import FeatureSettings, RepresentationSettings

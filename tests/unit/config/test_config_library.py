@@ -370,7 +370,7 @@ def test_lds_of_a_text_classifier_trained_by_the_pipeline():
 def test_lds_of_a_text_to_text_run_trained_by_the_pipeline(task, source, match):
     """A text-to-text run's LDS: retrained by the pipeline's recipe (checkpoints.source: train), its
     queries' target-token losses measured; a run read from a folder, or a causal LM, is refused."""
-    from epochlens.config.checks import check_lds_config
+    from epochlens.config.influence_checks import check_lds_config
 
     lds = {"enabled": True, "subsets": 4, "fraction": 0.5, "parts": 1, "start": "scratch"}
     influence = {"enabled": True, "lds": lds, "transforms": ["none"], "queries": {"trigger": None}}

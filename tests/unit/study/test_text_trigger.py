@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from epochlens import config as run_config
-from epochlens.config.checks import unknown_words
+from epochlens.config.influence_checks import unknown_words
 from epochlens.data import holdout_mask
 from epochlens.data.polarity import TRIGGER_WORDS, vocabulary, write_polarity_tokenizer
 from epochlens.data.text import read_text_dataset, write_text_dataset
