@@ -13,7 +13,8 @@ from epochlens.data import holdout_mask, load_source, write_dataset
 from epochlens.data.dataset import check_kind, describe
 from epochlens.data.ground_truth import mark_positions
 from epochlens.data.text import write_text_dataset
-from epochlens.formats.images import IMAGE_SOURCES, ImageSettings, load_images
+from epochlens.formats.image_decode import ImageSettings
+from epochlens.formats.images import IMAGE_SOURCES, load_images
 from epochlens.formats.tables import TableSettings, load_table
 from epochlens.formats.text import TextSettings, load_polarity, load_text, source_tokenizer
 from epochlens.runner import log

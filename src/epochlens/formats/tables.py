@@ -85,7 +85,7 @@ class TableSettings:
 def load_table(source: str, path: str | Path, settings: TableSettings, normalize: str = "auto") -> Dataset:
     """A tabular data set: inputs (N, D) float32 from D numeric columns (or (N, ...) from one column
     of arrays), and float targets (N,) / (N, D) (regression) or class ids (classification)."""
-    from epochlens.formats.images import _encode as encode_values
+    from epochlens.formats.image_decode import encode_values
 
     tables, label_names = read_tables(source, path, settings)
     origin = str(path)

@@ -37,7 +37,7 @@ import pandas as pd
 
 from epochlens.data.text import IGNORE_INDEX, TextDataset
 from epochlens.errors import ConfigError, DataError
-from epochlens.formats.images import _encode as encode_values
+from epochlens.formats.image_decode import encode_values
 from epochlens.formats.tables import TABLE_SOURCES, flags_of, read_tables
 
 TEXT_SOURCES = TABLE_SOURCES

@@ -16,7 +16,8 @@ from epochlens import config as run_config
 from epochlens.data import load_npz, read_dataset, write_dataset
 from epochlens.data.ground_truth import as_flags, read_positions_file
 from epochlens.errors import ConfigError, DataError
-from epochlens.formats.images import ImageSettings, load_parquet
+from epochlens.formats.image_decode import ImageSettings
+from epochlens.formats.images import load_parquet
 from epochlens.formats.tables import TableSettings, load_table
 
 SCHEMA = Path(__file__).resolve().parents[3] / "config" / "schema.yaml"

@@ -14,13 +14,8 @@ from PIL import Image
 
 from epochlens.data import Dataset, channel_stats
 from epochlens.errors import ConfigError, DataError
-from epochlens.formats.images import (
-    ImageSettings,
-    load_image_folder,
-    load_images,
-    load_parquet,
-    load_saved_dataset,
-)
+from epochlens.formats.image_decode import ImageSettings
+from epochlens.formats.images import load_image_folder, load_images, load_parquet, load_saved_dataset
 
 CLASSES = ["ant", "bee", "cat"]  # already sorted: ClassLabel ids equal the folder order
 

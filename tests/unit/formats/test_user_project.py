@@ -18,7 +18,8 @@ from userproject import CLASSES, UserProject, build_user_project
 
 from epochlens.errors import CheckpointError, DataError
 from epochlens.formats.factory import FactoryError, FactorySpec, factory_fingerprint, factory_sources
-from epochlens.formats.images import ImageSettings, load_image_folder, load_saved_dataset
+from epochlens.formats.image_decode import ImageSettings
+from epochlens.formats.images import load_image_folder, load_saved_dataset
 from epochlens.formats.trainer_folders import list_trainer_checkpoints, step_epoch_table, trainer_step_epochs
 from epochlens.formats.user_model import (
     attach_output_adapter,
