@@ -75,13 +75,8 @@ from epochlens.influence import (
     pairwise_influence,
     self_influence,
 )
-from epochlens.influence.factors import (
-    apply_corrections,
-    correction_sums,
-    covariance_sums,
-    eigendecompose,
-    empty_factors,
-)
+from epochlens.influence.covariances import covariance_sums
+from epochlens.influence.factors import apply_corrections, correction_sums, eigendecompose, empty_factors
 from epochlens.influence.study_inputs import with_labels
 from epochlens.models.networks import build_model
 from epochlens.tasks import TextToTextTask

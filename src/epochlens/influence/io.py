@@ -40,14 +40,8 @@ from torch.utils.data import DataLoader, Dataset
 from epochlens.atomic import atomic_path, write_atomic
 from epochlens.batches import is_dataset, sample_source
 from epochlens.errors import FactorCacheError
-from epochlens.influence.factors import (
-    CorrectionSums,
-    CovarianceSums,
-    InfluenceFactors,
-    LayerFactors,
-    resolve_layers,
-    resolve_task,
-)
+from epochlens.influence.covariances import CovarianceSums, resolve_layers, resolve_task
+from epochlens.influence.factors import CorrectionSums, InfluenceFactors, LayerFactors
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.tasks import ClassificationTask, Task
 

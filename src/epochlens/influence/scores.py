@@ -51,15 +51,8 @@ from torch.utils.data import DataLoader, Dataset
 from epochlens.batches import SampleSource
 from epochlens.device import model_device
 from epochlens.errors import FactorCacheError
-from epochlens.influence.factors import (
-    InfluenceFactors,
-    LayerFactors,
-    _report_skipped,
-    _report_vanished,
-    data_source,
-    resolve_layers,
-    resolve_task,
-)
+from epochlens.influence.covariances import data_source, resolve_layers, resolve_task
+from epochlens.influence.factors import InfluenceFactors, LayerFactors, _report_skipped, _report_vanished
 from epochlens.influence.gradients import (
     BatchBackprop,
     Workspace,

@@ -24,13 +24,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from epochlens.influence.covariances import CovarianceSums, covariance_sums
 from epochlens.influence.factors import (
     CorrectionSums,
-    CovarianceSums,
     InfluenceFactors,
     apply_corrections,
     correction_sums,
-    covariance_sums,
     eigendecompose,
     empty_factors,
     fit_factors,

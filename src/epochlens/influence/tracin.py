@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from epochlens.influence.factors import _report_skipped, resolve_task
+from epochlens.influence.covariances import resolve_task
+from epochlens.influence.factors import _report_skipped
 from epochlens.influence.scores import Data, PairwiseScores, SelfScores, pairwise_influence, self_influence
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.tasks import Task

@@ -12,12 +12,11 @@ import torch
 
 from epochlens.errors import FactorCacheError
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
+from epochlens.influence.covariances import CovarianceSums, covariance_sums
 from epochlens.influence.factors import (
     CorrectionSums,
-    CovarianceSums,
     apply_corrections,
     correction_sums,
-    covariance_sums,
     eigendecompose,
     empty_factors,
 )
