@@ -48,11 +48,11 @@ import torch
 from epochlens.data import Dataset
 from epochlens.features.cache import load_or_extract
 from epochlens.features.extract import extract_features
-from epochlens.features.representations import spectral_method_for
 from epochlens.features.settings import (
     FeatureSettings,
     RepresentationSettings,
 )
+from epochlens.features.spectral import spectral_method_for
 from epochlens.models.layers import resolve_layers
 from epochlens.models.networks import build_model
 

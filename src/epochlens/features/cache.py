@@ -47,6 +47,7 @@ from epochlens.errors import FeatureError, LayerError
 from epochlens.features import representations as reps
 from epochlens.features.extract import iter_feature_batches
 from epochlens.features.settings import FORMAT_VERSION, FeatureSettings
+from epochlens.features.spectral import spectral_method_for
 from epochlens.models.layers import resolve_layers
 
 FORMAT = "epochlens-features"
@@ -446,9 +447,7 @@ class _ChunkWriter:
                 if r == "stats":
                     ds.attrs["columns"] = json.dumps(list(reps.STATS_COLUMNS))
                 if r == "spectral":
-                    ds.attrs["spectral_method"] = reps.spectral_method_for(
-                        shapes[layer], settings.representations
-                    )
+                    ds.attrs["spectral_method"] = spectral_method_for(shapes[layer], settings.representations)
                 self.datasets[(layer, r)] = ds
                 self.pending[(layer, r)] = []
         self.start = 0  # first row not yet written

@@ -32,6 +32,8 @@ from epochlens.device import autocast, model_device
 from epochlens.errors import LayerError
 from epochlens.features import representations as reps
 from epochlens.features.settings import RepresentationSettings
+from epochlens.features.spectral import PendingSpectral
+from epochlens.features.workspace import Workspace
 from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.progress import progress_bar
 
@@ -41,8 +43,8 @@ class _Capture:
 
     def __init__(self, net: nn.Module, layers: Sequence[str], settings: RepresentationSettings) -> None:
         self.settings = settings
-        self.workspace = reps.Workspace()  # scratch buffers, reused from layer to layer and batch to batch
-        self.out: dict[str, dict[str, torch.Tensor | reps.PendingSpectral]] = {}
+        self.workspace = Workspace()  # scratch buffers, reused from layer to layer and batch to batch
+        self.out: dict[str, dict[str, torch.Tensor | PendingSpectral]] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.calls: dict[str, int] = {}
         modules = dict(net.named_modules())

@@ -26,6 +26,7 @@ import torch
 from epochlens.errors import FeatureError
 from epochlens.features import representations as reps
 from epochlens.features.stored_settings import StoredFeatureSettings, is_user_representation
+from epochlens.features.workspace import Workspace
 from epochlens.formats.factory import FactorySpec, import_factory
 
 Representation = Callable[[torch.Tensor], torch.Tensor | np.ndarray]
@@ -53,7 +54,7 @@ def _image_builtin(name: str, settings: StoredFeatureSettings) -> Representation
         spectral_k=spectral.spectral_k,
         spectral_method=spectral.spectral_method,
     )
-    workspace = reps.Workspace()
+    workspace = Workspace()
     return lambda a: reps.compute(a, image, deferred=False, workspace=workspace)[name]
 
 

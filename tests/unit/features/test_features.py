@@ -14,16 +14,9 @@ from epochlens.data import Dataset
 from epochlens.errors import ConfigError, EpochlensError, FeatureError, LayerError
 from epochlens.features.cache import FeatureSet, load_or_extract
 from epochlens.features.extract import extract_features
-from epochlens.features.representations import (
-    STATS_COLUMNS,
-    pooled,
-    randomized_svdvals,
-    simple_stats,
-    sketch_matrix,
-    spectral,
-    spectral_method_for,
-)
+from epochlens.features.representations import STATS_COLUMNS, pooled, simple_stats
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
+from epochlens.features.spectral import randomized_svdvals, sketch_matrix, spectral, spectral_method_for
 from epochlens.models.layers import default_layers, resolve_layers
 from epochlens.models.networks import ResNet18LoP, SmallCNN
 

@@ -12,6 +12,8 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from epochlens.errors import ConfigError
 from epochlens.features import representations as reps
+from epochlens.features import spectral as spec
+from epochlens.features import workspace as ws
 from epochlens.features.extract import extract_features
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
 from epochlens.models.networks import ResNet18LoP, SmallCNN
@@ -68,8 +70,8 @@ def test_stats_match_numpy_in_float32_and_do_not_depend_on_chunks(monkeypatch) -
     whole = reps.simple_stats(act)
     assert whole.dtype == torch.float32
     np.testing.assert_allclose(whole.numpy(), expected, rtol=1e-6, atol=1e-7)
-    monkeypatch.setattr(reps, "CPU_CHUNK_MIB", 0)  # chunks of MIN_CHUNK_SAMPLES = 8 samples: 8, 8, 4
-    assert reps._chunks(act, 1000) == [(0, 8), (8, 16), (16, 20)]
+    monkeypatch.setattr(ws, "CPU_CHUNK_MIB", 0)  # chunks of MIN_CHUNK_SAMPLES = 8 samples: 8, 8, 4
+    assert ws.sample_chunks(act, 1000) == [(0, 8), (8, 16), (16, 20)]
     torch.testing.assert_close(reps.simple_stats(act), whole, rtol=0, atol=0)
 
 
@@ -84,20 +86,20 @@ def test_std_has_no_cancellation_for_a_large_mean() -> None:
 
 
 def test_gram_is_float64_and_chunks_change_nothing(monkeypatch) -> None:
-    a = reps.as_matrix(activation_like(20, 12, 6, seed=2))
-    g = reps.gram_matrices(a)
+    a = spec.as_matrix(activation_like(20, 12, 6, seed=2))
+    g = spec.gram_matrices(a)
     assert g.dtype == torch.float64
     torch.testing.assert_close(g, a.double() @ a.double().transpose(1, 2), rtol=1e-15, atol=0)
-    monkeypatch.setattr(reps, "CPU_CHUNK_MIB", 0)
-    assert torch.equal(reps.gram_matrices(a), g)
+    monkeypatch.setattr(ws, "CPU_CHUNK_MIB", 0)
+    assert torch.equal(spec.gram_matrices(a), g)
 
 
 def test_per_matrix_threads_give_the_same_values() -> None:
-    g = reps.gram_matrices(reps.as_matrix(activation_like(9, 40, 8, seed=3)))
+    g = spec.gram_matrices(spec.as_matrix(activation_like(9, 40, 8, seed=3)))
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        split = reps._per_matrix(torch.linalg.eigvalsh, g)
+        split = ws.per_matrix(torch.linalg.eigvalsh, g)
         assert torch.get_num_threads() == 2  # restored
     finally:
         torch.set_num_threads(threads)
@@ -114,9 +116,9 @@ def test_gram_topk_agrees_with_svd(case: str, monkeypatch) -> None:
     gen = torch.Generator().manual_seed(4)
     b, m, n, k = 6, 144, 200, 8
     if case == "activations":
-        a = reps.as_matrix(activation_like(b, m, 14, seed=5))[:, :, :n]
+        a = spec.as_matrix(activation_like(b, m, 14, seed=5))[:, :, :n]
     elif case == "dead_channels":  # rank 20 < the block of 32: the Cholesky QR must not break down
-        a = reps.as_matrix(activation_like(b, m, 14, seed=6))[:, :, :n].clone()
+        a = spec.as_matrix(activation_like(b, m, 14, seed=6))[:, :, :n].clone()
         a[:, 20:] = 0
     elif case == "zero":
         a = torch.zeros(b, m, n)
@@ -130,14 +132,14 @@ def test_gram_topk_agrees_with_svd(case: str, monkeypatch) -> None:
         a = torch.randn(b, m, 3, generator=gen) @ torch.randn(b, 3, n, generator=gen)
     ref = exact_top(a, k)
     iterated = []
-    subspace_ritz = reps.subspace_ritz
-    monkeypatch.setattr(reps, "subspace_ritz", lambda *args: iterated.append(1) or subspace_ritz(*args))
-    cpu = reps.gram_topk(a, k)
+    subspace_ritz = spec.subspace_ritz
+    monkeypatch.setattr(spec, "subspace_ritz", lambda *args: iterated.append(1) or subspace_ritz(*args))
+    cpu = spec.gram_topk(a, k)
     assert iterated and cpu.shape == (b, k) and cpu.dtype == torch.float32
     assert_close_to_largest(cpu, ref, 1e-7)
-    pending = reps.gram_topk(a, k, deferred=True)
-    assert pending.matrix.shape == (b, reps.SUBSPACE_BLOCK, reps.SUBSPACE_BLOCK)
-    (deferred,) = reps.resolve([pending])
+    pending = spec.gram_topk(a, k, deferred=True)
+    assert pending.matrix.shape == (b, spec.SUBSPACE_BLOCK, spec.SUBSPACE_BLOCK)
+    (deferred,) = spec.resolve([pending])
     assert_close_to_largest(deferred, ref, 1e-7)
     if case == "zero":
         assert (cpu == 0).all() and (deferred == 0).all()
@@ -150,7 +152,7 @@ def test_subspace_iteration_converges_at_the_documented_rate() -> None:
     lam = torch.cat([torch.linspace(10, 6, 8), torch.full((m - 8,), 2.0)]).double()  # λ_{33}/λ_8 = 1/3
     u = torch.linalg.qr(torch.randn(4, m, m, generator=gen, dtype=torch.float64)).Q
     g = (u * lam) @ u.transpose(1, 2)
-    ritz = torch.linalg.eigvalsh(reps.subspace_ritz(g, q, t)[:, 0]).flip(-1)[:, :8]
+    ritz = torch.linalg.eigvalsh(spec.subspace_ritz(g, q, t)[:, 0]).flip(-1)[:, :8]
     err = (lam[:8] - ritz).abs() / lam[:8]
     assert (ritz <= lam[:8] * (1 + 1e-12)).all()  # lower bounds
     bound = (2.0 / lam[:8]) ** (4 * t)
@@ -160,14 +162,14 @@ def test_subspace_iteration_converges_at_the_documented_rate() -> None:
 def test_orthonormal_handles_rank_deficient_and_zero_blocks() -> None:
     gen = torch.Generator().manual_seed(8)
     y = torch.randn(3, 50, 10, generator=gen, dtype=torch.float64)
-    x = reps.orthonormal(reps.orthonormal(y))
+    x = spec.orthonormal(spec.orthonormal(y))
     torch.testing.assert_close(x.transpose(1, 2) @ x, torch.eye(10, dtype=torch.float64).expand(3, 10, 10))
     deficient = y[:, :, :4] @ torch.randn(4, 10, generator=gen, dtype=torch.float64)  # rank 4
-    x = reps.orthonormal(reps.orthonormal(deficient))
+    x = spec.orthonormal(spec.orthonormal(deficient))
     assert torch.isfinite(x).all()
     s = torch.linalg.svdvals(x)
     assert torch.allclose(s[:, :4], torch.ones(3, 4, dtype=torch.float64), atol=1e-6)
-    assert torch.isfinite(reps.orthonormal(torch.zeros(2, 8, 3, dtype=torch.float64))).all()
+    assert torch.isfinite(spec.orthonormal(torch.zeros(2, 8, 3, dtype=torch.float64))).all()
 
 
 # --- the deferred path of a GPU --------------------------------------------------------------
@@ -189,7 +191,7 @@ def test_deferred_spectral_waits_for_nothing_and_solves_a_batch_in_one_call() ->
     with Calls() as inside:
         out = {name: reps.compute(act, settings, deferred=True) for name, act in layers.items()}
     assert not (set(inside.names) & (WAITS | PER_MATRIX)), sorted(set(inside.names) & (WAITS | PER_MATRIX))
-    assert all(isinstance(out[name]["spectral"], reps.PendingSpectral) for name in layers)
+    assert all(isinstance(out[name]["spectral"], spec.PendingSpectral) for name in layers)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the CPU's threads would call eigvalsh outside this thread's recording
     try:
@@ -207,7 +209,7 @@ def test_deferred_spectral_waits_for_nothing_and_solves_a_batch_in_one_call() ->
         if name == "d":  # randomized: the same range finder, orthonormalised otherwise
             torch.testing.assert_close(done[name]["spectral"], ref["spectral"], rtol=1e-4, atol=0)
         else:
-            assert_close_to_largest(done[name]["spectral"], exact_top(reps.as_matrix(act), 8), 1e-7)
+            assert_close_to_largest(done[name]["spectral"], exact_top(spec.as_matrix(act), 8), 1e-7)
 
 
 def test_extraction_values_on_the_deferred_path(monkeypatch) -> None:
@@ -227,9 +229,9 @@ def test_extraction_values_on_the_deferred_path(monkeypatch) -> None:
 
 
 def test_sketch_is_cached_per_device_and_dtype() -> None:
-    first = reps.sketch_matrix(20, 4, 0, torch.float64, torch.device("cpu"))
-    assert reps.sketch_matrix(20, 4, 0, torch.float64, torch.device("cpu")) is first
-    assert reps.sketch_matrix(20, 4, 1, torch.float64, torch.device("cpu")) is not first
+    first = spec.sketch_matrix(20, 4, 0, torch.float64, torch.device("cpu"))
+    assert spec.sketch_matrix(20, 4, 0, torch.float64, torch.device("cpu")) is first
+    assert spec.sketch_matrix(20, 4, 1, torch.float64, torch.device("cpu")) is not first
 
 
 # --- the forward pass's precision ----------------------------------------------------------
