@@ -127,6 +127,27 @@ def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> 
     if not (spec["enabled"] and lds["enabled"]):
         return
     key = f"runs.{name}.influence.lds"
+    problems = _lds_retraining_problems(name, run, task_name, lds)
+    if "none" not in spec["transforms"]:
+        problems.append("it correlates the untransformed queries' scores; add none to influence.transforms")
+    trigger = spec["queries"]["trigger"]
+    if trigger or (trigger is None and corruption["kind"] == "trigger"):
+        problems.append("it measures clean test images; set influence.queries.trigger: false")
+    if lds["parts"] > lds["subsets"]:
+        problems.append(f"parts ({lds['parts']}) must not exceed subsets ({lds['subsets']})")
+    if lds.get("start") == "previous" and not problems:
+        first = [e for e in epochs.influence_epochs(name, run) if epochs.lds_start_epoch(run, e) is None]
+        if first:
+            problems.append(
+                f"start: previous needs a checkpoint before each influence epoch; epoch(s) {first} "
+                "have none (use start: scratch, or later influence.epochs)"
+            )
+    if problems:
+        raise ConfigError(f"{key}: " + "; ".join(problems) + f". Or set {key}.enabled: false.")
+
+
+def _lds_retraining_problems(name: str, run: dict, task_name: str, lds: dict) -> list[str]:
+    """What keeps the pipeline from retraining the run for LDS: how it was trained, and its task."""
     problems = []
     source = run["checkpoints"]["source"]
     if source == "command":
@@ -153,22 +174,7 @@ def check_lds_config(name: str, run: dict, task_name: str, corruption: dict) -> 
             f"it measures classification, regression or text-to-text losses; task {task_name} is not "
             "supported yet"
         )
-    if "none" not in spec["transforms"]:
-        problems.append("it correlates the untransformed queries' scores; add none to influence.transforms")
-    trigger = spec["queries"]["trigger"]
-    if trigger or (trigger is None and corruption["kind"] == "trigger"):
-        problems.append("it measures clean test images; set influence.queries.trigger: false")
-    if lds["parts"] > lds["subsets"]:
-        problems.append(f"parts ({lds['parts']}) must not exceed subsets ({lds['subsets']})")
-    if lds.get("start") == "previous" and not problems:
-        first = [e for e in epochs.influence_epochs(name, run) if epochs.lds_start_epoch(run, e) is None]
-        if first:
-            problems.append(
-                f"start: previous needs a checkpoint before each influence epoch; epoch(s) {first} "
-                "have none (use start: scratch, or later influence.epochs)"
-            )
-    if problems:
-        raise ConfigError(f"{key}: " + "; ".join(problems) + f". Or set {key}.enabled: false.")
+    return problems
 
 
 def _lds_command_problems(name: str, run: dict, task_name: str, lds: dict) -> list[str]:

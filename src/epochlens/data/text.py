@@ -83,21 +83,37 @@ class TextDataset:
         if self.kind not in TEXT_KINDS:
             raise ValueError(f"kind must be one of {TEXT_KINDS}, not {self.kind!r}")
         for split in ("train", "test"):
-            ids = np.asarray(getattr(self, f"{split}_input_ids"), dtype=np.int64)
-            mask = np.asarray(getattr(self, f"{split}_attention_mask"), dtype=np.int64)
-            labels = np.asarray(getattr(self, f"{split}_labels"), dtype=np.int64)
-            if ids.ndim != 2 or mask.shape != ids.shape:
-                raise ValueError(
-                    f"{split}: input_ids {ids.shape} and attention_mask {mask.shape} must be (N, L)"
-                )
-            want = {"causal_lm": ids.shape, "classification": ids.shape[:1]}.get(self.kind)
-            if want is None:  # text_to_text: decoder labels of their own length T
-                want = (len(ids), labels.shape[1] if labels.ndim == 2 else -1)
-            if labels.shape != want:
-                raise ValueError(f"{split}: labels of shape {labels.shape}, expected {want} for {self.kind}")
-            setattr(self, f"{split}_input_ids", ids)
-            setattr(self, f"{split}_attention_mask", mask)
-            setattr(self, f"{split}_labels", labels)
+            self._check_split(split)
+        self._check_texts_and_lengths()
+        if len(self.holdout) == 0:
+            self.holdout = np.zeros(len(self.train_input_ids), dtype=bool)
+        if self.kind == "classification" and not self.class_names:
+            self.class_names = [str(c) for c in range(self.num_classes)]
+        self._check_trigger()
+        if (self.train_groups is None) != (self.test_groups is None):
+            raise ValueError("train_groups and test_groups must both be given or both be None")
+        if self.train_groups is not None:
+            self.train_groups = np.asarray(self.train_groups, dtype=np.int64)
+            self.test_groups = np.asarray(self.test_groups, dtype=np.int64)
+
+    def _check_split(self, split: str) -> None:
+        """A split's ids, mask (N, L) and labels (shaped for the kind), stored as int64."""
+        ids = np.asarray(getattr(self, f"{split}_input_ids"), dtype=np.int64)
+        mask = np.asarray(getattr(self, f"{split}_attention_mask"), dtype=np.int64)
+        labels = np.asarray(getattr(self, f"{split}_labels"), dtype=np.int64)
+        if ids.ndim != 2 or mask.shape != ids.shape:
+            raise ValueError(f"{split}: input_ids {ids.shape} and attention_mask {mask.shape} must be (N, L)")
+        want = {"causal_lm": ids.shape, "classification": ids.shape[:1]}.get(self.kind)
+        if want is None:  # text_to_text: decoder labels of their own length T
+            want = (len(ids), labels.shape[1] if labels.ndim == 2 else -1)
+        if labels.shape != want:
+            raise ValueError(f"{split}: labels of shape {labels.shape}, expected {want} for {self.kind}")
+        setattr(self, f"{split}_input_ids", ids)
+        setattr(self, f"{split}_attention_mask", mask)
+        setattr(self, f"{split}_labels", labels)
+
+    def _check_texts_and_lengths(self) -> None:
+        """A text per sample where texts are given; both splits padded to one length."""
         for split in ("train", "test"):
             texts = getattr(self, f"{split}_text")
             if texts is not None and len(texts) != len(getattr(self, f"{split}_input_ids")):
@@ -108,26 +124,21 @@ class TextDataset:
             raise ValueError("train and test must be padded to the same length")
         if self.kind == "text_to_text" and self.train_labels.shape[1] != self.test_labels.shape[1]:
             raise ValueError("train and test decoder labels must be padded to the same length")
-        if len(self.holdout) == 0:
-            self.holdout = np.zeros(len(self.train_input_ids), dtype=bool)
-        if self.kind == "classification" and not self.class_names:
-            self.class_names = [str(c) for c in range(self.num_classes)]
-        if self.trigger_input_ids is not None:
-            self.trigger_input_ids = np.asarray(self.trigger_input_ids, dtype=np.int64)
-            self.trigger_attention_mask = np.asarray(self.trigger_attention_mask, dtype=np.int64)
-            if self.trigger_input_ids.shape != self.test_input_ids.shape or (
-                self.trigger_attention_mask.shape != self.trigger_input_ids.shape
-            ):
-                raise ValueError(
-                    f"trigger_input_ids {self.trigger_input_ids.shape} and trigger_attention_mask "
-                    f"{self.trigger_attention_mask.shape} must be shaped as test_input_ids "
-                    f"{self.test_input_ids.shape}"
-                )
-        if (self.train_groups is None) != (self.test_groups is None):
-            raise ValueError("train_groups and test_groups must both be given or both be None")
-        if self.train_groups is not None:
-            self.train_groups = np.asarray(self.train_groups, dtype=np.int64)
-            self.test_groups = np.asarray(self.test_groups, dtype=np.int64)
+
+    def _check_trigger(self) -> None:
+        """The triggered test split, where given: int64, shaped as the test split."""
+        if self.trigger_input_ids is None:
+            return
+        self.trigger_input_ids = np.asarray(self.trigger_input_ids, dtype=np.int64)
+        self.trigger_attention_mask = np.asarray(self.trigger_attention_mask, dtype=np.int64)
+        if self.trigger_input_ids.shape != self.test_input_ids.shape or (
+            self.trigger_attention_mask.shape != self.trigger_input_ids.shape
+        ):
+            raise ValueError(
+                f"trigger_input_ids {self.trigger_input_ids.shape} and trigger_attention_mask "
+                f"{self.trigger_attention_mask.shape} must be shaped as test_input_ids "
+                f"{self.test_input_ids.shape}"
+            )
 
     @property
     def token_labels(self) -> bool:

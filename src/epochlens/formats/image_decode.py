@@ -63,6 +63,23 @@ class ImageSettings:
     name: str | None = field(default=None, metadata={"help": "data set name; None: the file or folder name"})
 
     def __post_init__(self) -> None:
+        problems = self._size_problems()
+        if self.channels not in ("RGB", "L"):
+            problems.append(f"channels={self.channels!r} must be RGB or L")
+        if self.resample not in _RESAMPLE:
+            problems.append(f"resample={self.resample!r} must be one of {list(_RESAMPLE)}")
+        if self.array_layout not in ("hwc", "chw"):
+            problems.append(f"array_layout={self.array_layout!r} must be hwc or chw")
+        problems += self._normalisation_problems()
+        if self.train_split == self.test_split:
+            problems.append(f"train_split and test_split are both {self.train_split!r}")
+        if problems:
+            raise ConfigError(
+                "data settings: " + "; ".join(problems) + ". Fix the data section of the config."
+            )
+
+    def _size_problems(self) -> list[str]:
+        """``size`` as (height, width): what is wrong with it."""
         problems = []
         if isinstance(self.size, int):
             self.size = (self.size, self.size)
@@ -72,12 +89,11 @@ class ImageSettings:
                 problems.append(f"size={list(self.size)} must be one number or [height, width]")
         if self.size is not None and min(self.size) < 1:
             problems.append(f"size={list(self.size)} must be positive")
-        if self.channels not in ("RGB", "L"):
-            problems.append(f"channels={self.channels!r} must be RGB or L")
-        if self.resample not in _RESAMPLE:
-            problems.append(f"resample={self.resample!r} must be one of {list(_RESAMPLE)}")
-        if self.array_layout not in ("hwc", "chw"):
-            problems.append(f"array_layout={self.array_layout!r} must be hwc or chw")
+        return problems
+
+    def _normalisation_problems(self) -> list[str]:
+        """``mean`` and ``std`` as tuples of floats: what is wrong with them."""
+        problems = []
         n_channels = 3 if self.channels == "RGB" else 1
         for key in ("mean", "std"):
             value = getattr(self, key)
@@ -92,12 +108,7 @@ class ImageSettings:
             problems.append("mean and std must be given together (or both left out)")
         if self.std is not None and min(self.std) <= 0:
             problems.append("std values must be > 0")
-        if self.train_split == self.test_split:
-            problems.append(f"train_split and test_split are both {self.train_split!r}")
-        if problems:
-            raise ConfigError(
-                "data settings: " + "; ".join(problems) + ". Fix the data section of the config."
-            )
+        return problems
 
     @property
     def split_names(self) -> dict[str, str]:

@@ -73,6 +73,21 @@ def task_from_config(
     """
     if isinstance(spec, Task):
         return spec
+    name, kwargs, path = _parse_spec(spec)
+    if name == "classification":
+        kwargs.setdefault("active_classes", active_classes)
+    if name in BUILTIN_TASKS:
+        kwargs = {**kwargs, **kwargs.pop("kwargs", {})}
+        return _construct(BUILTIN_TASKS[name], kwargs, name)
+    if ":" not in name:
+        raise ConfigError(
+            f"task: {name!r} is not one of {sorted(BUILTIN_TASKS)} nor an import path 'package.module:name'"
+        )
+    return _imported_task(name, kwargs, path)
+
+
+def _parse_spec(spec: str | Mapping | None) -> tuple[str, dict, str | None]:
+    """(name, arguments, path) of a task spec that is not a Task instance."""
     kwargs: dict = {}
     path = None
     if spec is None:
@@ -85,15 +100,11 @@ def task_from_config(
         path = kwargs.pop("path", None)
     else:
         raise ConfigError(f"task: {spec!r} is not a task name, an import path or a mapping")
-    if name == "classification":
-        kwargs.setdefault("active_classes", active_classes)
-    if name in BUILTIN_TASKS:
-        kwargs = {**kwargs, **kwargs.pop("kwargs", {})}
-        return _construct(BUILTIN_TASKS[name], kwargs, name)
-    if ":" not in name:
-        raise ConfigError(
-            f"task: {name!r} is not one of {sorted(BUILTIN_TASKS)} nor an import path 'package.module:name'"
-        )
+    return name, kwargs, path
+
+
+def _imported_task(name: str, kwargs: dict, path: str | None) -> Task:
+    """The task of import path ``name``: a Task instance, a Task class or a per-sample loss function."""
     obj = import_object(name, path)
     if isinstance(obj, Task):
         if kwargs:
