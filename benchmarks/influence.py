@@ -272,6 +272,33 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(spearmanr(a[ok], b[ok]).statistic)
 
 
+def _time_stage(stage: str, fn, kf: _Kronfluence, repeats: int, device: torch.device) -> dict:
+    """One stage, epochlens and kronfluence interleaved (A B, B A, ...): best time and peak memory of each."""
+    best = {"epochlens": math.inf, "kronfluence": math.inf}
+    peak = {"epochlens": 0.0, "kronfluence": 0.0}
+    for rep in range(repeats):
+        order = ("epochlens", "kronfluence") if rep % 2 == 0 else ("kronfluence", "epochlens")
+        for side in order:
+            if side == "epochlens":
+                with warnings.catch_warnings(), _common.PeakMemory(device) as mem:
+                    warnings.simplefilter("ignore")
+                    seconds, _ = _common.timed(fn, device)
+                mib = mem.peak_mib
+            else:
+                answer = kf.run(KF_STAGES[stage])
+                seconds, mib = answer["seconds"], answer["peak_mib"]
+            best[side] = min(best[side], seconds)
+            peak[side] = max(peak[side], mib)
+    return {
+        "epochlens_s": round(best["epochlens"], 2),
+        "kronfluence_s": round(best["kronfluence"], 2),
+        "ratio": round(best["epochlens"] / best["kronfluence"], 3),
+        "epochlens_peak_mib": round(peak["epochlens"], 1),
+        "kronfluence_peak_mib": round(peak["kronfluence"], 1),
+        "peak_ratio": round(peak["epochlens"] / peak["kronfluence"], 3),
+    }
+
+
 def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     """Stage by stage, interleaved: epochlens in this process, kronfluence in its own (see the doc)."""
     inputs = _inputs(name, args)
@@ -339,29 +366,7 @@ def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.devic
         kf = _Kronfluence(args.kronfluence, work, args, device)
         try:
             for stage, fn in ours.items():
-                best = {"epochlens": math.inf, "kronfluence": math.inf}
-                peak = {"epochlens": 0.0, "kronfluence": 0.0}
-                for rep in range(args.repeats):
-                    order = ("epochlens", "kronfluence") if rep % 2 == 0 else ("kronfluence", "epochlens")
-                    for side in order:
-                        if side == "epochlens":
-                            with warnings.catch_warnings(), _common.PeakMemory(device) as mem:
-                                warnings.simplefilter("ignore")
-                                seconds, _ = _common.timed(fn, device)
-                            mib = mem.peak_mib
-                        else:
-                            answer = kf.run(KF_STAGES[stage])
-                            seconds, mib = answer["seconds"], answer["peak_mib"]
-                        best[side] = min(best[side], seconds)
-                        peak[side] = max(peak[side], mib)
-                report["stages"][stage] = {
-                    "epochlens_s": round(best["epochlens"], 2),
-                    "kronfluence_s": round(best["kronfluence"], 2),
-                    "ratio": round(best["epochlens"] / best["kronfluence"], 3),
-                    "epochlens_peak_mib": round(peak["epochlens"], 1),
-                    "kronfluence_peak_mib": round(peak["kronfluence"], 1),
-                    "peak_ratio": round(peak["epochlens"] / peak["kronfluence"], 3),
-                }
+                report["stages"][stage] = _time_stage(stage, fn, kf, args.repeats, device)
                 _summarise(report, args, device)
                 if out is not None:
                     out.write_text(json.dumps(report, indent=2))

@@ -171,24 +171,8 @@ def load_npz(
     ``y``) or regression targets (float ``y``, kept as stored; see the module doc); with
     ``ground_truth_column``, the name of a (N_train,) boolean array in it: your poisoned samples."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found. Set data.path to an existing .npz file.")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except Exception as exc:
-        raise DataError(f"{path}: not a readable .npz ({exc}).") from exc
-    if not isinstance(archive, np.lib.npyio.NpzFile):  # a single .npy array loads as ndarray
-        raise DataError(
-            f"{path}: a single .npy array, not an .npz archive; save it with "
-            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)."
-        )
+    archive = _open_npz(path)
     keys = ("x_train", "y_train", "x_test", "y_test")
-    missing = [k for k in keys if k not in archive.files]
-    if missing:
-        raise DataError(
-            f"{path}: missing arrays {missing} (found {archive.files}); save it with "
-            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)."
-        )
     x_train, y_train, x_test, y_test = (_array(archive, key, path) for key in keys)
     x_train = _to_nchw(x_train, layout, path, "x_train")
     x_test = _to_nchw(x_test, layout, path, "x_test")
@@ -211,20 +195,7 @@ def load_npz(
     mean, std = normalisation(x_train, scale, normalize, regression)
     ground_truth = None
     if ground_truth_column is not None:
-        from epochlens.data.ground_truth import as_flags
-
-        if ground_truth_column not in archive.files:
-            raise DataError(
-                f"{path}: no array {ground_truth_column!r} (data.ground_truth.column; found "
-                f"{archive.files}); save your poisoned samples' flags with np.savez(..., "
-                f"{ground_truth_column}=mask), a bool array of one entry per training sample."
-            )
-        ground_truth = as_flags(archive[ground_truth_column], ground_truth_column, str(path))
-        if ground_truth.shape != (len(x_train),):
-            raise DataError(
-                f"{path}: {ground_truth_column} has shape {ground_truth.shape}, one flag per training "
-                f"sample needs ({len(x_train)},)."
-            )
+        ground_truth = _npz_ground_truth(archive, ground_truth_column, path, len(x_train))
     return Dataset(
         name=path.stem,
         source=str(path),
@@ -239,6 +210,47 @@ def load_npz(
         kind="regression" if regression else "classification",
         ground_truth=ground_truth,
     )
+
+
+def _open_npz(path: Path) -> np.lib.npyio.NpzFile:
+    """The archive at ``path`` with x_train, y_train, x_test and y_test, or DataError with the fix."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found. Set data.path to an existing .npz file.")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise DataError(f"{path}: not a readable .npz ({exc}).") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):  # a single .npy array loads as ndarray
+        raise DataError(
+            f"{path}: a single .npy array, not an .npz archive; save it with "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)."
+        )
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in archive.files]
+    if missing:
+        raise DataError(
+            f"{path}: missing arrays {missing} (found {archive.files}); save it with "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)."
+        )
+    return archive
+
+
+def _npz_ground_truth(archive: np.lib.npyio.NpzFile, column: str, path: Path, n_train: int) -> np.ndarray:
+    """Your poisoned samples' flags: the (N_train,) bool array ``column`` of the archive."""
+    from epochlens.data.ground_truth import as_flags
+
+    if column not in archive.files:
+        raise DataError(
+            f"{path}: no array {column!r} (data.ground_truth.column; found "
+            f"{archive.files}); save your poisoned samples' flags with np.savez(..., "
+            f"{column}=mask), a bool array of one entry per training sample."
+        )
+    ground_truth = as_flags(archive[column], column, str(path))
+    if ground_truth.shape != (n_train,):
+        raise DataError(
+            f"{path}: {column} has shape {ground_truth.shape}, one flag per training "
+            f"sample needs ({n_train},)."
+        )
+    return ground_truth
 
 
 def _array(archive: np.lib.npyio.NpzFile, key: str, path: Path) -> np.ndarray:

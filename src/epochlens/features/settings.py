@@ -112,16 +112,8 @@ class FeatureSettings:
     def __post_init__(self) -> None:
         if isinstance(self.representations, Mapping):
             self.representations = RepresentationSettings(**self.representations)
-        if isinstance(self.layers, str):
-            self.layers = [self.layers]
-        if self.layers is not None:
-            self.layers = list(self.layers)
+        problems = self._layer_problems()
         self.splits = tuple(self.splits)
-        problems = []
-        if self.layers is not None and not self.layers:
-            problems.append("layers is an empty list (use null for the default block outputs)")
-        if self.layers is not None and len(set(self.layers)) != len(self.layers):
-            problems.append(f"layers {self.layers} names a module twice")
         if self.dtype not in ("float32", "float16"):
             problems.append(f"dtype={self.dtype!r} must be float32 or float16")
         if self.precision not in PRECISIONS:
@@ -137,6 +129,20 @@ class FeatureSettings:
             problems.append(f"compression_level={self.compression_level} must be 1..9")
         if problems:
             raise ConfigError("feature settings: " + "; ".join(problems) + ". Fix the config.")
+
+    def _layer_problems(self) -> list[str]:
+        """``layers`` as a list (None: the default block outputs): what is wrong with it."""
+        if isinstance(self.layers, str):
+            self.layers = [self.layers]
+        if self.layers is None:
+            return []
+        self.layers = list(self.layers)
+        problems = []
+        if not self.layers:
+            problems.append("layers is an empty list (use null for the default block outputs)")
+        if len(set(self.layers)) != len(self.layers):
+            problems.append(f"layers {self.layers} names a module twice")
+        return problems
 
     def spec(self) -> dict:
         """What the stored values depend on besides checkpoint and data (part of the cache key).

@@ -146,25 +146,7 @@ def trainer_step_epochs(folder: str | Path, steps_per_epoch: float | None = None
     """
     folder = Path(folder)
     checkpoints = list_trainer_checkpoints(folder)
-    own: dict[int, float] = {}
-    logged: dict[int, float] = {}
-    anchors: list[tuple[int, float]] = []
-    states = [(step, path / TRAINER_STATE) for step, path in checkpoints]
-    states.append((None, folder / TRAINER_STATE))
-    for step, state_path in states:
-        if not state_path.is_file():
-            continue
-        state = read_trainer_state(state_path)
-        global_step, epoch = state.get("global_step"), state.get("epoch")
-        if _is_number(global_step) and _is_number(epoch):
-            if step is not None and int(global_step) == step:
-                own[step] = float(epoch)
-            if global_step > 0:
-                anchors.append((int(global_step), float(epoch)))
-        for entry in state.get("log_history") or []:
-            if isinstance(entry, dict) and _is_number(entry.get("step")) and _is_number(entry.get("epoch")):
-                logged.setdefault(int(entry["step"]), float(entry["epoch"]))
-    anchor = max(anchors) if anchors else None
+    own, logged, anchor = _known_epochs(folder, checkpoints)
     rows = []
     for step, path in checkpoints:
         source: EpochSource
@@ -184,6 +166,32 @@ def trainer_step_epochs(folder: str | Path, steps_per_epoch: float | None = None
             )
         rows.append(TrainerCheckpoint(step, epoch, path, weights_file(path), source))
     return rows
+
+
+def _known_epochs(
+    folder: Path, checkpoints: list[tuple[int, Path]]
+) -> tuple[dict[int, float], dict[int, float], tuple[int, float] | None]:
+    """What the run's trainer states say (:func:`trainer_step_epochs`): each checkpoint's own epoch,
+    the epochs of logged steps, and the latest (global_step, epoch) known (None: no state)."""
+    own: dict[int, float] = {}
+    logged: dict[int, float] = {}
+    anchors: list[tuple[int, float]] = []
+    states = [(step, path / TRAINER_STATE) for step, path in checkpoints]
+    states.append((None, folder / TRAINER_STATE))
+    for step, state_path in states:
+        if not state_path.is_file():
+            continue
+        state = read_trainer_state(state_path)
+        global_step, epoch = state.get("global_step"), state.get("epoch")
+        if _is_number(global_step) and _is_number(epoch):
+            if step is not None and int(global_step) == step:
+                own[step] = float(epoch)
+            if global_step > 0:
+                anchors.append((int(global_step), float(epoch)))
+        for entry in state.get("log_history") or []:
+            if isinstance(entry, dict) and _is_number(entry.get("step")) and _is_number(entry.get("epoch")):
+                logged.setdefault(int(entry["step"]), float(entry["epoch"]))
+    return own, logged, max(anchors) if anchors else None
 
 
 def step_epoch_table(folder: str | Path, steps_per_epoch: float | None = None):

@@ -101,23 +101,8 @@ def prepared_model(
     requires = [p.requires_grad for p in params]
     swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     buffers: list[tuple[nn.Module, str, torch.Tensor]] = []
-
-    def convert(t: torch.Tensor) -> torch.Tensor:
-        return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-
     try:
-        for p in params:
-            new = convert(p.data)
-            if new is not p.data:
-                swapped.append((p, p.data))
-                p.data = new
-        for module in model.modules():
-            for name, b in module._buffers.items():
-                if b is not None:
-                    new = convert(b)
-                    if new is not b:
-                        buffers.append((module, name, b))
-                        module._buffers[name] = new
+        _convert_tensors(model, params, device, dtype, swapped, buffers)
         model.eval()
         model.requires_grad_(False)
         for info in layers.values():
@@ -133,6 +118,34 @@ def prepared_model(
             p.requires_grad_(flag)
         for m, flag in training:
             m.training = flag
+
+
+def _convert_tensors(
+    model: nn.Module,
+    params: list[torch.nn.Parameter],
+    device: torch.device,
+    dtype: torch.dtype,
+    swapped: list[tuple[torch.nn.Parameter, torch.Tensor]],
+    buffers: list[tuple[nn.Module, str, torch.Tensor]],
+) -> None:
+    """Put ``params`` and ``model``'s buffers on ``device`` (floating ones in ``dtype``), recording each
+    original tensor in ``swapped`` / ``buffers`` as it goes (so a failure midway restores those)."""
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+    for p in params:
+        new = convert(p.data)
+        if new is not p.data:
+            swapped.append((p, p.data))
+            p.data = new
+    for module in model.modules():
+        for name, b in module._buffers.items():
+            if b is not None:
+                new = convert(b)
+                if new is not b:
+                    buffers.append((module, name, b))
+                    module._buffers[name] = new
 
 
 @dataclass

@@ -50,11 +50,7 @@ def select_layers(
     groups: dict[int, list[str]] = {}
     for name, module in candidates.items():
         groups.setdefault(id(module.weight), []).append(name)
-    owners: dict[int, list[str]] = {}  # every module holding a parameter directly
-    for name, module in named.items():
-        for p in module._parameters.values():
-            if p is not None:
-                owners.setdefault(id(p), []).append(name)
+    owners = _parameter_owners(named)
 
     def selected(name: str) -> bool:
         return (not include or any(fnmatch.fnmatchcase(name, p) for p in include)) and not any(
@@ -84,6 +80,16 @@ def select_layers(
             f"of {_short(list(candidates))}; widen it."
         )
     return chosen
+
+
+def _parameter_owners(named: dict[str, nn.Module]) -> dict[int, list[str]]:
+    """id of each parameter -> every module holding it directly."""
+    owners: dict[int, list[str]] = {}
+    for name, module in named.items():
+        for p in module._parameters.values():
+            if p is not None:
+                owners.setdefault(id(p), []).append(name)
+    return owners
 
 
 def _check_pattern(

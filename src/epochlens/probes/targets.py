@@ -186,6 +186,29 @@ def select_targets(
     return targets, skipped
 
 
+def _checked_regression_inputs(
+    targets: Mapping[str, np.ndarray], wanted: list[str], fit: np.ndarray
+) -> np.ndarray:
+    """The fit mask as bool, after refusing a classifier's targets, non-float targets, or a fit mask
+    of another length than the train split (:func:`select_regression_targets`)."""
+    stray = [t for t in wanted if t not in REGRESSION_TARGETS]
+    if stray:
+        raise ProbeError(
+            f"probe targets {stray} are not a regression's (it has no classes); its targets: "
+            f"{list(REGRESSION_TARGETS)}."
+        )
+    fit = np.asarray(fit, dtype=bool)
+    for split, y in targets.items():
+        if not np.issubdtype(np.asarray(y).dtype, np.floating):
+            raise ProbeError(
+                f"the {split} targets are {np.asarray(y).dtype}: a regression's probes need its float "
+                "targets (from dataset.h5), not class ids."
+            )
+    if "train" not in targets or len(fit) != len(targets["train"]):
+        raise ProbeError(f"fit mask of {len(fit)} entries for {len(targets.get('train', []))} train targets.")
+    return fit
+
+
 def select_regression_targets(
     targets: Mapping[str, np.ndarray],
     wanted: list[str],
@@ -211,21 +234,7 @@ def select_regression_targets(
     Raises:
         ProbeError: targets that are not floats, or curvature of another length than the train split.
     """
-    stray = [t for t in wanted if t not in REGRESSION_TARGETS]
-    if stray:
-        raise ProbeError(
-            f"probe targets {stray} are not a regression's (it has no classes); its targets: "
-            f"{list(REGRESSION_TARGETS)}."
-        )
-    fit = np.asarray(fit, dtype=bool)
-    for split, y in targets.items():
-        if not np.issubdtype(np.asarray(y).dtype, np.floating):
-            raise ProbeError(
-                f"the {split} targets are {np.asarray(y).dtype}: a regression's probes need its float "
-                "targets (from dataset.h5), not class ids."
-            )
-    if "train" not in targets or len(fit) != len(targets["train"]):
-        raise ProbeError(f"fit mask of {len(fit)} entries for {len(targets.get('train', []))} train targets.")
+    fit = _checked_regression_inputs(targets, wanted, fit)
     out: dict[str, dict[str, np.ndarray]] = {}
     skipped: dict[str, str] = {}
     if "target" in wanted:

@@ -25,6 +25,18 @@ def save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def resume_state(state_file: Path, model, opt, gen) -> int:
+    """Epochs done: 0, or those of the saved state, loaded into the model, optimiser and generator."""
+    if not state_file.is_file():
+        return 0
+    state = torch.load(state_file, weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    gen.set_state(state["generator"])
+    print(f"resumed from epoch {state['done']}", flush=True)
+    return state["done"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
@@ -48,14 +60,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
     out, resume = Path(args.out), Path(args.resume)
     state_file = resume / "state.pt"
-    done = 0
-    if state_file.is_file():
-        state = torch.load(state_file, weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        done = state["done"]
-        print(f"resumed from epoch {done}", flush=True)
+    done = resume_state(state_file, model, opt, gen)
 
     def loss_of(pred, target):
         if regression:
