@@ -11,11 +11,18 @@ import os
 from pathlib import Path
 
 from epochlens.config import epochs
-from epochlens.config.influence_checks import check_influence_config
-from epochlens.config.run_kinds import (
+from epochlens.config.influence_checks import (  # noqa: F401 (moved there; importable here too)
+    check_influence_config,
+    check_lds_config,
+    check_trigger_config,
+    unknown_words,
+)
+from epochlens.config.run_kinds import (  # noqa: F401 (moved there; importable here too)
     REGRESSION_CORRUPTIONS,
     REGRESSION_SOURCES,
+    REGRESSION_TRANSFORMS,
     has_token_labels,
+    is_causal_lm_run,
     is_regression_run,
     is_stored_run,
     is_text_run,

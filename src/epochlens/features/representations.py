@@ -27,7 +27,26 @@ from collections.abc import Mapping
 import torch
 
 from epochlens.features.settings import RepresentationSettings
-from epochlens.features.spectral import PendingSpectral, resolve, spectral
+from epochlens.features.spectral import (  # noqa: F401 (moved there; importable here too)
+    CPU_DIRECT_SIDE,
+    GRAM_MAX_SIDE,
+    RITZ_SIDE,
+    SUBSPACE_BLOCK,
+    SUBSPACE_ITERS,
+    SUBSPACE_TOL,
+    PendingSpectral,
+    as_matrix,
+    gram_matrices,
+    gram_svdvals,
+    gram_topk,
+    orthonormal,
+    randomized_svdvals,
+    resolve,
+    sketch_matrix,
+    spectral,
+    spectral_method_for,
+    subspace_ritz,
+)
 from epochlens.features.workspace import Workspace, sample_chunks, scratch
 
 STATS_COLUMNS = ("mean", "std", "min", "max", "rms", "frac_positive")

@@ -43,7 +43,14 @@ from epochlens.errors import FeatureError
 from epochlens.features import stored_representations as srep
 from epochlens.features.cache import CacheResult, cached_or_written, file_attrs
 from epochlens.features.stored_columns import file_columns, resolve_layers, split_columns
-from epochlens.features.stored_files import ReusedBuffer, pread_into, read_npy, read_safetensors
+from epochlens.features.stored_files import (  # noqa: F401 (moved there; importable here too)
+    SAFETENSORS_DTYPES,
+    BFloat16Rows,
+    ReusedBuffer,
+    pread_into,
+    read_npy,
+    read_safetensors,
+)
 from epochlens.features.stored_settings import StoredFeatureSettings, detect_format
 from epochlens.progress import progress_bar
 

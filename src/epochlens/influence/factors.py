@@ -37,7 +37,16 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from epochlens.errors import NoFiniteSamplesError
-from epochlens.influence.covariances import F64, CovarianceSums, SamplePass, covariance_sums, resolve_layers
+from epochlens.influence.covariances import (  # noqa: F401 (moved there; importable here too)
+    F64,
+    CovarianceSums,
+    SamplePass,
+    check_active_classes,
+    covariance_sums,
+    data_source,
+    resolve_layers,
+    resolve_task,
+)
 from epochlens.influence.eigen import symmetric_eigh
 from epochlens.influence.gradients import (
     BatchBackprop,

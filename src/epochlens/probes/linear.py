@@ -48,7 +48,7 @@ from epochlens.errors import ProbeError
 from epochlens.probes.plan import ProbePlan, probe_plan, stratified_split  # noqa: F401 (public here too)
 from epochlens.probes.ridge import ridge_seeds
 from epochlens.probes.settings import ProbeSettings
-from epochlens.probes.softmax import amp_mode, cpu_threads, probe_seeds
+from epochlens.probes.softmax import ProbeFit, amp_mode, cpu_threads, probe_seeds, train_linear_probe  # noqa: F401 (moved there; importable here too)
 from epochlens.progress import progress_bar
 
 log = logging.getLogger("epochlens")
