@@ -12,7 +12,5 @@ Modules (import each directly; this package imports nothing, so the torch-free o
 * :mod:`epochlens.formats.weights` (torch): loading a state_dict from any supported checkpoint
   layout and fitting it to a model with a diagnosis of keys that do not fit.
 * :mod:`epochlens.formats.images`: image data as ImageFolder trees, ``datasets`` folders written by
-  ``save_to_disk`` and parquet files, read into :class:`epochlens.data.Dataset`;
-  :mod:`epochlens.formats.image_decode`: how those images are decoded and assembled
-  (``ImageSettings``).
+  ``save_to_disk`` and parquet files, read into :class:`epochlens.data.Dataset`.
 """
