@@ -37,6 +37,7 @@ clear. docs/reliability.md gives the numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -81,26 +82,27 @@ def corpus(root: Path, dry_run: bool = True) -> list[Case]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--inputs", action="store_true", help="the bad-input corpus")
     p.add_argument("--no-dry-run", action="store_true", help="skip the dry runs of missing files")
     p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
-    args = p.parse_args(argv)
-    if not args.inputs:
-        p.error("choose --inputs")
+    p.add_argument("--kill", action="store_true", help="SIGKILL a run of every rule kind K times")
+    p.add_argument("--kills", type=int, default=50, help="--kill: kills made (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="--kill: seed of the kill moments")
+    p.add_argument("--keep", type=Path, help="--kill: make the runs in this (new) folder and keep them")
+    return p
+
+
+def inputs(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # its load report before the message of a mismatched folder
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         outcomes = [classify(case) for case in corpus(Path(tmp), not args.no_dry_run)]
     if args.json:
-        print(
-            json.dumps(
-                [{"family": o.case.family, "input": o.case.name, "outcome": o.kind} for o in outcomes],
-                indent=1,
-            )
-        )
+        records = [{"family": o.case.family, "input": o.case.name, "outcome": o.kind} for o in outcomes]
+        print(json.dumps(records, indent=1))
         return 0
     print(table(outcomes))
     for o in outcomes:
@@ -110,6 +112,32 @@ def main(argv: list[str] | None = None) -> int:
                 + o.message.strip()[-800:].replace("\n", "\n  ")
             )
     return 0 if all(o.kind == "clear" for o in outcomes) else 1
+
+
+def kill(args: argparse.Namespace) -> int:
+    from _faults_kill import kill_run, kill_table
+    from _faults_run import write_snapshots
+
+    with contextlib.ExitStack() as stack:
+        root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="faults-kill-")))
+        root.mkdir(parents=True, exist_ok=True)
+        report = kill_run(root, write_snapshots(root), args.kills, args.seed)
+    print(kill_table(report))
+    for failure in report.failures:
+        print("\n[failed run] " + failure.replace("\n", "\n  "))
+    for difference in report.differences[:30]:
+        print("  differs: " + difference)
+    return 0 if not report.failures and not report.differences else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.inputs:
+        return inputs(args)
+    if args.kill:
+        return kill(args)
+    p.error("choose --inputs or --kill")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,191 @@
+"""Kill anywhere (``benchmarks/faults.py --kill``): the run of :mod:`_faults_run`, once
+uninterrupted (the reference), then again in a fresh folder whose Snakemake is SIGKILLed, process
+group and all (its jobs with it: a lost node or login session), at K seeded random moments; after
+each kill only what the docs tell a user (docs/guides/slurm.md): run the same command again, after
+``snakemake --unlock`` when it says the directory is locked (the workflow's default profile has
+``rerun-incomplete``). At the end every output is compared with the reference
+(``benchmarks/compare_results.py``).
+
+Each attempt is killed a random time after its first job starts (uniform in 0..spread), where
+spread is the reference's time from its first job to its end, times 2/K: the kills fall all over
+the run, and the jobs running at each moment are the rules hit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _faults_run import (
+    Invocation,
+    files_under,
+    new_workdir,
+    running_jobs,
+    started_rules,
+)
+from compare_results import compare_trees
+
+LOCKED = "Directory cannot be locked"
+
+
+@dataclass
+class Attempt:
+    """One ``snakemake`` of the user's: killed at ``moment`` s (from its first job) with ``running``
+    jobs, or ended by itself with ``returncode``."""
+
+    moment: float | None
+    running: list[str] = field(default_factory=list)
+    returncode: int | None = None
+    log: str = field(repr=False, default="")
+
+    @property
+    def locked(self) -> bool:
+        return self.returncode not in (None, 0) and LOCKED in self.log
+
+
+def first_job_started(log: Path, proc: subprocess.Popen) -> float | None:
+    """Wait for the first job (``rule ...:``) of the output; its time, or None if it ended first."""
+    while proc.poll() is None:
+        if log.exists() and "rule " in log.read_text(errors="replace"):
+            return time.monotonic()
+        time.sleep(0.05)
+    return None
+
+
+def attempt(user: Invocation, delay: float | None, log: Path) -> Attempt:
+    """Run the user's command; SIGKILL its process group ``delay`` s after its first job started
+    (never with None)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            user.command(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    started = first_job_started(log, proc) if delay is not None else None
+    if started is not None:
+        while proc.poll() is None and time.monotonic() - started < delay:
+            time.sleep(0.02)
+    if proc.poll() is None and started is not None:
+        running = running_jobs(log.read_text(errors="replace"))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return Attempt(round(time.monotonic() - started, 2), running, log=log.read_text(errors="replace"))
+    proc.wait()
+    return Attempt(None, returncode=proc.returncode, log=log.read_text(errors="replace"))
+
+
+@dataclass
+class KillReport:
+    kills: list[Attempt] = field(default_factory=list)
+    steps: Counter = field(default_factory=Counter)  # what the user did: rerun, unlock, ...
+    failures: list[str] = field(default_factory=list)  # attempts that ended in an error
+    reference_seconds: float = 0.0
+    reference_rules: Counter = field(default_factory=Counter)
+    compared: Counter = field(default_factory=Counter)
+    differences: list[str] = field(default_factory=list)
+
+
+def user_runs(user: Invocation, delays: list[float], logs: Path, report: KillReport) -> None:
+    """The user's command once per delay (killed), then until it completes (not killed); an
+    attempt stopped by the lock is followed by ``--unlock`` and the command again."""
+    pending = list(delays)
+    for n in range(len(delays) + 20):
+        delay = pending[0] if pending else None
+        a = attempt(user, delay, logs / f"attempt-{n:03d}.log")
+        report.steps["rerun the same command"] += 1
+        if a.locked:
+            unlock = user.run("--unlock")
+            report.steps["snakemake --unlock (it said: locked)"] += 1
+            if unlock.returncode:
+                report.failures.append(f"--unlock failed:\n{unlock.stdout[-2000:]}")
+            continue
+        if a.moment is not None:
+            report.kills.append(a)
+            pending.pop(0)
+            continue
+        if a.returncode != 0:
+            report.failures.append(f"attempt {n} failed (exit {a.returncode}):\n{a.log[-3000:]}")
+            continue
+        if not pending:
+            return
+        pending.clear()  # the run completed before its last kills: fewer kills than asked
+        return
+    report.failures.append("the run did not complete")
+
+
+def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
+    """The run never interrupted: its duration and its jobs per rule into ``report``."""
+    start = time.monotonic()
+    a = attempt(user, None, log)
+    report.reference_seconds = time.monotonic() - start
+    if a.returncode != 0:
+        raise RuntimeError(f"the reference run failed:\n{a.log[-4000:]}")
+    report.reference_rules = started_rules(a.log)
+
+
+def killed_run(
+    user: Invocation,
+    reference: Path,
+    delays: list[float],
+    logs: Path,
+    report: KillReport,
+    only_produced: bool = False,
+) -> None:
+    """The user's runs killed after ``delays``, then compared with the ``reference`` results
+    (``only_produced``: the files of the user's targets only)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    user_runs(user, delays, logs, report)
+    left = user.run("--dry-run")
+    if "Nothing to be done" not in left.stdout:
+        report.failures.append(f"after the last run, jobs are still planned:\n{left.stdout[-2000:]}")
+    report.compared, report.differences, _ = compare_trees(reference, user.work / "results", only_produced)
+    stray = [f for f in files_under(user.work / "results") if ".tmp" in f or f.endswith("~")]
+    report.differences += [f"{f}: a temporary file left" for f in stray]
+
+
+def kill_delays(reference_seconds: float, kills: int, seed: int) -> list[float]:
+    """Seeded kill moments, uniform in 0..2/K of the reference's duration (module doc)."""
+    rng = random.Random(seed)
+    return [rng.uniform(0, 2 * reference_seconds / kills) for _ in range(kills)]
+
+
+def kill_run(root: Path, snapshots: Path, kills: int, seed: int) -> KillReport:
+    report = KillReport()
+    reference = new_workdir(root, "reference", snapshots)
+    reference_run(reference, root / "reference.log", report)
+    delays = kill_delays(report.reference_seconds, kills, seed)
+    user = new_workdir(root, "killed", snapshots)
+    killed_run(user, reference.work / "results", delays, root / "attempts", report)
+    return report
+
+
+def kill_table(report: KillReport) -> str:
+    hit = Counter(rule for a in report.kills for rule in a.running)
+    rules = sorted(set(report.reference_rules) | set(hit))
+    lines = [
+        f"kills made: {len(report.kills)}  (reference run: {report.reference_seconds:.0f} s, "
+        f"{sum(report.reference_rules.values())} jobs)",
+        "",
+        f"{'rule':<24}{'jobs':>6}{'killed':>8}",
+        "-" * 38,
+        *(f"{r:<24}{report.reference_rules[r]:>6}{hit[r]:>8}" for r in rules),
+        "-" * 38,
+        f"rule kinds hit: {sum(1 for r in rules if hit[r])} of {len(rules)}; "
+        f"kills between jobs: {sum(1 for a in report.kills if not a.running)}",
+        "",
+        "what the user did: " + ", ".join(f"{v} x {k}" for k, v in report.steps.items()),
+        f"runs that ended in an error: {len(report.failures)}",
+        "outputs compared: "
+        + ", ".join(f"{v} {k}" for k, v in sorted(report.compared.items()))
+        + f" ({sum(report.compared.values())})",
+        f"differences: {len(report.differences)}",
+    ]
+    return "\n".join(lines)
