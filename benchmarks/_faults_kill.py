@@ -6,20 +6,23 @@ each kill only what the docs tell a user (docs/guides/slurm.md): run the same co
 ``rerun-incomplete``). At the end every output is compared with the reference
 (``benchmarks/compare_results.py``).
 
-Each attempt is killed a random time after its first job starts (uniform in 0..spread), where
-spread is the reference's time from its first job to its end, times 2/K: the kills fall all over
-the run, and the jobs running at each moment are the rules hit.
+The K kills are spread over the rules in the order they first started in the reference run
+(rule i*R/K for kill i of K): kill i waits for a job of its rule (or of a later one: its rule's
+jobs may be finished already), then SIGKILLs after a seeded delay, uniform in 0..8 s, so every rule
+kind is hit when K >= R, and the jobs running at each moment are the rules hit.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from _faults_run import (
@@ -49,18 +52,28 @@ class Attempt:
         return self.returncode not in (None, 0) and LOCKED in self.log
 
 
-def first_job_started(log: Path, proc: subprocess.Popen) -> float | None:
-    """Wait for the first job (``rule ...:``) of the output; its time, or None if it ended first."""
+@dataclass(frozen=True)
+class KillAt:
+    """Kill ``delay`` s after a job of ``target`` (or of a rule that started after it in the
+    reference run: ``rules``) is seen started; ``rules`` empty: after any job."""
+
+    target: str
+    rules: frozenset[str]
+    delay: float
+
+
+def job_started(log: Path, proc: subprocess.Popen, rules: frozenset[str]) -> float | None:
+    """Wait until a job of ``rules`` (any, if empty) runs; that time, or None if Snakemake ended."""
     while proc.poll() is None:
-        if log.exists() and "rule " in log.read_text(errors="replace"):
+        running = running_jobs(log.read_text(errors="replace")) if log.exists() else []
+        if running and (not rules or rules.intersection(running)):
             return time.monotonic()
         time.sleep(0.05)
     return None
 
 
-def attempt(user: Invocation, delay: float | None, log: Path) -> Attempt:
-    """Run the user's command; SIGKILL its process group ``delay`` s after its first job started
-    (never with None)."""
+def attempt(user: Invocation, kill: KillAt | None, log: Path) -> Attempt:
+    """Run the user's command; SIGKILL its process group as ``kill`` says (never with None)."""
     with open(log, "w") as out:
         proc = subprocess.Popen(
             user.command(),
@@ -69,9 +82,9 @@ def attempt(user: Invocation, delay: float | None, log: Path) -> Attempt:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    started = first_job_started(log, proc) if delay is not None else None
+    started = job_started(log, proc, kill.rules) if kill is not None else None
     if started is not None:
-        while proc.poll() is None and time.monotonic() - started < delay:
+        while proc.poll() is None and time.monotonic() - started < kill.delay:
             time.sleep(0.02)
     if proc.poll() is None and started is not None:
         running = running_jobs(log.read_text(errors="replace"))
@@ -91,15 +104,17 @@ class KillReport:
     reference_rules: Counter = field(default_factory=Counter)
     compared: Counter = field(default_factory=Counter)
     differences: list[str] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)  # the rule each kill waited for
+    missed: list[str] = field(default_factory=list)  # kills planned after the run completed
+    reference_order: list[str] = field(default_factory=list)  # rules, first started first
 
 
-def user_runs(user: Invocation, delays: list[float], logs: Path, report: KillReport) -> None:
+def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillReport) -> None:
     """The user's command once per delay (killed), then until it completes (not killed); an
     attempt stopped by the lock is followed by ``--unlock`` and the command again."""
-    pending = list(delays)
-    for n in range(len(delays) + 20):
-        delay = pending[0] if pending else None
-        a = attempt(user, delay, logs / f"attempt-{n:03d}.log")
+    pending = list(plan)
+    for n in range(3 * len(plan) + 20):
+        a = attempt(user, pending[0] if pending else None, logs / f"attempt-{n:03d}.log")
         report.steps["rerun the same command"] += 1
         if a.locked:
             unlock = user.run("--unlock")
@@ -109,14 +124,12 @@ def user_runs(user: Invocation, delays: list[float], logs: Path, report: KillRep
             continue
         if a.moment is not None:
             report.kills.append(a)
-            pending.pop(0)
+            report.targets.append(pending.pop(0).target)
             continue
         if a.returncode != 0:
             report.failures.append(f"attempt {n} failed (exit {a.returncode}):\n{a.log[-3000:]}")
             continue
-        if not pending:
-            return
-        pending.clear()  # the run completed before its last kills: fewer kills than asked
+        report.missed = [k.target for k in pending]  # the run completed before these kills
         return
     report.failures.append("the run did not complete")
 
@@ -129,20 +142,21 @@ def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
     if a.returncode != 0:
         raise RuntimeError(f"the reference run failed:\n{a.log[-4000:]}")
     report.reference_rules = started_rules(a.log)
+    report.reference_order = list(report.reference_rules)  # Counter keeps the order of first start
 
 
 def killed_run(
     user: Invocation,
     reference: Path,
-    delays: list[float],
+    plan: list[KillAt],
     logs: Path,
     report: KillReport,
     only_produced: bool = False,
 ) -> None:
-    """The user's runs killed after ``delays``, then compared with the ``reference`` results
+    """The user's runs killed as ``plan`` says, then compared with the ``reference`` results
     (``only_produced``: the files of the user's targets only)."""
     logs.mkdir(parents=True, exist_ok=True)
-    user_runs(user, delays, logs, report)
+    user_runs(user, plan, logs, report)
     left = user.run("--dry-run")
     if "Nothing to be done" not in left.stdout:
         report.failures.append(f"after the last run, jobs are still planned:\n{left.stdout[-2000:]}")
@@ -151,20 +165,41 @@ def killed_run(
     report.differences += [f"{f}: a temporary file left" for f in stray]
 
 
-def kill_delays(reference_seconds: float, kills: int, seed: int) -> list[float]:
-    """Seeded kill moments, uniform in 0..2/K of the reference's duration (module doc)."""
+def kill_plan(order: list[str], kills: int, seed: int, longest: float = 8.0) -> list[KillAt]:
+    """K kills spread over the rules in the order they first started in the reference (each kill
+    waits for its rule, or a later one, then a seeded delay uniform in 0..``longest`` s)."""
     rng = random.Random(seed)
-    return [rng.uniform(0, 2 * reference_seconds / kills) for _ in range(kills)]
+    plan = []
+    for i in range(kills):
+        at = i * len(order) // kills
+        plan.append(KillAt(order[at], frozenset(order[at:]), round(rng.uniform(0, longest), 2)))
+    return plan
 
 
-def kill_run(root: Path, snapshots: Path, kills: int, seed: int) -> KillReport:
+def kill_run(root: Path, snapshots: Path, kills: int, seed: int, reference: Path | None = None) -> KillReport:
+    """The reference run (or that of an earlier ``--keep`` folder ``reference``), then the killed
+    one, in ``root``."""
     report = KillReport()
-    reference = new_workdir(root, "reference", snapshots)
-    reference_run(reference, root / "reference.log", report)
-    delays = kill_delays(report.reference_seconds, kills, seed)
+    if reference is None:
+        ref = new_workdir(root, "reference", snapshots)
+        reference_run(ref, root / "reference.log", report)
+        reference = root
+    else:
+        log = (reference / "reference.log").read_text()
+        report.reference_rules = started_rules(log)
+        report.reference_order = list(report.reference_rules)
+        report.reference_seconds = log_seconds(log)
+    plan = kill_plan(report.reference_order, kills, seed)
     user = new_workdir(root, "killed", snapshots)
-    killed_run(user, reference.work / "results", delays, root / "attempts", report)
+    killed_run(user, reference / "reference" / "results", plan, root / "attempts", report)
     return report
+
+
+def log_seconds(log: str) -> float:
+    """Seconds from the first to the last time stamp of a Snakemake output."""
+    stamps = re.findall(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$", log, re.M)
+    first, last = (datetime.strptime(s, "%a %b %d %H:%M:%S %Y") for s in (stamps[0], stamps[-1]))
+    return (last - first).total_seconds()
 
 
 def kill_table(report: KillReport) -> str:

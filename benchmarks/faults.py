@@ -1,7 +1,10 @@
-"""Faults and bad input, measured (issue 33): what a user reads when an input is wrong.
+"""Faults and bad input, measured (issue 33): what a user reads when an input is wrong, and
+what is left when a run is killed or its disk fills.
 
-``--inputs`` generates a corpus of bad inputs and runs each where its error arises, then sorts
-the outcome into one of:
+``--kill`` (:mod:`_faults_kill`) SIGKILLs a run of every rule kind K times and compares its
+results with an uninterrupted run's; ``--disk`` (:mod:`_faults_disk`, as root) runs a job of each
+rule kind on a filling file system. ``--inputs`` generates a corpus of bad inputs and runs each
+where its error arises, then sorts the outcome into one of:
 
 * ``clear``: an error message (epochlens' own, or Snakemake's for the workflow) that names the key
   or the file that is wrong, without a Python traceback before it;
@@ -29,9 +32,12 @@ The corpus (:func:`corpus`):
 Usage::
 
     .venv/bin/python benchmarks/faults.py --inputs [--json] [--no-dry-run]
+    .venv/bin/python benchmarks/faults.py --kill [--kills K] [--seed S] [--keep DIR]
+    .venv/bin/python benchmarks/faults.py --disk [--keep DIR] [--reference DIR]
 
-Prints a table per family (inputs, clear, unnamed, traceback, silent) and the cases that are not
-clear. docs/reliability.md gives the numbers.
+``--inputs`` prints a table per family (inputs, clear, unnamed, traceback, silent) and the cases
+that are not clear; ``--kill`` the kills, rules hit, outputs compared and differences; ``--disk``
+a row per rule kind. docs/reliability.md gives the numbers.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -90,7 +97,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kill", action="store_true", help="SIGKILL a run of every rule kind K times")
     p.add_argument("--kills", type=int, default=50, help="--kill: kills made (default 50)")
     p.add_argument("--seed", type=int, default=0, help="--kill: seed of the kill moments")
-    p.add_argument("--keep", type=Path, help="--kill: make the runs in this (new) folder and keep them")
+    p.add_argument("--keep", type=Path, help="--kill, --disk: make the runs in this folder and keep them")
+    p.add_argument("--disk", action="store_true", help="every rule kind on a filling tmpfs (as root)")
+    p.add_argument(
+        "--reference",
+        type=Path,
+        help="--kill, --disk: reuse the reference run of this earlier --keep folder",
+    )
     return p
 
 
@@ -121,13 +134,40 @@ def kill(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="faults-kill-")))
         root.mkdir(parents=True, exist_ok=True)
-        report = kill_run(root, write_snapshots(root), args.kills, args.seed)
+        snapshots = args.reference / "snapshots" if args.reference else write_snapshots(root)
+        report = kill_run(root, snapshots, args.kills, args.seed, args.reference)
     print(kill_table(report))
     for failure in report.failures:
         print("\n[failed run] " + failure.replace("\n", "\n  "))
     for difference in report.differences[:30]:
         print("  differs: " + difference)
     return 0 if not report.failures and not report.differences else 1
+
+
+def disk(args: argparse.Namespace) -> int:
+    from _faults_disk import disk_run, disk_table
+    from _faults_kill import KillReport, reference_run
+    from _faults_run import new_workdir, write_snapshots
+
+    if os.geteuid() != 0:
+        print("--disk mounts a tmpfs: run it as root", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="faults-disk-")))
+        root.mkdir(parents=True, exist_ok=True)
+        if args.reference:
+            work, log = args.reference / "reference", (args.reference / "reference.log").read_text()
+        else:
+            user = new_workdir(root, "reference", write_snapshots(root))
+            reference_run(user, root / "reference.log", KillReport())
+            work, log = user.work, (root / "reference.log").read_text()
+        outcomes = disk_run(work, log, root)
+    print(disk_table(outcomes))
+    for o in outcomes:
+        if o.detail:
+            print(f"\n[{o.rule}] rerun differs:\n  " + o.detail.replace("\n", "\n  "))
+    ok = all("file system is full" in o.error and not o.partial and o.rerun_equal for o in outcomes)
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         return inputs(args)
     if args.kill:
         return kill(args)
-    p.error("choose --inputs or --kill")
+    if args.disk:
+        return disk(args)
+    p.error("choose --inputs, --kill or --disk")
 
 
 if __name__ == "__main__":

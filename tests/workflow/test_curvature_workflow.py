@@ -252,9 +252,15 @@ def test_killed_anywhere_ends_equal_to_an_uninterrupted_run(runs, tmp_path):
     targets = (RESULTS.curvature_metadata("tiny", 0, 6),)
     user = kill.Invocation(killed, cfg, wf / "Snakefile", targets)
     report = kill.KillReport()
-    delays = [1.5, 4.0, 2.5]  # from the first job's start: prepare_data, class_order, the shards
-    kill.killed_run(user, work[2] / "results", delays, tmp_path / "logs", report, only_produced=True)
+    shards = frozenset({"curvature_shard", "curvature_epoch"})
+    plan = [  # the data set, then twice the shards
+        kill.KillAt("prepare_data", frozenset(), 1.0),
+        kill.KillAt("curvature_shard", shards, 2.0),
+        kill.KillAt("curvature_shard", shards, 4.0),
+    ]
+    kill.killed_run(user, work[2] / "results", plan, tmp_path / "logs", report, only_produced=True)
     assert not report.failures, report.failures[0]
     assert len(report.kills) == 3 and report.differences == []
+    assert "curvature_shard" in report.kills[1].running
     assert report.compared["npy"] >= 5 and report.compared["npz"] == 2  # merged arrays, shards
     assert set(report.steps) <= {"rerun the same command", "snakemake --unlock (it said: locked)"}

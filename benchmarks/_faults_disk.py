@@ -1,0 +1,145 @@
+"""A full disk through Snakemake (``benchmarks/faults.py --disk``, as root): the finished run of
+:mod:`_faults_run` copied into a folder whose ``results/`` is a tmpfs; then, for one job of each rule
+kind, its outputs are deleted, the tmpfs is filled with a ballast file that leaves half of what
+the job wrote in the reference free, and the job is asked for (``snakemake <its output>``). It must
+fail with the one-line error of ``epochlens.runner`` naming the file system, leave none of its
+outputs and no temporary file; then the ballast is removed, the same command is run again, and
+its outputs must equal the reference's (``benchmarks/compare_results.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from _faults_run import Invocation, files_under
+from compare_results import compare_trees
+
+FULL = "the file system is full"
+_BLOCK = re.compile(r"^(?:local)?rule (\w+):\n((?:    .*\n)+)", re.M)
+PAGE = 4096
+
+
+@dataclass
+class DiskOutcome:
+    rule: str
+    outputs: list[str]
+    error: str  # the first line of the error a user reads
+    partial: list[str]  # files of the job (outputs or temporary) left after the failure
+    rerun_equal: bool
+    detail: str = ""
+
+
+def one_job_per_rule(log: str) -> dict[str, list[str]]:
+    """{rule: the outputs of its first job} from a Snakemake output (rules with outputs only)."""
+    jobs: dict[str, list[str]] = {}
+    for rule, body in _BLOCK.findall(log):
+        m = re.search(r"^    output: (.*)$", body, re.M)
+        if m and rule not in jobs:
+            jobs[rule] = [p.strip() for p in m.group(1).split(",")]
+    return jobs
+
+
+def mount_tmpfs(folder: Path, size: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+
+
+def fill(folder: Path, leave: int) -> Path:
+    """A ballast file in ``folder`` that leaves ``leave`` bytes free (to a page)."""
+    ballast = folder / "ballast.bin"
+    free = shutil.disk_usage(folder).free
+    with open(ballast, "wb") as f:
+        f.truncate(0)
+        left = max(free - leave - PAGE, 0)
+        chunk = b"\0" * (1 << 20)
+        while left > 0:
+            left -= f.write(chunk[: min(left, len(chunk))])
+    return ballast
+
+
+def size_of(work: Path, outputs: list[str]) -> int:
+    total = 0
+    for out in outputs:
+        path = work / out
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        total += sum(p.stat().st_size for p in files if p.exists())
+    return total
+
+
+def remove(work: Path, outputs: list[str]) -> None:
+    for out in outputs:
+        path = work / out
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def first_error_line(text: str) -> str:
+    for line in text.splitlines():
+        if FULL in line:
+            return line[line.index("a write failed") :][:110] if "a write failed" in line else line[:110]
+    errors = [line for line in text.splitlines() if "Error" in line or "error" in line]
+    return (errors[0] if errors else text.strip().splitlines()[-1] if text.strip() else "(none)")[:110]
+
+
+def disk_case(user: Invocation, reference: Path, rule: str, outputs: list[str]) -> DiskOutcome:
+    """One job on a filling results file system, then its rerun once space is freed."""
+    results = user.work / "results"
+    wrote = size_of(reference.parent, outputs)
+    remove(user.work, outputs)
+    before = files_under(results)
+    ballast = fill(results, wrote // 2)
+    try:
+        failed = user.run(*outputs)
+    finally:
+        ballast.unlink()
+    partial = sorted(files_under(results) - before)
+    left = [p for p in partial if "/logs/" not in f"/{p}" and "/benchmarks/" not in f"/{p}"]
+    if failed.returncode == 0:
+        error = "(none: the job succeeded)"
+    else:
+        error = first_error_line(failed.stdout)
+    rerun = user.run(*outputs)
+    _, problems, _ = compare_trees(reference, results, produced_only=True)
+    equal = rerun.returncode == 0 and not problems
+    detail = "" if equal else (rerun.stdout[-1500:] + "\n".join(problems[:10]))
+    return DiskOutcome(rule, outputs, error, left, equal, detail)
+
+
+def disk_run(reference_work: Path, reference_log: str, root: Path) -> list[DiskOutcome]:
+    """Every rule kind of the reference run (its folder and Snakemake output) on a filling tmpfs."""
+    work = root / "disk"
+    shutil.copytree(reference_work, work, symlinks=True, ignore=shutil.ignore_patterns("results"))
+    size = size_of(reference_work, ["results"]) + (64 << 20)
+    mount_tmpfs(work / "results", size)
+    try:
+        subprocess.run(["cp", "-a", f"{reference_work / 'results'}/.", str(work / "results")], check=True)
+        cfg = sorted(reference_work.parent.glob("reference.yaml"))[0]
+        user = Invocation(work, cfg)
+        touched = user.run("--touch")  # a reference of an earlier commit: its results as they are
+        if touched.returncode:
+            raise RuntimeError(f"snakemake --touch failed:\n{touched.stdout[-2000:]}")
+        jobs = one_job_per_rule(reference_log)
+        return [disk_case(user, reference_work / "results", rule, outs) for rule, outs in jobs.items()]
+    finally:
+        subprocess.run(["umount", str(work / "results")], check=False)
+
+
+def disk_table(outcomes: list[DiskOutcome]) -> str:
+    rows = [("rule kind", "error seen (first line)", "partial files", "rerun equal")]
+    for o in outcomes:
+        rows.append((o.rule, o.error, str(len(o.partial)), "yes" if o.rerun_equal else "NO"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    full = sum(FULL in o.error for o in outcomes)
+    summary = (
+        f"{len(outcomes)} rule kinds: {full} failed with the full-disk error, "
+        f"{sum(bool(o.partial) for o in outcomes)} left files, "
+        f"{sum(not o.rerun_equal for o in outcomes)} reruns differ"
+    )
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:], "-" * len(lines[0]), summary])
