@@ -148,7 +148,8 @@ def _bits(t):
     """A tensor's bytes (NaN equal to NaN with the same bits)."""
     import torch
 
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    flat = t.detach().reshape(-1)  # a 0-d tensor's may have stride 0, which view refuses
+    return torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat).view(torch.uint8)
 
 
 def compare_file(kind: str, a: Path, b: Path) -> list[str]:
