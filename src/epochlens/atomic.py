@@ -7,8 +7,10 @@ folder and renames it into place (``os.replace`` is atomic on POSIX within one f
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -22,7 +24,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it to ``path``, else delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_orphans(path.parent, f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{orphan_tag()}", suffix=".tmp")
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -34,6 +37,35 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def orphan_tag() -> str:
+    """Part of a temporary's name: this process's id, for :func:`remove_orphans`."""
+    return f"pid{os.getpid()}-"
+
+
+def remove_orphans(folder: Path, stem: str) -> None:
+    """Delete the temporaries ``{stem}pid{N}-...`` in ``folder`` (files or folders) whose process N
+    is gone: a writer killed (SIGKILL, a lost node) cannot delete its own. Those of running
+    processes are kept."""
+    pattern = re.compile(re.escape(stem) + r"pid(\d+)-")
+    for orphan in folder.glob(glob.escape(stem) + "pid*"):
+        m = pattern.match(orphan.name)
+        if m and not _alive(int(m.group(1))):
+            if orphan.is_dir():
+                shutil.rmtree(orphan, ignore_errors=True)
+            else:
+                orphan.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _umask() -> int:
