@@ -49,12 +49,12 @@ def mount_tmpfs(folder: Path, size: int) -> None:
 
 
 def fill(folder: Path, leave: int) -> Path:
-    """A ballast file in ``folder`` that leaves ``leave`` bytes free (to a page)."""
+    """A ballast file in ``folder`` that leaves ``leave`` bytes free, rounded down to pages (none
+    for a job that writes less than two pages)."""
     ballast = folder / "ballast.bin"
     free = shutil.disk_usage(folder).free
     with open(ballast, "wb") as f:
-        f.truncate(0)
-        left = max(free - leave - PAGE, 0)
+        left = free - leave // PAGE * PAGE
         chunk = b"\0" * (1 << 20)
         while left > 0:
             left -= f.write(chunk[: min(left, len(chunk))])
@@ -80,11 +80,13 @@ def remove(work: Path, outputs: list[str]) -> None:
 
 
 def first_error_line(text: str) -> str:
-    for line in text.splitlines():
-        if FULL in line:
-            return line[line.index("a write failed") :][:110] if "a write failed" in line else line[:110]
-    errors = [line for line in text.splitlines() if "Error" in line or "error" in line]
-    return (errors[0] if errors else text.strip().splitlines()[-1] if text.strip() else "(none)")[:110]
+    """The full-disk message, else the first error line a user reads (not a rule's input list)."""
+    lines = [line.strip() for line in text.splitlines() if not line.strip().startswith("input:")]
+    for line in lines:
+        if "a write failed" in line:
+            return line[line.index("a write failed") :][:100]
+    errors = [line for line in lines if re.search(r"Error|error:|Traceback|Killed|Signals", line)]
+    return (errors[0] if errors else lines[-1] if lines else "(none)")[:100]
 
 
 def disk_case(user: Invocation, reference: Path, rule: str, outputs: list[str]) -> DiskOutcome:
@@ -99,7 +101,7 @@ def disk_case(user: Invocation, reference: Path, rule: str, outputs: list[str]) 
     finally:
         ballast.unlink()
     partial = sorted(files_under(results) - before)
-    left = [p for p in partial if "/logs/" not in f"/{p}" and "/benchmarks/" not in f"/{p}"]
+    left = [p for p in partial if not re.search(r"(^|/)(logs|benchmarks|\.resume)/", p)]
     if failed.returncode == 0:
         error = "(none: the job succeeded)"
     else:
@@ -108,6 +110,7 @@ def disk_case(user: Invocation, reference: Path, rule: str, outputs: list[str]) 
     _, problems, _ = compare_trees(reference, results, produced_only=True)
     equal = rerun.returncode == 0 and not problems
     detail = "" if equal else (rerun.stdout[-1500:] + "\n".join(problems[:10]))
+    detail += "".join(f"\nleft after the failure: {p}" for p in left)
     return DiskOutcome(rule, outputs, error, left, equal, detail)
 
 
@@ -134,6 +137,8 @@ def disk_table(outcomes: list[DiskOutcome]) -> str:
     rows = [("rule kind", "error seen (first line)", "partial files", "rerun equal")]
     for o in outcomes:
         rows.append((o.rule, o.error, str(len(o.partial)), "yes" if o.rerun_equal else "NO"))
+    # logs, benchmarks and a training's .resume/ state (kept by design, written atomically) are not
+    # counted as partial files
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     full = sum(FULL in o.error for o in outcomes)

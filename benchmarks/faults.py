@@ -165,7 +165,7 @@ def disk(args: argparse.Namespace) -> int:
     print(disk_table(outcomes))
     for o in outcomes:
         if o.detail:
-            print(f"\n[{o.rule}] rerun differs:\n  " + o.detail.replace("\n", "\n  "))
+            print(f"\n[{o.rule}]\n  " + o.detail.replace("\n", "\n  "))
     ok = all("file system is full" in o.error and not o.partial and o.rerun_equal for o in outcomes)
     return 0 if ok else 1
 
