@@ -33,13 +33,14 @@ class DiskOutcome:
     detail: str = ""
 
 
-def one_job_per_rule(log: str) -> dict[str, list[str]]:
-    """{rule: the outputs of its first job} from a Snakemake output (rules with outputs only)."""
-    jobs: dict[str, list[str]] = {}
+def one_job_per_rule(log: str) -> dict[str, tuple[list[str], list[str]]]:
+    """{rule: (outputs, logs) of its first job} from a Snakemake output (rules with outputs)."""
+    jobs: dict[str, tuple[list[str], list[str]]] = {}
     for rule, body in _BLOCK.findall(log):
-        m = re.search(r"^    output: (.*)$", body, re.M)
-        if m and rule not in jobs:
-            jobs[rule] = [p.strip() for p in m.group(1).split(",")]
+        out, logs = (re.search(rf"^    {key}: (.*)$", body, re.M) for key in ("output", "log"))
+        if out and rule not in jobs:
+            split = [[p.strip() for p in m.group(1).split(",")] if m else [] for m in (out, logs)]
+            jobs[rule] = (split[0], split[1])
     return jobs
 
 
@@ -89,11 +90,14 @@ def first_error_line(text: str) -> str:
     return (errors[0] if errors else lines[-1] if lines else "(none)")[:100]
 
 
-def disk_case(user: Invocation, reference: Path, rule: str, outputs: list[str]) -> DiskOutcome:
-    """One job on a filling results file system, then its rerun once space is freed."""
+def disk_case(
+    user: Invocation, reference: Path, rule: str, outputs: list[str], logs: list[str]
+) -> DiskOutcome:
+    """One job on a filling results file system, then its rerun once space is freed. Its old log
+    goes too (a step truncates its log: the space freed would let a small job succeed)."""
     results = user.work / "results"
     wrote = size_of(reference.parent, outputs)
-    remove(user.work, outputs)
+    remove(user.work, outputs + logs)
     before = files_under(results)
     ballast = fill(results, wrote // 2)
     try:
@@ -111,10 +115,12 @@ def disk_case(user: Invocation, reference: Path, rule: str, outputs: list[str]) 
     equal = rerun.returncode == 0 and not problems
     detail = "" if equal else (rerun.stdout[-1500:] + "\n".join(problems[:10]))
     detail += "".join(f"\nleft after the failure: {p}" for p in left)
+    if FULL not in error:
+        detail += "\nwhat the user read:\n" + failed.stdout[-2500:]
     return DiskOutcome(rule, outputs, error, left, equal, detail)
 
 
-def disk_run(reference_work: Path, reference_log: str, root: Path) -> list[DiskOutcome]:
+def disk_run(reference_work: Path, reference_log: str, root: Path, rules=None) -> list[DiskOutcome]:
     """Every rule kind of the reference run (its folder and Snakemake output) on a filling tmpfs."""
     work = root / "disk"
     shutil.copytree(reference_work, work, symlinks=True, ignore=shutil.ignore_patterns("results"))
@@ -128,7 +134,8 @@ def disk_run(reference_work: Path, reference_log: str, root: Path) -> list[DiskO
         if touched.returncode:
             raise RuntimeError(f"snakemake --touch failed:\n{touched.stdout[-2000:]}")
         jobs = one_job_per_rule(reference_log)
-        return [disk_case(user, reference_work / "results", rule, outs) for rule, outs in jobs.items()]
+        picked = [rule for rule in jobs if not rules or rule in rules]
+        return [disk_case(user, reference_work / "results", rule, *jobs[rule]) for rule in picked]
     finally:
         subprocess.run(["umount", str(work / "results")], check=False)
 

@@ -99,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="--kill: seed of the kill moments")
     p.add_argument("--keep", type=Path, help="--kill, --disk: make the runs in this folder and keep them")
     p.add_argument("--disk", action="store_true", help="every rule kind on a filling tmpfs (as root)")
+    p.add_argument("--rules", nargs="+", help="--disk: these rule kinds only")
     p.add_argument(
         "--reference",
         type=Path,
@@ -161,7 +162,7 @@ def disk(args: argparse.Namespace) -> int:
             user = new_workdir(root, "reference", write_snapshots(root))
             reference_run(user, root / "reference.log", KillReport())
             work, log = user.work, (root / "reference.log").read_text()
-        outcomes = disk_run(work, log, root)
+        outcomes = disk_run(work, log, root, args.rules)
     print(disk_table(outcomes))
     for o in outcomes:
         if o.detail:
