@@ -8,7 +8,8 @@ Compares every table and array that both trees hold, and lists the files only on
   the keys that record run time and code version (:data:`JSON_VOLATILE_KEYS`);
 * ``.h5``: dataset for dataset (dtype, shape, values bit for bit) and every attribute but the ones
   that record when and how fast a file was written (:data:`H5_TIMING_ATTRS`);
-* ``.pt``: byte for byte, else tensor for tensor (a state_dict or a dict holding tensors).
+* ``.pt``: byte for byte, else tensor for tensor (a state_dict or a dict holding tensors), without
+  the keys that record run time (:data:`JSON_VOLATILE_KEYS`: influence factors' ``timings``).
 
 Left out, and why:
 
@@ -137,7 +138,8 @@ def _tensors(x, y, where: str) -> list[str]:
     if isinstance(x, dict) and isinstance(y, dict):
         if list(x) != list(y):
             return [f"keys of {where or 'the file'} differ"]
-        return [p for k in x for p in _tensors(x[k], y[k], f"{where}/{k}")]
+        kept = [k for k in x if k not in JSON_VOLATILE_KEYS]  # influence factors' stage timings
+        return [p for k in kept for p in _tensors(x[k], y[k], f"{where}/{k}")]
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
         same = x.dtype == y.dtype and x.shape == y.shape and torch.equal(_bits(x), _bits(y))
         return [] if same else [f"tensor {where} differs"]
@@ -148,7 +150,8 @@ def _bits(t):
     """A tensor's bytes (NaN equal to NaN with the same bits)."""
     import torch
 
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    flat = t.detach().reshape(-1)  # a 0-d tensor's may have stride 0, which view refuses
+    return torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat).view(torch.uint8)
 
 
 def compare_file(kind: str, a: Path, b: Path) -> list[str]:

@@ -7,8 +7,10 @@ folder and renames it into place (``os.replace`` is atomic on POSIX within one f
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -22,7 +24,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it to ``path``, else delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_orphans(path.parent, f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{orphan_tag()}", suffix=".tmp")
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -34,6 +37,35 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def orphan_tag() -> str:
+    """Part of a temporary's name: this process's id, for :func:`remove_orphans`."""
+    return f"pid{os.getpid()}-"
+
+
+def remove_orphans(folder: Path, stem: str) -> None:
+    """Delete the temporaries ``{stem}pid{N}-...`` in ``folder`` (files or folders) whose process N
+    is gone: a writer killed (SIGKILL, a lost node) cannot delete its own. Those of running
+    processes are kept."""
+    pattern = re.compile(re.escape(stem) + r"pid(\d+)-")
+    for orphan in folder.glob(glob.escape(stem) + "pid*"):
+        m = pattern.match(orphan.name)
+        if m and not _alive(int(m.group(1))):
+            if orphan.is_dir():
+                shutil.rmtree(orphan, ignore_errors=True)
+            else:
+                orphan.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _umask() -> int:
@@ -62,6 +94,67 @@ def save_npy(path: str | Path, array: Any) -> None:
             np.save(f, array)
 
     write_atomic(path, _write)
+
+
+@contextmanager
+def atomic_h5(path: str | Path) -> Iterator[Any]:
+    """An ``h5py.File`` open for writing, renamed to ``path`` once closed (:func:`atomic_path`).
+
+    HDF5 crashes the process (a segmentation fault, no message, its temporary file left behind)
+    when it closes a file whose write failed, as on a full disk; so it writes through
+    :class:`_WriteGuard`, which keeps the first failed write's error, lets HDF5 close, and raises
+    it then."""
+    import h5py
+
+    with atomic_path(path) as tmp:
+        guard = _WriteGuard(open(tmp, "w+b"))  # noqa: SIM115 - closed by the guard
+        try:
+            with h5py.File(guard, "w") as f:
+                yield f
+        except Exception:
+            if guard.error is None:
+                raise
+        finally:
+            guard.close()
+        if guard.error is not None:  # what HDF5 then reports is a consequence of it
+            raise guard.error
+
+
+class _WriteGuard:
+    """A file for h5py: writes until one fails, then takes the later ones without writing them
+    (the file is deleted anyway) and keeps the first error in ``error``."""
+
+    def __init__(self, file) -> None:
+        self._file, self.error = file, None
+
+    def write(self, data) -> int:
+        if self.error is None:
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                self.error = exc
+        return len(memoryview(data))
+
+    def flush(self) -> None:
+        self._guarded(self._file.flush)
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._guarded(lambda: self._file.truncate(size)) or 0
+
+    def close(self) -> None:
+        self._guarded(self._file.close)
+        if not self._file.closed:  # its buffer could not be written: drop it
+            os.close(self._file.fileno())
+
+    def _guarded(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except OSError as exc:
+            self.error = self.error or exc
+            return None
+
+    def __getattr__(self, name: str) -> Any:  # read, readinto, seek, tell, ...
+        return getattr(self._file, name)
 
 
 def link_or_copy(src: str | Path, dest: str | Path) -> None:

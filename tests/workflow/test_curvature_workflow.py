@@ -7,6 +7,8 @@ at epochs 0, 2, 4, 6 read from a folder), with curvature at epochs 2 (4 classes)
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -224,3 +226,41 @@ def test_html_report_has_the_figures_and_captions(runs, tmp_path):
     for name in ("accuracy_by_cohort", "curvature_by_cohort", "curvature_distribution", "curvature_vs_loss"):
         assert f"{name}.png" in html, name
     assert "cumulative\\nsample loss" in html or "cumulative sample loss" in html
+
+
+def _faults_kill():
+    """benchmarks/_faults_kill.py (``benchmarks/faults.py --kill``), whose loop this test runs small."""
+    benchmarks = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    import _faults_kill
+
+    return _faults_kill
+
+
+@pytest.mark.slow
+def test_killed_anywhere_ends_equal_to_an_uninterrupted_run(runs, tmp_path):
+    """``benchmarks/faults.py --kill`` small: the curvature of epoch 6 (data, class order, 2 shards,
+    the merge) made again in a fresh folder whose Snakemake is SIGKILLed with its jobs
+    (process group) 3 times, each time started again as the docs say (the same command; --unlock
+    when it says the directory is locked), ends with the same files, byte for byte, as the module's
+    uninterrupted run, and nothing else was needed."""
+    kill = _faults_kill()
+    wf, work, cfg = runs
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    targets = (RESULTS.curvature_metadata("tiny", 0, 6),)
+    user = kill.Invocation(killed, cfg, wf / "Snakefile", targets)
+    report = kill.KillReport()
+    shards = frozenset({"curvature_shard", "curvature_epoch"})
+    plan = [  # the data set, then twice the shards
+        kill.KillAt("prepare_data", frozenset(), 1.0),
+        kill.KillAt("curvature_shard", shards, 2.0),
+        kill.KillAt("curvature_shard", shards, 4.0),
+    ]
+    kill.killed_run(user, work[2] / "results", plan, tmp_path / "logs", report, only_produced=True)
+    assert not report.failures, report.failures[0]
+    assert len(report.kills) == 3 and report.differences == []
+    assert "curvature_shard" in report.kills[1].running
+    assert report.compared["npy"] >= 5 and report.compared["npz"] == 2  # merged arrays, shards
+    assert set(report.steps) <= {"rerun the same command", "snakemake --unlock (it said: locked)"}

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from epochlens.atomic import atomic_path
+from epochlens.atomic import atomic_h5
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ def channel_stats(images: np.ndarray, scale: float) -> tuple[tuple[float, ...], 
 
 def write_dataset(dataset: Dataset, path: str | Path) -> None:
     """Write ``dataset`` to ``path`` (dataset.h5), atomically."""
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_h5(path) as f:
         for split, images, labels in (
             ("train", dataset.train_images, dataset.train_labels),
             ("test", dataset.test_images, dataset.test_labels),

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Literal
 import h5py
 import numpy as np
 
-from epochlens.atomic import atomic_path
+from epochlens.atomic import atomic_h5
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ def is_text_dataset(path: str | Path) -> bool:
 
 def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
     """Write ``dataset`` to ``path`` (``text.h5``), atomically."""
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_h5(path) as f:
         for split in ("train", "test"):
             g = f.create_group(split)
             for key in ("input_ids", "attention_mask", "labels"):

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 import epochlens
-from epochlens.atomic import atomic_path
+from epochlens.atomic import atomic_h5
 from epochlens.data import Dataset
 from epochlens.device import model_device
 from epochlens.errors import FeatureError, LayerError
@@ -317,7 +317,7 @@ def write_feature_file(
     """Write the features file at ``path`` atomically: every split (:func:`write_splits`) and the
     attributes its cache check and readers use (``extra``: format_version, representations and
     what a kind of data adds, e.g. a text run's tokenizer)."""
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_h5(path) as f:
         write_splits(f, path, data, settings, batches)
         attrs = file_attrs(
             data, settings, checkpoint_sha256, dkey, layers, type(model).__name__, str(run_device), t0, extra

@@ -34,11 +34,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
-from epochlens.atomic import atomic_path
+from epochlens.atomic import atomic_h5
 from epochlens.errors import FeatureError
 from epochlens.features import stored_representations as srep
 from epochlens.features.cache import CacheResult, cached_or_written, file_attrs
@@ -400,7 +399,7 @@ def write_stored_features(
     store = np.dtype(settings.dtype)
     fingerprint = snapshot.fingerprint()
     shapes: dict[str, tuple[int, ...]] = {}
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_h5(path) as f:
         for split in settings.splits:
             labels = np.asarray(data.labels(split))
             group = f.create_group(split)

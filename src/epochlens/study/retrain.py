@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from epochlens.atomic import orphan_tag, remove_orphans
 from epochlens.batches import num_samples, select_rows, to_device
 from epochlens.data import Dataset
 from epochlens.data.text import TextDataset
@@ -174,11 +175,13 @@ def retrain_subsets(
         raise ValueError(f"a warm start at epoch {start[0]} must come before the analysed epoch {epoch}")
     active = schedule.active_classes(epoch)
     measure = test_measure(data, active, device)
+    if scratch is not None:  # those of a retraining killed before it could delete them
+        remove_orphans(Path(scratch), "lds-")
     out = []
     for k, keep in enumerate(np.asarray(masks, dtype=bool)):
         began = time.perf_counter()
         model = build_model()
-        with tempfile.TemporaryDirectory(dir=scratch, prefix="lds-") as tmp:
+        with tempfile.TemporaryDirectory(dir=scratch, prefix=f"lds-{orphan_tag()}") as tmp:
             train_incremental(
                 model, subset_data(data, keep), schedule, settings,
                 checkpoint_path=lambda e, folder=Path(tmp): folder / f"{epoch_name(e)}.pt",

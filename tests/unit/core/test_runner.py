@@ -4,6 +4,9 @@ failed step exit as before."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -105,4 +108,36 @@ def test_a_full_disk_is_named_with_its_space_and_leaves_nothing_half_written(sma
     err = capsys.readouterr().err
     assert "the file system is full" in err and f"mounted at {small_disk}" in err and "MiB free" in err, err
     assert "Traceback" not in err
+    assert list((small_disk / "results").iterdir()) == []
+
+
+H5_STEP = """
+import sys
+import numpy as np
+from epochlens import runner
+from epochlens.atomic import atomic_h5
+
+def write():
+    x = np.random.default_rng(0).standard_normal((8192, 64)).astype(np.float32)  # 2 MiB, incompressible
+    with {opener} as f:
+        f.create_dataset("x", data=x, chunks=(256, 64), compression="gzip")
+        f.attrs["name"] = "x"
+
+runner.run_step(write, sys.argv[2])
+"""
+
+
+def h5_step(out, log, opener: str) -> subprocess.CompletedProcess:
+    script = H5_STEP.format(opener=opener)
+    return subprocess.run([sys.executable, "-c", script, str(out), str(log)], capture_output=True, text=True)
+
+
+def test_an_h5_file_cut_short_by_a_full_disk_fails_with_the_message_not_a_crash(small_disk):
+    """HDF5 closing a chunked, compressed file whose write failed crashed the job (SIGSEGV, an
+    empty log, the temporary file left: what `prepare_data` did on a full disk): atomic_h5 lets
+    it close and raises the write's error, which the step reports as a full disk."""
+    out, log = small_disk / "results" / "out.h5", small_disk / "logs" / "step.log"
+    proc = h5_step(out, log, "atomic_h5(sys.argv[1])")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "the file system is full" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert list((small_disk / "results").iterdir()) == []

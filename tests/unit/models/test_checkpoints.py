@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -288,6 +290,28 @@ def test_interrupt_leaves_nothing_behind(tmp_path):
             np.save(tmp.open("wb"), np.zeros(3))
             raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(proc.stdout)
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path):
+    """A writer SIGKILLed mid-write cannot delete its temporary (benchmarks/faults.py --kill found
+    one left beside a stored-activation feature file): the next write of that file removes it,
+    and keeps a temporary of a process still running."""
+    path = tmp_path / "pooled.h5"
+    orphan = tmp_path / f".pooled.h5.pid{dead_pid()}-abc.tmp"
+    running = tmp_path / f".pooled.h5.pid{os.getpid()}-def.tmp"
+    other = tmp_path / f".pooled.h5x.pid{dead_pid()}-ghi.tmp"  # another file's
+    for p in (orphan, running, other):
+        p.write_text("half of it")
+    write_json(path, {"epoch": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["pooled.h5", running.name, other.name])
 
 
 def test_failing_writer_keeps_the_previous_file(tmp_path):

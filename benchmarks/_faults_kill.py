@@ -1,0 +1,224 @@
+"""Kill anywhere (``benchmarks/faults.py --kill``): the run of :mod:`_faults_run`, once
+uninterrupted (the reference), then again in a fresh folder whose Snakemake is SIGKILLed, process
+group and all (its jobs with it: a lost node or login session), at K seeded random moments; after
+each kill only what the docs tell a user (docs/guides/slurm.md): run the same command again, after
+``snakemake --unlock`` when it says the directory is locked (the workflow's default profile has
+``rerun-incomplete``). At the end every output is compared with the reference
+(``benchmarks/compare_results.py``).
+
+The K kills are spread over the rules in the order they first started in the reference run
+(rule i*R/K for kill i of K): kill i waits for a job of its rule (or of a later one: its rule's
+jobs may be finished already), then SIGKILLs after a seeded delay, uniform in 0..8 s, so every rule
+kind is hit when K >= R, and the jobs running at each moment are the rules hit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from _faults_run import (
+    Invocation,
+    new_workdir,
+    running_jobs,
+    started_rules,
+)
+from compare_results import compare_trees
+
+LOCKED = "Directory cannot be locked"
+
+
+@dataclass
+class Attempt:
+    """One ``snakemake`` of the user's: killed at ``moment`` s (from its first job) with ``running``
+    jobs, or ended by itself with ``returncode``."""
+
+    moment: float | None
+    running: list[str] = field(default_factory=list)
+    returncode: int | None = None
+    log: str = field(repr=False, default="")
+
+    @property
+    def locked(self) -> bool:
+        return self.returncode not in (None, 0) and LOCKED in self.log
+
+
+@dataclass(frozen=True)
+class KillAt:
+    """Kill ``delay`` s after a job of ``target`` (or of a rule that started after it in the
+    reference run: ``rules``) is seen started; ``rules`` empty: after any job."""
+
+    target: str
+    rules: frozenset[str]
+    delay: float
+
+
+def job_started(log: Path, proc: subprocess.Popen, rules: frozenset[str]) -> float | None:
+    """Wait until a job of ``rules`` (any, if empty) runs; that time, or None if Snakemake ended."""
+    while proc.poll() is None:
+        running = running_jobs(log.read_text(errors="replace")) if log.exists() else []
+        if running and (not rules or rules.intersection(running)):
+            return time.monotonic()
+        time.sleep(0.05)
+    return None
+
+
+def attempt(user: Invocation, kill: KillAt | None, log: Path) -> Attempt:
+    """Run the user's command; SIGKILL its process group as ``kill`` says (never with None)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            user.command(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    started = job_started(log, proc, kill.rules) if kill is not None else None
+    if started is not None:
+        while proc.poll() is None and time.monotonic() - started < kill.delay:
+            time.sleep(0.02)
+    if proc.poll() is None and started is not None:
+        running = running_jobs(log.read_text(errors="replace"))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return Attempt(round(time.monotonic() - started, 2), running, log=log.read_text(errors="replace"))
+    proc.wait()
+    return Attempt(None, returncode=proc.returncode, log=log.read_text(errors="replace"))
+
+
+@dataclass
+class KillReport:
+    kills: list[Attempt] = field(default_factory=list)
+    steps: Counter = field(default_factory=Counter)  # what the user did: rerun, unlock, ...
+    failures: list[str] = field(default_factory=list)  # attempts that ended in an error
+    reference_seconds: float = 0.0
+    reference_rules: Counter = field(default_factory=Counter)
+    compared: Counter = field(default_factory=Counter)
+    differences: list[str] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)  # the rule each kill waited for
+    missed: list[str] = field(default_factory=list)  # kills planned after the run completed
+    reference_order: list[str] = field(default_factory=list)  # rules, first started first
+
+
+def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillReport) -> None:
+    """The user's command once per delay (killed), then until it completes (not killed); an
+    attempt stopped by the lock is followed by ``--unlock`` and the command again."""
+    pending = list(plan)
+    for n in range(3 * len(plan) + 20):
+        a = attempt(user, pending[0] if pending else None, logs / f"attempt-{n:03d}.log")
+        report.steps["rerun the same command"] += 1
+        if a.locked:
+            unlock = user.run("--unlock")
+            report.steps["snakemake --unlock (it said: locked)"] += 1
+            if unlock.returncode:
+                report.failures.append(f"--unlock failed:\n{unlock.stdout[-2000:]}")
+            continue
+        if a.moment is not None:
+            report.kills.append(a)
+            report.targets.append(pending.pop(0).target)
+            continue
+        if a.returncode != 0:
+            report.failures.append(f"attempt {n} failed (exit {a.returncode}):\n{a.log[-3000:]}")
+            continue
+        report.missed = [k.target for k in pending]  # the run completed before these kills
+        return
+    report.failures.append("the run did not complete")
+
+
+def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
+    """The run never interrupted: its duration and its jobs per rule into ``report``."""
+    start = time.monotonic()
+    a = attempt(user, None, log)
+    report.reference_seconds = time.monotonic() - start
+    if a.returncode != 0:
+        raise RuntimeError(f"the reference run failed:\n{a.log[-4000:]}")
+    report.reference_rules = started_rules(a.log)
+    report.reference_order = list(report.reference_rules)  # Counter keeps the order of first start
+
+
+def killed_run(
+    user: Invocation,
+    reference: Path,
+    plan: list[KillAt],
+    logs: Path,
+    report: KillReport,
+    only_produced: bool = False,
+) -> None:
+    """The user's runs killed as ``plan`` says, then compared with the ``reference`` results
+    (``only_produced``: the files of the user's targets only)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    user_runs(user, plan, logs, report)
+    left = user.run("--dry-run")
+    if "Nothing to be done" not in left.stdout:
+        report.failures.append(f"after the last run, jobs are still planned:\n{left.stdout[-2000:]}")
+    # a temporary left behind is a file only the killed run has: a difference
+    report.compared, report.differences, _ = compare_trees(reference, user.work / "results", only_produced)
+
+
+def kill_plan(order: list[str], kills: int, seed: int, longest: float = 8.0) -> list[KillAt]:
+    """K kills spread over the rules in the order they first started in the reference (each kill
+    waits for its rule, or a later one, then a seeded delay uniform in 0..``longest`` s)."""
+    rng = random.Random(seed)
+    plan = []
+    for i in range(kills):
+        at = i * len(order) // kills
+        plan.append(KillAt(order[at], frozenset(order[at:]), round(rng.uniform(0, longest), 2)))
+    return plan
+
+
+def kill_run(root: Path, snapshots: Path, kills: int, seed: int, reference: Path | None = None) -> KillReport:
+    """The reference run (or that of an earlier ``--keep`` folder ``reference``), then the killed
+    one, in ``root``."""
+    report = KillReport()
+    if reference is None:
+        ref = new_workdir(root, "reference", snapshots)
+        reference_run(ref, root / "reference.log", report)
+        reference = root
+    else:
+        log = (reference / "reference.log").read_text()
+        report.reference_rules = started_rules(log)
+        report.reference_order = list(report.reference_rules)
+        report.reference_seconds = log_seconds(log)
+    plan = kill_plan(report.reference_order, kills, seed)
+    user = new_workdir(root, "killed", snapshots)
+    killed_run(user, reference / "reference" / "results", plan, root / "attempts", report)
+    return report
+
+
+def log_seconds(log: str) -> float:
+    """Seconds from the first to the last time stamp of a Snakemake output."""
+    stamps = re.findall(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$", log, re.M)
+    first, last = (datetime.strptime(s, "%a %b %d %H:%M:%S %Y") for s in (stamps[0], stamps[-1]))
+    return (last - first).total_seconds()
+
+
+def kill_table(report: KillReport) -> str:
+    hit = Counter(rule for a in report.kills for rule in a.running)
+    rules = sorted(set(report.reference_rules) | set(hit))
+    lines = [
+        f"kills made: {len(report.kills)}  (reference run: {report.reference_seconds:.0f} s, "
+        f"{sum(report.reference_rules.values())} jobs)",
+        "",
+        f"{'rule':<24}{'jobs':>6}{'killed':>8}",
+        "-" * 38,
+        *(f"{r:<24}{report.reference_rules[r]:>6}{hit[r]:>8}" for r in rules),
+        "-" * 38,
+        f"rule kinds hit: {sum(1 for r in rules if hit[r])} of {len(rules)}; "
+        f"kills between jobs: {sum(1 for a in report.kills if not a.running)}",
+        "",
+        "what the user did: " + ", ".join(f"{v} x {k}" for k, v in report.steps.items()),
+        f"runs that ended in an error: {len(report.failures)}",
+        "outputs compared: "
+        + ", ".join(f"{v} {k}" for k, v in sorted(report.compared.items()))
+        + f" ({sum(report.compared.values())})",
+        f"differences: {len(report.differences)}",
+    ]
+    return "\n".join(lines)
