@@ -433,8 +433,25 @@ def selected_layers(snapshot: Snapshot, settings: StoredFeatureSettings) -> list
         log.info(
             "%s: columns %s are not activations (one value per row): not layers", snapshot.folder, others
         )
+    _check_columns_agree(snapshot, settings.splits)
     where = str(snapshot._split_path(split))
     return resolve_layers(stored, settings.layers, others, where)
+
+
+def _check_columns_agree(snapshot: Snapshot, splits) -> None:
+    """A name that is a layer (N, *shape) in one split and one value per row (N,) in another is
+    a snapshot stored twice differently: refused, naming both files (it was left out silently)."""
+    first = splits[0]
+    for split in splits[1:]:
+        for layer_split, column_split in ((first, split), (split, first)):
+            both = sorted(set(snapshot.layers(layer_split)) & set(snapshot.other_columns(column_split)))
+            if both:
+                name = both[0]
+                raise FeatureError(
+                    f"{snapshot.file(column_split, name)}: one value per row, but "
+                    f"{snapshot.file(layer_split, name)} holds activations (N, *shape) of the same "
+                    f"name; every split stores a layer the same way. Store {name!r} again."
+                )
 
 
 def _check_range(values: np.ndarray, store: np.dtype, layer: str, name: str, file: str) -> None:

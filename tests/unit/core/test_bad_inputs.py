@@ -4,7 +4,8 @@ inputs that issue 33's corpus found passing silently or with a traceback are all
 weights (a .pt, a safetensors file, a Hugging Face folder), NaN or Inf inputs of an .npz, an empty
 split, an array of Python objects, CIFAR-100 labels out of 0..99, truncated or empty weights of a
 Hugging Face folder, an empty .npy of stored activations, a layer stored with another shape in
-the test split than in the training split.
+the test split than in the training split, a layer stored as one number per row in the training
+split only (it was left out of the layers silently).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ FOUND = [
     ("Hugging Face folder", "NaN weights"),
     ("stored activations", "a layer empty"),
     ("stored activations", "test layer of another width"),
+    ("stored activations", "one number per row"),  # in train only: the layer was dropped silently
 ]
 SAMPLE = [
     ("checkpoint (.pt)", "another architecture (resnet18_lop)"),
