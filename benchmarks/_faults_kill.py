@@ -7,9 +7,11 @@ each kill only what the docs tell a user (docs/guides/slurm.md): run the same co
 (``benchmarks/compare_results.py``).
 
 The K kills are spread over the rules in the order they first started in the reference run
-(rule i*R/K for kill i of K): kill i waits for a job of its rule (or of a later one: its rule's
-jobs may be finished already), then SIGKILLs after a seeded delay, uniform in 0..8 s, so every rule
-kind is hit when K >= R, and the jobs running at each moment are the rules hit.
+(rule i*R/K for kill i of K). Before each attempt a dry run says which rules still have jobs to
+run; kill i waits for a job of its rule, or of the next rule in that order that still has one
+(its own may be finished already), then SIGKILLs after a seeded delay uniform in 0..half that
+rule's median job time in the reference (at most 8 s), so that short jobs are hit too; the jobs
+running at each moment are the rules hit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import time
 from collections import Counter
@@ -106,6 +109,7 @@ class KillReport:
     targets: list[str] = field(default_factory=list)  # the rule each kill waited for
     missed: list[str] = field(default_factory=list)  # kills planned after the run completed
     reference_order: list[str] = field(default_factory=list)  # rules, first started first
+    rule_seconds: dict[str, float] = field(default_factory=dict)  # median job time per rule
 
 
 def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillReport) -> None:
@@ -113,6 +117,12 @@ def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillRepo
     attempt stopped by the lock is followed by ``--unlock`` and the command again."""
     pending = list(plan)
     for n in range(3 * len(plan) + 20):
+        if pending and report.rule_seconds:  # the benchmark's plan: delays are fractions
+            aimed = retarget(pending[0], report, pending_rules(user))
+            pending[0:1] = [aimed] if aimed else []
+            if aimed is None:  # nothing left to run but `all`: the next attempt completes
+                report.missed = [k.target for k in pending]
+                pending = []
         a = attempt(user, pending[0] if pending else None, logs / f"attempt-{n:03d}.log")
         report.steps["rerun the same command"] += 1
         if a.locked:
@@ -128,9 +138,37 @@ def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillRepo
         if a.returncode != 0:
             report.failures.append(f"attempt {n} failed (exit {a.returncode}):\n{a.log[-3000:]}")
             continue
-        report.missed = [k.target for k in pending]  # the run completed before these kills
+        report.missed += [k.target for k in pending]  # the run completed before these kills
         return
     report.failures.append("the run did not complete")
+
+
+def pending_rules(user: Invocation) -> set[str]:
+    """The rules with jobs still to run (a dry run's job stats; ``all`` left out)."""
+    out = user.run("--dry-run").stdout
+    if "Job stats:" not in out:
+        return set()
+    table = out.split("Job stats:", 1)[1].splitlines()[3:]
+    rules = set()
+    for line in table:
+        m = re.match(r"^(\S+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        rules.add(m.group(1))
+    return rules - {"all", "total"}
+
+
+def retarget(kill: KillAt, report: KillReport, pending: set[str]) -> KillAt | None:
+    """``kill`` (its delay a fraction) aimed at its rule if it has jobs left, else at the next such
+    rule in the reference order (then the earlier ones), with a delay of that fraction of half the
+    rule's median job time in the reference (at most 8 s); None when no rule has jobs left."""
+    order = report.reference_order
+    start = order.index(kill.target) if kill.target in order else 0
+    for rule in order[start:] + order[:start]:
+        if rule in pending:
+            longest = min(8.0, report.rule_seconds.get(rule, 16.0) / 2)
+            return KillAt(rule, frozenset({rule}), round(kill.delay * longest, 2))
+    return None
 
 
 def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
@@ -140,8 +178,7 @@ def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
     report.reference_seconds = time.monotonic() - start
     if a.returncode != 0:
         raise RuntimeError(f"the reference run failed:\n{a.log[-4000:]}")
-    report.reference_rules = started_rules(a.log)
-    report.reference_order = list(report.reference_rules)  # Counter keeps the order of first start
+    read_reference(a.log, report)
 
 
 def killed_run(
@@ -163,14 +200,14 @@ def killed_run(
     report.compared, report.differences, _ = compare_trees(reference, user.work / "results", only_produced)
 
 
-def kill_plan(order: list[str], kills: int, seed: int, longest: float = 8.0) -> list[KillAt]:
-    """K kills spread over the rules in the order they first started in the reference (each kill
-    waits for its rule, or a later one, then a seeded delay uniform in 0..``longest`` s)."""
+def kill_plan(order: list[str], kills: int, seed: int) -> list[KillAt]:
+    """K kills spread over the rules in the order they first started in the reference, each with a
+    seeded fraction uniform in 0..1 of its rule's delay (:func:`retarget` aims them at run time)."""
     rng = random.Random(seed)
     plan = []
     for i in range(kills):
-        at = i * len(order) // kills
-        plan.append(KillAt(order[at], frozenset(order[at:]), round(rng.uniform(0, longest), 2)))
+        rule = order[i * len(order) // kills]
+        plan.append(KillAt(rule, frozenset({rule}), rng.uniform(0, 1)))
     return plan
 
 
@@ -184,13 +221,42 @@ def kill_run(root: Path, snapshots: Path, kills: int, seed: int, reference: Path
         reference = root
     else:
         log = (reference / "reference.log").read_text()
-        report.reference_rules = started_rules(log)
-        report.reference_order = list(report.reference_rules)
+        read_reference(log, report)
         report.reference_seconds = log_seconds(log)
     plan = kill_plan(report.reference_order, kills, seed)
     user = new_workdir(root, "killed", snapshots)
     killed_run(user, reference / "reference" / "results", plan, root / "attempts", report)
     return report
+
+
+def read_reference(log: str, report: KillReport) -> None:
+    """The reference run's jobs per rule, its rules in the order they first started (``all``
+    left out: it runs nothing) and each rule's median job time (time stamps: whole seconds)."""
+    report.reference_rules = started_rules(log)
+    report.reference_order = [r for r in report.reference_rules if r != "all"]
+    report.rule_seconds = job_seconds(log)
+
+
+def job_seconds(log: str) -> dict[str, float]:
+    """{rule: median seconds from a job's start to its end} of a Snakemake output."""
+    now, started, times = None, {}, {}
+    for line in log.splitlines():
+        if stamp := _STAMP.match(line):
+            now = datetime.strptime(stamp.group(1), "%a %b %d %H:%M:%S %Y")
+        elif (rule := _RULE.match(line)) and now is not None:
+            started["pending"] = (rule.group(1), now)
+        elif (job := _JOBID.match(line)) and "pending" in started:
+            started[job.group(1)] = started.pop("pending")
+        elif (done := _DONE.match(line)) and done.group(1) in started:
+            rule, t0 = started.pop(done.group(1))
+            times.setdefault(rule, []).append((now - t0).total_seconds())
+    return {rule: float(statistics.median(t)) for rule, t in times.items()}
+
+
+_STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$")
+_RULE = re.compile(r"^(?:local)?rule (\w+):$")
+_JOBID = re.compile(r"^    jobid: (\d+)$")
+_DONE = re.compile(r"^Finished jobid: (\d+) ")
 
 
 def log_seconds(log: str) -> float:
