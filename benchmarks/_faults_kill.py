@@ -117,13 +117,12 @@ def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillRepo
     attempt stopped by the lock is followed by ``--unlock`` and the command again."""
     pending = list(plan)
     for n in range(3 * len(plan) + 20):
-        if pending and report.rule_seconds:  # the benchmark's plan: delays are fractions
-            aimed = retarget(pending[0], report, pending_rules(user))
-            pending[0:1] = [aimed] if aimed else []
+        aimed = pending[0] if pending else None
+        if aimed and report.rule_seconds:  # the benchmark's plan: its delays are fractions
+            aimed = retarget(aimed, report, pending_rules(user))
             if aimed is None:  # nothing left to run but `all`: the next attempt completes
-                report.missed = [k.target for k in pending]
-                pending = []
-        a = attempt(user, pending[0] if pending else None, logs / f"attempt-{n:03d}.log")
+                report.missed, pending = [k.target for k in pending], []
+        a = attempt(user, aimed, logs / f"attempt-{n:03d}.log")
         report.steps["rerun the same command"] += 1
         if a.locked:
             unlock = user.run("--unlock")
@@ -133,7 +132,8 @@ def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillRepo
             continue
         if a.moment is not None:
             report.kills.append(a)
-            report.targets.append(pending.pop(0).target)
+            report.targets.append(aimed.target)
+            pending.pop(0)
             continue
         if a.returncode != 0:
             report.failures.append(f"attempt {n} failed (exit {a.returncode}):\n{a.log[-3000:]}")
@@ -271,7 +271,8 @@ def kill_table(report: KillReport) -> str:
     rules = sorted(set(report.reference_rules) | set(hit))
     lines = [
         f"kills made: {len(report.kills)}  (reference run: {report.reference_seconds:.0f} s, "
-        f"{sum(report.reference_rules.values())} jobs)",
+        f"{sum(report.reference_rules.values())} jobs); planned but not made (the run completed "
+        f"first): {len(report.missed)}",
         "",
         f"{'rule':<24}{'jobs':>6}{'killed':>8}",
         "-" * 38,
