@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from epochlens.atomic import atomic_h5
+from epochlens.atomic_hdf5 import atomic_h5
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Literal
 import h5py
 import numpy as np
 
-from epochlens.atomic import atomic_h5
+from epochlens.atomic_hdf5 import atomic_h5
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:

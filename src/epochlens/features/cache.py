@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 import epochlens
-from epochlens.atomic import atomic_h5
+from epochlens.atomic_hdf5 import atomic_h5
 from epochlens.data import Dataset
 from epochlens.device import model_device
 from epochlens.errors import FeatureError, LayerError

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from epochlens.atomic import atomic_h5
+from epochlens.atomic_hdf5 import atomic_h5
 from epochlens.errors import FeatureError
 from epochlens.features import stored_representations as srep
 from epochlens.features.cache import CacheResult, cached_or_written, file_attrs

@@ -115,7 +115,7 @@ H5_STEP = """
 import sys
 import numpy as np
 from epochlens import runner
-from epochlens.atomic import atomic_h5
+from epochlens.atomic_hdf5 import atomic_h5
 
 def write():
     x = np.random.default_rng(0).standard_normal((8192, 64)).astype(np.float32)  # 2 MiB, incompressible
