@@ -6,12 +6,12 @@ each kill only what the docs tell a user (docs/guides/slurm.md): run the same co
 ``rerun-incomplete``). At the end every output is compared with the reference
 (``benchmarks/compare_results.py``).
 
-The K kills are spread over the rules in the order they first started in the reference run
-(rule i*R/K for kill i of K). Before each attempt a dry run says which rules still have jobs to
-run; kill i waits for a job of its rule, or of the next rule in that order that still has one
-(its own may be finished already), then SIGKILLs after a seeded delay uniform in 0..half that
+Before each attempt a dry run says which rules still have jobs to run; the kill waits for a job
+of the first of them, in the order the rules first started in the reference run, that no kill
+has hit yet (else the first of them), then SIGKILLs after a seeded delay uniform in 0..half that
 rule's median job time in the reference (at most 8 s), so that short jobs are hit too; the jobs
-running at each moment are the rules hit.
+running at each moment are the rules hit. (Aiming at planned rules, i*R/K for kill i of K, let
+the run complete after 22 of 50 kills: Snakemake ran every other job while the aimed one waited.)
 """
 
 from __future__ import annotations
@@ -159,16 +159,17 @@ def pending_rules(user: Invocation) -> set[str]:
 
 
 def retarget(kill: KillAt, report: KillReport, pending: set[str]) -> KillAt | None:
-    """``kill`` (its delay a fraction) aimed at its rule if it has jobs left, else at the next such
-    rule in the reference order (then the earlier ones), with a delay of that fraction of half the
-    rule's median job time in the reference (at most 8 s); None when no rule has jobs left."""
-    order = report.reference_order
-    start = order.index(kill.target) if kill.target in order else 0
-    for rule in order[start:] + order[:start]:
-        if rule in pending:
-            longest = min(8.0, report.rule_seconds.get(rule, 16.0) / 2)
-            return KillAt(rule, frozenset({rule}), round(kill.delay * longest, 2))
-    return None
+    """``kill`` (its delay a fraction) aimed at the first rule, in the reference order, that has
+    jobs left and that no kill has hit yet (else the first with jobs left), so that kills come soon
+    after each start and every rule kind is hit; its delay that fraction of half the rule's median
+    job time in the reference (at most 8 s). None when no rule has jobs left."""
+    hit = {rule for a in report.kills for rule in a.running}
+    left = [rule for rule in report.reference_order if rule in pending]
+    if not left:
+        return None
+    rule = next((r for r in left if r not in hit), left[0])
+    longest = min(8.0, report.rule_seconds.get(rule, 16.0) / 2)
+    return KillAt(rule, frozenset({rule}), round(kill.delay * longest, 2))
 
 
 def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
