@@ -35,6 +35,7 @@ from _faults_run import (
     started_rules,
 )
 from compare_results import compare_trees
+from wfutil import job_stats
 
 LOCKED = "Directory cannot be locked"
 
@@ -146,16 +147,7 @@ def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillRepo
 def pending_rules(user: Invocation) -> set[str]:
     """The rules with jobs still to run (a dry run's job stats; ``all`` left out)."""
     out = user.run("--dry-run").stdout
-    if "Job stats:" not in out:
-        return set()
-    table = out.split("Job stats:", 1)[1].splitlines()[3:]
-    rules = set()
-    for line in table:
-        m = re.match(r"^(\S+)\s+(\d+)$", line.strip())
-        if not m:
-            break
-        rules.add(m.group(1))
-    return rules - {"all", "total"}
+    return set(job_stats(out)) - {"all"} if "Job stats:" in out else set()
 
 
 def retarget(kill: KillAt, report: KillReport, pending: set[str]) -> KillAt | None:
@@ -262,7 +254,7 @@ _DONE = re.compile(r"^Finished jobid: (\d+) ")
 
 def log_seconds(log: str) -> float:
     """Seconds from the first to the last time stamp of a Snakemake output."""
-    stamps = re.findall(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$", log, re.M)
+    stamps = [m.group(1) for m in map(_STAMP.match, log.splitlines()) if m]
     first, last = (datetime.strptime(s, "%a %b %d %H:%M:%S %Y") for s in (stamps[0], stamps[-1]))
     return (last - first).total_seconds()
 

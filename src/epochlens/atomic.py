@@ -23,11 +23,7 @@ from typing import Any
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it to ``path``, else delete it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_orphans(path.parent, f".{path.name}.")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{orphan_tag()}", suffix=".tmp")
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = _temporary(path)
     try:
         yield tmp_path
         # mkstemp creates the file with mode 0600; give the result the mode a plain open() would
@@ -37,6 +33,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def _temporary(path: Path) -> Path:
+    """A new empty file beside ``path``, named for it and this process (:func:`orphan_tag`), after
+    deleting those that killed writers of ``path`` left (:func:`remove_orphans`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(path.parent, f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{orphan_tag()}", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
 
 
 def orphan_tag() -> str:
@@ -100,10 +106,7 @@ def link_or_copy(src: str | Path, dest: str | Path) -> None:
     """Make ``dest`` the same file as ``src`` atomically: a hard link, or a copy where the file
     system does not support hard links (or ``src`` is on another one)."""
     src, dest = Path(src), Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = _temporary(dest)  # not atomic_path: its chmod would change src's mode through the link
     try:
         tmp_path.unlink()
         try:
