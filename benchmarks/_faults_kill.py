@@ -6,12 +6,12 @@ each kill only what the docs tell a user (docs/guides/slurm.md): run the same co
 ``rerun-incomplete``). At the end every output is compared with the reference
 (``benchmarks/compare_results.py``).
 
-Before each attempt a dry run says which rules still have jobs to run; the kill waits for a job
-of the first of them, in the order the rules first started in the reference run, that no kill
-has hit yet (else the first of them), then SIGKILLs after a seeded delay uniform in 0..half that
-rule's median job time in the reference (at most 8 s), so that short jobs are hit too; the jobs
-running at each moment are the rules hit. (Aiming at planned rules, i*R/K for kill i of K, let
-the run complete after 22 of 50 kills: Snakemake ran every other job while the aimed one waited.)
+The kills are paced by the run's progress: before each attempt a dry run says how many jobs are
+left (J) and which rules have them, and with k kills left the kill waits for the attempt's
+round(J / (k + 1))-th job start, or for a later one (up to twice as many) of a rule no kill has hit
+yet, then SIGKILLs after a seeded delay uniform in 0..half that rule's median job time in the
+reference (at most 8 s). So every kill finds work left and the kills spread over the whole run;
+the jobs running at each moment are the rules hit.
 """
 
 from __future__ import annotations
@@ -28,12 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from _faults_run import (
-    Invocation,
-    new_workdir,
-    running_jobs,
-    started_rules,
-)
+from _faults_run import Invocation, new_workdir, running_jobs, started_jobs
 from compare_results import compare_trees
 from wfutil import job_stats
 
@@ -42,8 +37,8 @@ LOCKED = "Directory cannot be locked"
 
 @dataclass
 class Attempt:
-    """One ``snakemake`` of the user's: killed at ``moment`` s (from its first job) with ``running``
-    jobs, or ended by itself with ``returncode``."""
+    """One ``snakemake`` of the user's: killed at ``moment`` s (from the start of the job it waited
+    for) with ``running`` jobs, or ended by itself with ``returncode``."""
 
     moment: float | None
     running: list[str] = field(default_factory=list)
@@ -57,27 +52,53 @@ class Attempt:
 
 @dataclass(frozen=True)
 class KillAt:
-    """Kill ``delay`` s after a job of ``target`` (or of a rule that started after it in the
-    reference run: ``rules``) is seen started; ``rules`` empty: after any job."""
+    """Kill ``delay`` s after a job of ``rules`` (any, if empty) is seen started."""
 
-    target: str
     rules: frozenset[str]
     delay: float
 
+    def waits_for(self, started: list[str]) -> str | None:
+        return next((rule for rule in started if not self.rules or rule in self.rules), None)
 
-def job_started(log: Path, proc: subprocess.Popen, rules: frozenset[str]) -> float | None:
-    """Wait until a job of ``rules`` (any, if empty) runs; that time, or None if Snakemake ended."""
+    def delay_for(self, rule: str) -> float:
+        return self.delay
+
+
+@dataclass(frozen=True)
+class PacedKill:
+    """The benchmark's kill: after the attempt's ``after``-th job start, at the first job of a rule
+    in ``prefer`` (up to the ``2 x after``-th start, else that one), ``fraction`` of half that rule's
+    median job time later (``seconds``; at most 8 s)."""
+
+    fraction: float
+    after: int = 1
+    prefer: frozenset[str] = frozenset()
+    seconds: tuple[tuple[str, float], ...] = ()
+
+    def waits_for(self, started: list[str]) -> str | None:
+        last = 2 * self.after if self.prefer else self.after
+        for n, rule in enumerate(started, start=1):
+            if n >= last or (n >= self.after and rule in self.prefer):
+                return rule
+        return None
+
+    def delay_for(self, rule: str) -> float:
+        return round(self.fraction * min(8.0, dict(self.seconds).get(rule, 16.0) / 2), 2)
+
+
+def job_started(log: Path, proc: subprocess.Popen, kill: KillAt | PacedKill) -> tuple[float, str] | None:
+    """Wait until the job ``kill`` waits for runs: (that time, its rule), or None if Snakemake ended."""
     while proc.poll() is None:
-        running = running_jobs(log.read_text(errors="replace")) if log.exists() else []
-        if running and (not rules or rules.intersection(running)):
-            return time.monotonic()
+        started = started_jobs(log.read_text(errors="replace")) if log.exists() else []
+        if (rule := kill.waits_for([r for r in started if r != "all"])) is not None:
+            return time.monotonic(), rule
         time.sleep(0.05)
     return None
 
 
-def attempt(user: Invocation, kill: KillAt | None, log: Path) -> Attempt:
+def attempt(user: Invocation, kill: KillAt | PacedKill | None, log: Path) -> Attempt:
     """Run the user's command; SIGKILL its process group as ``kill`` says (never with None)."""
-    with open(log, "w") as out:
+    with open(log, "w") as out:  # its own process group, killed with its jobs
         proc = subprocess.Popen(
             user.command(),
             stdout=out,
@@ -85,15 +106,17 @@ def attempt(user: Invocation, kill: KillAt | None, log: Path) -> Attempt:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    started = job_started(log, proc, kill.rules) if kill is not None else None
+    started = job_started(log, proc, kill) if kill is not None else None
     if started is not None:
-        while proc.poll() is None and time.monotonic() - started < kill.delay:
+        at, rule = started
+        while proc.poll() is None and time.monotonic() - at < kill.delay_for(rule):
             time.sleep(0.02)
-    if proc.poll() is None and started is not None:
-        running = running_jobs(log.read_text(errors="replace"))
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return Attempt(round(time.monotonic() - started, 2), running, log=log.read_text(errors="replace"))
+        if proc.poll() is None:
+            running = running_jobs(log.read_text(errors="replace"))
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            moment = round(time.monotonic() - at, 2)
+            return Attempt(moment, running, log=log.read_text(errors="replace"))
     proc.wait()
     return Attempt(None, returncode=proc.returncode, log=log.read_text(errors="replace"))
 
@@ -107,22 +130,20 @@ class KillReport:
     reference_rules: Counter = field(default_factory=Counter)
     compared: Counter = field(default_factory=Counter)
     differences: list[str] = field(default_factory=list)
-    targets: list[str] = field(default_factory=list)  # the rule each kill waited for
-    missed: list[str] = field(default_factory=list)  # kills planned after the run completed
-    reference_order: list[str] = field(default_factory=list)  # rules, first started first
+    missed: int = 0  # kills planned but not made: the run completed first
     rule_seconds: dict[str, float] = field(default_factory=dict)  # median job time per rule
 
 
-def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillReport) -> None:
-    """The user's command once per delay (killed), then until it completes (not killed); an
+def user_runs(user: Invocation, plan: list[KillAt | PacedKill], logs: Path, report: KillReport) -> None:
+    """The user's command once per kill of ``plan``, then until it completes (not killed); an
     attempt stopped by the lock is followed by ``--unlock`` and the command again."""
     pending = list(plan)
     for n in range(3 * len(plan) + 20):
         aimed = pending[0] if pending else None
-        if aimed and report.rule_seconds:  # the benchmark's plan: its delays are fractions
-            aimed = retarget(aimed, report, pending_rules(user))
+        if isinstance(aimed, PacedKill):
+            aimed = pace(aimed, report, user, len(pending))
             if aimed is None:  # nothing left to run but `all`: the next attempt completes
-                report.missed, pending = [k.target for k in pending], []
+                report.missed, pending = len(pending), []
         a = attempt(user, aimed, logs / f"attempt-{n:03d}.log")
         report.steps["rerun the same command"] += 1
         if a.locked:
@@ -133,35 +154,26 @@ def user_runs(user: Invocation, plan: list[KillAt], logs: Path, report: KillRepo
             continue
         if a.moment is not None:
             report.kills.append(a)
-            report.targets.append(aimed.target)
             pending.pop(0)
             continue
         if a.returncode != 0:
             report.failures.append(f"attempt {n} failed (exit {a.returncode}):\n{a.log[-3000:]}")
             continue
-        report.missed += [k.target for k in pending]  # the run completed before these kills
+        report.missed += len(pending)
         return
     report.failures.append("the run did not complete")
 
 
-def pending_rules(user: Invocation) -> set[str]:
-    """The rules with jobs still to run (a dry run's job stats; ``all`` left out)."""
+def pace(kill: PacedKill, report: KillReport, user: Invocation, kills_left: int) -> PacedKill | None:
+    """``kill`` paced by the jobs left (a dry run's; None when none is left): see the module doc."""
     out = user.run("--dry-run").stdout
-    return set(job_stats(out)) - {"all"} if "Job stats:" in out else set()
-
-
-def retarget(kill: KillAt, report: KillReport, pending: set[str]) -> KillAt | None:
-    """``kill`` (its delay a fraction) aimed at the first rule, in the reference order, that has
-    jobs left and that no kill has hit yet (else the first with jobs left), so that kills come soon
-    after each start and every rule kind is hit; its delay that fraction of half the rule's median
-    job time in the reference (at most 8 s). None when no rule has jobs left."""
-    hit = {rule for a in report.kills for rule in a.running}
-    left = [rule for rule in report.reference_order if rule in pending]
+    left = {r: n for r, n in job_stats(out).items() if r != "all"} if "Job stats:" in out else {}
     if not left:
         return None
-    rule = next((r for r in left if r not in hit), left[0])
-    longest = min(8.0, report.rule_seconds.get(rule, 16.0) / 2)
-    return KillAt(rule, frozenset({rule}), round(kill.delay * longest, 2))
+    hit = {rule for a in report.kills for rule in a.running}
+    after = max(1, round(sum(left.values()) / (kills_left + 1)))
+    seconds = tuple(report.rule_seconds.items())
+    return PacedKill(kill.fraction, after, frozenset(left) - hit, seconds)
 
 
 def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
@@ -177,7 +189,7 @@ def reference_run(user: Invocation, log: Path, report: KillReport) -> None:
 def killed_run(
     user: Invocation,
     reference: Path,
-    plan: list[KillAt],
+    plan: list[KillAt | PacedKill],
     logs: Path,
     report: KillReport,
     only_produced: bool = False,
@@ -193,17 +205,6 @@ def killed_run(
     report.compared, report.differences, _ = compare_trees(reference, user.work / "results", only_produced)
 
 
-def kill_plan(order: list[str], kills: int, seed: int) -> list[KillAt]:
-    """K kills spread over the rules in the order they first started in the reference, each with a
-    seeded fraction uniform in 0..1 of its rule's delay (:func:`retarget` aims them at run time)."""
-    rng = random.Random(seed)
-    plan = []
-    for i in range(kills):
-        rule = order[i * len(order) // kills]
-        plan.append(KillAt(rule, frozenset({rule}), rng.uniform(0, 1)))
-    return plan
-
-
 def kill_run(root: Path, snapshots: Path, kills: int, seed: int, reference: Path | None = None) -> KillReport:
     """The reference run (or that of an earlier ``--keep`` folder ``reference``), then the killed
     one, in ``root``."""
@@ -216,17 +217,16 @@ def kill_run(root: Path, snapshots: Path, kills: int, seed: int, reference: Path
         log = (reference / "reference.log").read_text()
         read_reference(log, report)
         report.reference_seconds = log_seconds(log)
-    plan = kill_plan(report.reference_order, kills, seed)
+    rng = random.Random(seed)  # each kill's delay: a seeded fraction (pace() paces them at run time)
+    plan = [PacedKill(rng.uniform(0, 1)) for _ in range(kills)]
     user = new_workdir(root, "killed", snapshots)
     killed_run(user, reference / "reference" / "results", plan, root / "attempts", report)
     return report
 
 
 def read_reference(log: str, report: KillReport) -> None:
-    """The reference run's jobs per rule, its rules in the order they first started (``all``
-    left out: it runs nothing) and each rule's median job time (time stamps: whole seconds)."""
-    report.reference_rules = started_rules(log)
-    report.reference_order = [r for r in report.reference_rules if r != "all"]
+    """The reference run's jobs per rule and median job time (time stamps: whole seconds)."""
+    report.reference_rules = Counter(started_jobs(log))
     report.rule_seconds = job_seconds(log)
 
 
@@ -265,7 +265,7 @@ def kill_table(report: KillReport) -> str:
     lines = [
         f"kills made: {len(report.kills)}  (reference run: {report.reference_seconds:.0f} s, "
         f"{sum(report.reference_rules.values())} jobs); planned but not made (the run completed "
-        f"first): {len(report.missed)}",
+        f"first): {report.missed}",
         "",
         f"{'rule':<24}{'jobs':>6}{'killed':>8}",
         "-" * 38,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,9 +155,9 @@ def running_jobs(log: str) -> list[str]:
     return sorted(started.values())
 
 
-def started_rules(log: str) -> Counter:
-    """{rule: jobs started} of a Snakemake output."""
-    return Counter(rule for rule, _ in _STARTED.findall(log))
+def started_jobs(log: str) -> list[str]:
+    """The rules of the jobs a Snakemake output shows started, in the order they started."""
+    return [rule for rule, _ in _STARTED.findall(log)]
 
 
 def files_under(folder: Path) -> set[str]:

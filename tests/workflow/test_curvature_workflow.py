@@ -254,9 +254,9 @@ def test_killed_anywhere_ends_equal_to_an_uninterrupted_run(runs, tmp_path):
     report = kill.KillReport()
     shards = frozenset({"curvature_shard", "curvature_epoch"})
     plan = [  # the data set, then twice the shards
-        kill.KillAt("prepare_data", frozenset(), 1.0),
-        kill.KillAt("curvature_shard", shards, 0.5),
-        kill.KillAt("curvature_shard", shards, 1.5),
+        kill.KillAt(frozenset(), 1.0),
+        kill.KillAt(shards, 0.5),
+        kill.KillAt(shards, 1.5),
     ]
     kill.killed_run(user, work[2] / "results", plan, tmp_path / "logs", report, only_produced=True)
     assert not report.failures, report.failures[0]
