@@ -26,10 +26,14 @@ def dossier_kind(run):
     return "text_classification" if is_text_run(spec) else "classification"
 
 
+def samples_enabled(run):
+    return config["runs"][run]["samples"]["enabled"]
+
+
 def dossier_runs():
-    """Runs that get a dossier; the others are named once in a message."""
-    runs = [run for run in config["runs"] if dossier_kind(run)]
-    skipped = [run for run in config["runs"] if run not in runs]
+    """Runs that get a dossier (samples.enabled); those that cannot are named once in a message."""
+    runs = [run for run in config["runs"] if dossier_kind(run) and samples_enabled(run)]
+    skipped = [run for run in config["runs"] if not dossier_kind(run)]
     if skipped and not _warned_dossier:
         logger.info(
             f"no sample dossier for {', '.join(skipped)}: stored activations have no model to predict "
@@ -44,6 +48,11 @@ _warned_dossier = []
 
 def get_dossier_kind(wildcards):
     kind = dossier_kind(wildcards.run)
+    if kind is not None and not samples_enabled(wildcards.run):
+        raise WorkflowError(
+            f"runs.{wildcards.run}.samples.enabled is false: set it to true (the default) for the "
+            "run's sample dossier, data map and explorer"
+        )
     if kind is None:
         raise WorkflowError(
             f"runs.{wildcards.run}: no sample dossier for stored activations or a task of your own "

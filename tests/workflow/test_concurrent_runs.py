@@ -70,7 +70,8 @@ def test_a_second_snakemake_is_locked_out_and_readers_see_only_whole_files(tmp_p
     reader = Reader(watched)
     reader.start()
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(run.wf / "Snakefile")]
-    command += ["--directory", str(run.work), "--cores", "1", "--forcerun", "prepare_data", *tables]
+    # the targets before --forcerun, whose list would take them as rules (and rebuild everything)
+    command += ["--directory", str(run.work), "--cores", "1", *tables, "--forcerun", "prepare_data"]
     first = subprocess.Popen(
         [*command, "--configfile", str(run.cfg)],
         stdout=subprocess.PIPE,

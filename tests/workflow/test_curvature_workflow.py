@@ -32,13 +32,16 @@ pytestmark = pytest.mark.workflow
 
 EPOCHS = TINY_EPOCHS
 CURV_EPOCHS = (2, 6)
+SAMPLE_RULES = ("sample_outputs", "sample_dossier", "sample_thumbnails", "plot_data_map", "sample_explorer")
 
 
 def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS, **curvature) -> dict:
-    """Features, probes and ablations at epoch 6 only (24 jobs, not 33): these tests check the
-    curvature, and of the other stages only that they run, read it (probes) or do not rerun."""
+    """Features, probes and ablations at epoch 6 only, no sample dossier (19 jobs, not 33): these
+    tests check the curvature, and of the other stages only that they run, read it (probes) or do
+    not rerun (the dossier's reading of it: tests/workflow/test_rerun_graph.py)."""
     epochs = list(epochs) if epochs else None
-    return tiny_config(ckpts, curvature={"shards": shards, "epochs": epochs, **curvature}, **analysed_at(6))
+    curvature = {"shards": shards, "epochs": epochs, **curvature}
+    return tiny_config(ckpts, curvature=curvature, samples={"enabled": False}, **analysed_at(6))
 
 
 def epoch_rel(epoch: int) -> str:
@@ -79,6 +82,7 @@ def test_dry_run_job_counts_with_shards(tmp_path):
     jobs = planned_jobs(copy_workflow(tmp_path / "wf"), tmp_path, configfile=cfg)
     assert jobs["curvature_shard"] == len(EPOCHS) * 2
     assert jobs["curvature_epoch"] == len(EPOCHS)
+    assert not set(SAMPLE_RULES) & set(jobs)
 
     # One epoch's metadata builds that epoch's shards and merge, plus the data and class order.
     one = RESULTS.curvature_metadata("tiny", 0, 4)
@@ -89,10 +93,16 @@ def test_dry_run_job_counts_with_shards(tmp_path):
         "curvature_epoch": 1,
     }
 
-    # curvature.enabled: false drops every curvature job.
+    # curvature.enabled: false drops every curvature job; samples.enabled: true (the default)
+    # plans the dossier's jobs, false (curv_config) none, and its explorer is refused by name.
     off = tiny_config(ckpts, curvature={"enabled": False, "shards": 2})
     jobs = planned_jobs(tmp_path / "wf", tmp_path, configfile=write_config(tmp_path / "off.yaml", off))
     assert "curvature_shard" not in jobs and "curvature_epoch" not in jobs
+    assert set(SAMPLE_RULES) <= set(jobs)
+    explorer = RESULTS.explorer("tiny") + "/index.html"
+    refused = snakemake(tmp_path / "wf", tmp_path, "--dry-run", explorer, configfile=cfg, check=False)
+    assert refused.returncode != 0
+    assert "runs.tiny.samples.enabled is false: set it to true" in refused.stdout, refused.stdout[-2000:]
 
 
 def test_shard_and_process_invariance(runs):
@@ -164,9 +174,6 @@ def test_resume_recomputes_only_the_missing_shard(runs):
         "probes_epoch": 1,  # the curvature-quantile target
         "probe_tables": 1,
         "plot_probes": 1,
-        "sample_dossier": 1,  # it reads the curvature arrays
-        "plot_data_map": 1,
-        "sample_explorer": 1,
         "all": 1,
     }
     snakemake(wf, work, configfile=cfg)

@@ -51,13 +51,15 @@ ABLATION_COLUMNS = [
 
 
 def feature_config(ckpts, **sections) -> dict:
-    """The tiny run with curvature at CURV_EPOCHS and cheap probes; ``sections`` update the
-    features / probes / ablation / curvature sections key by key."""
+    """The tiny run with curvature at CURV_EPOCHS and cheap probes, without the sample dossier
+    (tests/workflow/test_workflow.py has it); ``sections`` update the features / probes / ablation /
+    curvature sections key by key."""
     base = {
         "curvature": {"epochs": list(CURV_EPOCHS)},
         "probes": {"seeds": [0, 1], "max_epochs": 40},
         "features": {},
         "ablation": {},
+        "samples": {"enabled": False},
     }
     for name, values in sections.items():
         base[name] = {**base[name], **values}
@@ -268,10 +270,6 @@ def test_what_reruns(tiny_run, tmp_path):
         "plot_accuracy": 1,
         **{rule: 1 for rule in PER_EPOCH},
         **RUN_TABLES,
-        "sample_outputs": 1,  # the index's checkpoints, this one with them
-        "sample_dossier": 1,
-        "plot_data_map": 1,
-        "sample_explorer": 1,
         "all": 1,
     }
     for rule in ("features_epoch", "ablation_epoch"):

@@ -32,7 +32,7 @@ from epochlens.study.settings import QuerySettings, QueryTransformSettings
 REGRESSION_FIELDS = ("tolerance", "reduction")
 
 #: Sections of a run that only analyses read: training and evaluation never see them.
-ANALYSIS_SECTIONS = ("curvature", "features", "probes", "ablation", "influence")
+ANALYSIS_SECTIONS = ("curvature", "features", "probes", "ablation", "influence", "samples")
 
 
 def result_settings(section: Mapping, settings_class: type, exclude: Iterable[str] = ()) -> dict:

@@ -260,6 +260,9 @@ def test_training_sees_no_analysis_section():
     run = validated()
     params = run_config.run_params(run)
     assert not set(run_config.ANALYSIS_SECTIONS) & set(params)
+    # every section that only says what to analyse, the sample dossier's too (a new one must not
+    # rerun every evaluation of a finished run)
+    assert {"curvature", "features", "probes", "ablation", "influence", "samples"} <= set(run) - set(params)
     assert params["train"] == run["train"] and params["schedule"] == run["schedule"]
 
 
