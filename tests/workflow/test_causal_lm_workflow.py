@@ -416,7 +416,8 @@ def test_influence_equals_transformers_own_gradients_and_finds_the_users_poisons
 
 @pytest.fixture(scope="module")
 def llama_run(tmp_path_factory):
-    """A tiny Llama with grouped-query attention, trained by the Trainer: evaluation and influence."""
+    """A tiny Llama with grouped-query attention, trained by the Trainer: evaluation and influence
+    (a causal LM's dossier is the GPT-2 run's)."""
     root = tmp_path_factory.mktemp("llama")
     project = write_project(root / "project", "llama", steps=(40, 80))
     wf = copy_workflow(root / "wf")
@@ -424,7 +425,7 @@ def llama_run(tmp_path_factory):
     work.mkdir()
     config = user_config(project)
     run = config["runs"]["prompts"]
-    for stage in ("curvature", "features", "probes", "ablation"):
+    for stage in ("curvature", "features", "probes", "ablation", "samples"):
         run[stage] = {"enabled": False}
     snakemake(wf, work, configfile=write_config(root / "config.yaml", config))
     return project, Layout(work / "results")
