@@ -97,11 +97,13 @@ def test_study_runs_on_real_formats(tmp_path):
             seed=epoch,
             num_classes=100,
         )
-    # Features and ablations at the last epoch, one probe seed, whole blocks only: ResNet-18 on a CPU.
+    # Features and ablations at the last epoch, one probe seed, whole blocks only, curvature with 2
+    # directions (not 10; what it computes: tests/unit/curvature): ResNet-18 on a CPU.
     cfg = lop_config(
         tmp_path,
         indices=[0],
         epochs=epochs,
+        curvature={"n_directions": 2},
         features={"epochs": [400], "representations": ["pooled", "stats"]},
         probes={"seeds": [0]},
         ablation={"epochs": [400], "channel_groups": 0},
