@@ -73,7 +73,7 @@ class PacedKill:
     fraction: float
     after: int = 1
     prefer: frozenset[str] = frozenset()
-    seconds: tuple[tuple[str, float], ...] = ()
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def waits_for(self, started: list[str]) -> str | None:
         last = 2 * self.after if self.prefer else self.after
@@ -83,7 +83,7 @@ class PacedKill:
         return None
 
     def delay_for(self, rule: str) -> float:
-        return round(self.fraction * min(8.0, dict(self.seconds).get(rule, 16.0) / 2), 2)
+        return round(self.fraction * min(8.0, self.seconds.get(rule, 16.0) / 2), 2)
 
 
 def job_started(log: Path, proc: subprocess.Popen, kill: KillAt | PacedKill) -> tuple[float, str] | None:
@@ -135,23 +135,22 @@ class KillReport:
 
 
 def user_runs(user: Invocation, plan: list[KillAt | PacedKill], logs: Path, report: KillReport) -> None:
-    """The user's command once per kill of ``plan``, then until it completes (not killed); an
-    attempt stopped by the lock is followed by ``--unlock`` and the command again."""
-    pending = list(plan)
+    """The user's command once per kill of ``plan``, then until it completes; ``--unlock`` when locked."""
+    pending, aimed = list(plan), None
     for n in range(3 * len(plan) + 20):
-        aimed = pending[0] if pending else None
-        if isinstance(aimed, PacedKill):
-            aimed = pace(aimed, report, user, len(pending))
+        if aimed is None and pending:  # (after an attempt stopped by the lock, the same kill)
+            aimed = pace(pending[0], report, user, len(pending))
             if aimed is None:  # nothing left to run but `all`: the next attempt completes
                 report.missed, pending = len(pending), []
         a = attempt(user, aimed, logs / f"attempt-{n:03d}.log")
         report.steps["rerun the same command"] += 1
-        if a.locked:
+        if a.locked:  # it ran nothing: the kill made for it still holds
             unlock = user.run("--unlock")
             report.steps["snakemake --unlock (it said: locked)"] += 1
             if unlock.returncode:
                 report.failures.append(f"--unlock failed:\n{unlock.stdout[-2000:]}")
             continue
+        aimed = None
         if a.moment is not None:
             report.kills.append(a)
             pending.pop(0)
@@ -164,16 +163,17 @@ def user_runs(user: Invocation, plan: list[KillAt | PacedKill], logs: Path, repo
     report.failures.append("the run did not complete")
 
 
-def pace(kill: PacedKill, report: KillReport, user: Invocation, kills_left: int) -> PacedKill | None:
-    """``kill`` paced by the jobs left (a dry run's; None when none is left): see the module doc."""
+def pace(kill: KillAt | PacedKill, report: KillReport, user: Invocation, kills_left: int):
+    """``kill`` paced by the jobs left (a dry run's; None if none is left; a KillAt as it is)."""
+    if isinstance(kill, KillAt):
+        return kill
     out = user.run("--dry-run").stdout
     left = {r: n for r, n in job_stats(out).items() if r != "all"} if "Job stats:" in out else {}
     if not left:
         return None
     hit = {rule for a in report.kills for rule in a.running}
     after = max(1, round(sum(left.values()) / (kills_left + 1)))
-    seconds = tuple(report.rule_seconds.items())
-    return PacedKill(kill.fraction, after, frozenset(left) - hit, seconds)
+    return PacedKill(kill.fraction, after, frozenset(left) - hit, report.rule_seconds)
 
 
 def reference_run(user: Invocation, log: Path, report: KillReport) -> None:

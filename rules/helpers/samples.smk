@@ -48,15 +48,15 @@ _warned_dossier = []
 
 def get_dossier_kind(wildcards):
     kind = dossier_kind(wildcards.run)
-    if kind is not None and not samples_enabled(wildcards.run):
-        raise WorkflowError(
-            f"runs.{wildcards.run}.samples.enabled is false: set it to true (the default) for the "
-            "run's sample dossier, data map and explorer"
-        )
     if kind is None:
         raise WorkflowError(
             f"runs.{wildcards.run}: no sample dossier for stored activations or a task of your own "
             f"(one of {', '.join(DOSSIER_TASKS)} has one)"
+        )
+    if not samples_enabled(wildcards.run):
+        raise WorkflowError(
+            f"runs.{wildcards.run}.samples.enabled is false: set it to true (the default) for the "
+            "run's sample dossier, data map and explorer"
         )
     return kind
 

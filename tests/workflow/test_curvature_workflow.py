@@ -36,7 +36,7 @@ SAMPLE_RULES = ("sample_outputs", "sample_dossier", "sample_thumbnails", "plot_d
 
 
 def curv_config(ckpts, shards: int, epochs=CURV_EPOCHS, **curvature) -> dict:
-    """Features, probes and ablations at epoch 6 only, no sample dossier (19 jobs, not 33): these
+    """Features, probes and ablations at epoch 6 only, no sample dossier (23 jobs with 2 shards): these
     tests check the curvature, and of the other stages only that they run, read it (probes) or do
     not rerun (the dossier's reading of it: tests/workflow/test_rerun_graph.py)."""
     epochs = list(epochs) if epochs else None
