@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from epochlens.atomic import atomic_path
+from epochlens.plotting.ticks import plain_log_labels
 from epochlens.stats import mean_ci
 
 #: Fewest replicate seeds for which figures draw a 95% confidence band (see replicate_line).
@@ -31,12 +32,11 @@ METHOD_COLORS = {
 
 def save_figure(fig: plt.Figure, paths: list[str | Path]) -> None:
     """Save ``fig`` to each path (format from the suffix), atomically, then close it."""
-    for path in paths:
-        path = Path(path)
+    plain_log_labels(fig)
+    for path in map(Path, paths):
         with atomic_path(path) as tmp:
             fmt = path.suffix.lstrip(".")
-            # No creation date in PDFs: the same results give byte-identical figures.
-            metadata = {"CreationDate": None} if fmt == "pdf" else None
+            metadata = {"CreationDate": None} if fmt == "pdf" else None  # same results, same bytes
             fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
     plt.close(fig)
 
