@@ -37,7 +37,6 @@ SLOWEST_FIRST = (
     "workflow/test_rerun_graph.py",
     "workflow/test_text_workflow.py",
     "workflow/test_stored_workflow.py",
-    "workflow/test_reproducibility.py",
     "workflow/test_curvature_workflow.py",
     "workflow/test_text_to_text_workflow.py",
     "workflow/test_regression_workflow.py",

@@ -1,9 +1,10 @@
 """The import graph is the rerun graph: editing one stage's code reruns that stage and what is
 downstream of its results, nothing else; the DAG is planned without torch; a script reruns one
-job by hand on a finished run's files.
+job by hand on a finished run's files; a second run of the same config gives identical files.
 
-One finished tiny run (wfutil.tiny_run) with every stage on at a few epochs: curvature at 2 and 6,
-features, probes (class target: no curvature input) and ablation at 6, influence (identity) at 6.
+One finished tiny run (wfutil.tiny_run) with every stage on at a few epochs, its model trained by
+the pipeline (the checkpoints of epochs 0, 2, 4, 6): curvature at 2 and 6, features, probes (class
+target: no curvature input) and ablation at 6, influence (identity) at 6.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from digests import result_digests
 from wfutil import planned_after_editing as edited
-from wfutil import planned_jobs, tiny_config, tiny_run
+from wfutil import planned_jobs, snakemake, tiny_config, tiny_run
 
 from epochlens.layout import RESULTS
 
@@ -30,6 +32,7 @@ def stages_config(ckpts: Path) -> dict:
     off_last = {"epochs": [6]}
     return tiny_config(
         ckpts,
+        checkpoints={"source": "train"},
         curvature={"epochs": [2, 6]},
         features=off_last,
         probes={"targets": ["class"], "seeds": [0], "max_epochs": 20},
@@ -112,6 +115,19 @@ def test_a_script_reruns_one_job_by_hand(finished):
     assert table.read_bytes() == before
     log = finished.work / RESULTS.log("evaluate", "tiny", 0, 4)
     assert "test accuracy" in log.read_text()
+
+
+@pytest.mark.slow
+def test_a_second_run_gives_identical_results(finished, tmp_path):
+    """The same config run again in a fresh folder: every result file has the same content
+    (tests/digests.py: timings and timestamps left out), training and figures included."""
+    snakemake(finished.wf, tmp_path, configfile=finished.cfg)
+    first, second = result_digests(finished.work), result_digests(tmp_path)
+    assert set(first) == set(second)
+    kinds = {Path(p).suffix for p in first}
+    assert {".pt", ".npy", ".csv", ".json", ".png", ".pdf", ".h5", ".npz"} <= kinds, kinds
+    differ = sorted(p for p in first if first[p] != second[p])
+    assert not differ, f"{len(differ)} of {len(first)} result files differ: {differ[:10]}"
 
 
 def test_the_dag_is_planned_without_torch(tmp_path):
