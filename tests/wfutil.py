@@ -100,9 +100,8 @@ def job_stats(out: str) -> dict:
     return jobs
 
 
-def planned_wildcards(workflow: Path, workdir: Path, rule: str, configfile: Path | None = None) -> list[str]:
-    """The ``wildcards:`` lines of the planned jobs of ``rule`` in a dry run."""
-    out = snakemake(workflow, workdir, "--dry-run", configfile=configfile).stdout
+def planned_wildcards(out: str, rule: str) -> list[str]:
+    """The ``wildcards:`` lines of the planned jobs of ``rule`` in a dry run's output ``out``."""
     blocks = re.split(r"\n(?=(?:local)?rule )", out)
     found = []
     for block in blocks:
