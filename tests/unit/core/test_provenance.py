@@ -126,6 +126,10 @@ OWN = {
 }
 
 
+#: What every figure shares (plotting/common.py imports ticks.py).
+SHARED_PLOTTING = ("plotting/__init__.py", "plotting/common.py", "plotting/ticks.py")
+
+
 def test_real_scripts_depend_on_their_own_stage_only():
     scripts = PACKAGE_DIR.parents[1] / "scripts"
     assert {p.stem for p in scripts.glob("[!_]*.py") if not p.stem.startswith("plot_")} == set(OWN)
@@ -141,11 +145,7 @@ def test_real_scripts_depend_on_their_own_stage_only():
         found = {
             str(p.relative_to(PACKAGE_DIR)) for p in module_sources(plot) if p.is_relative_to(PACKAGE_DIR)
         }
-        other_figures = {
-            f
-            for f in found
-            if f.startswith("plotting/") and f not in ("plotting/__init__.py", "plotting/common.py")
-        }
+        other_figures = {f for f in found if f.startswith("plotting/") and f not in SHARED_PLOTTING}
         assert len(other_figures) == 1, (plot.name, other_figures)  # its own stage's figures only
         assert not {f.split("/")[0] for f in found} & STAGES, plot.name
     # fitting factors does not depend on how scores are computed (a score edit refits nothing)
