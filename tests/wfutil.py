@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +23,27 @@ WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "src", "profiles", 
 
 
 def copy_workflow(dest: Path) -> Path:
-    """Copy the workflow (Snakefile, rules, scripts, config, library) so a test may edit it."""
+    """Copy the workflow (Snakefile, rules, scripts, config, library) so a test may edit it, with
+    the library's bytecode: where PYTHONDONTWRITEBYTECODE is set (as on CI) every job and dry run
+    would compile the modules it imports again (an edited module's is stale, and not used)."""
+    compile_library()
     dest.mkdir(parents=True, exist_ok=True)
     for part in WORKFLOW_PARTS:
         src = REPO / part
         if src.is_dir():
-            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("*.egg-info"))
         else:
             shutil.copy2(src, dest / part)
     return dest
+
+
+@cache
+def compile_library() -> None:
+    """Bytecode of src/ and scripts/ (compileall writes it whatever PYTHONDONTWRITEBYTECODE says;
+    files already compiled are skipped), once per test process. The copies keep the sources'
+    mtimes (copytree), so the bytecode stays valid in them."""
+    compileall.compile_dir(REPO / "src", quiet=1)
+    compileall.compile_dir(REPO / "scripts", quiet=1, maxlevels=0)
 
 
 def snakemake(

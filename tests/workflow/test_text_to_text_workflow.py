@@ -178,6 +178,7 @@ def user_config(project: dict) -> dict:
     trained["epochs"] = [4]
     trained["influence"]["queries"]["max_count"] = 8
     trained["influence"]["lds"].update(subsets=LDS_SUBSETS, bootstrap=100)
+    trained["samples"] = {"enabled": False}  # a T5's dossier: polarity_t5's (the test's time)
     cfg["runs"]["trained_t5"] = trained
     return cfg
 

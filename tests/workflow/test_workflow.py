@@ -295,8 +295,11 @@ def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
 
 
 def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
+    """Evaluation and curvature at every epoch (the other per-epoch stages fail and keep alike)."""
     wf, work, _, ckpts = tiny
-    cfg = write_config(work / "corrupt.yaml", tiny_config(ckpts, **analysed_at(2, 6)))
+    off = {"enabled": False}
+    config = tiny_config(ckpts, features=off, probes=off, ablation=off, samples=off)
+    cfg = write_config(work / "corrupt.yaml", config)
     bad = ckpts / "index-0_epoch-2.pt"
     bad.write_bytes(bad.read_bytes()[:1000])
     proc = snakemake(wf, work, configfile=cfg, check=False)
@@ -311,7 +314,9 @@ def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
     ]  # the files users have on disk
     # Fixing the file and rerunning computes only what is missing.
     save_random_checkpoint(SmallCNN, bad, seed=2, num_classes=10)
-    assert planned_jobs(wf, work, configfile=cfg) == ONE_EPOCH_AND_AGGREGATES
+    evaluation = {"evaluate_checkpoint": 1, "accuracy_tables": 1, "plot_accuracy": 1, "all": 1}
+    curvature = {"curvature_shard": 1, "curvature_epoch": 1, "curvature_tables": 1, "plot_curvature": 1}
+    assert planned_jobs(wf, work, configfile=cfg) == evaluation | curvature
 
 
 def test_checkpoint_of_another_architecture_lists_keys(tiny):
