@@ -57,13 +57,11 @@ def read(path: Path) -> str:
         return "complete" if len(table) and "accuracy" in "".join(table.columns) else f"partial {table.shape}"
     except FileNotFoundError:
         return "absent"
-    except OSError as exc:
+    except Exception as exc:  # a half-written file
         # HDF5 lstat()s the name after opening it: a file unlinked in between (Snakemake removing
         # the old output) fails there, whole until it vanished (seen once in CI)
-        if "can't retrieve stat info" in str(exc):
+        if isinstance(exc, OSError) and "can't retrieve stat info" in str(exc):
             return "absent"
-        return f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # a half-written file
         return f"{type(exc).__name__}: {exc}"
 
 
