@@ -68,13 +68,14 @@ class SnakemakeServer:
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
         self._owner = 0
+        self._startup: dict[str, str] = {}
 
     def run(self, args: list[str]) -> subprocess.CompletedProcess:
         """``python -m snakemake *args`` here, now: its exit status and output (stdout and stderr
         merged, in order)."""
         with tempfile.NamedTemporaryFile("r", prefix="snakemake-", suffix=".out") as output:
             request = {"args": args, "cwd": os.getcwd(), "env": dict(os.environ), "output": output.name}
-            proc = self._server()
+            proc = self._server(request["env"])
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
             reply = proc.stdout.readline()
@@ -85,7 +86,12 @@ class SnakemakeServer:
             text = Path(output.name).read_text(errors="replace")
         return subprocess.CompletedProcess([sys.executable, "-m", "snakemake", *args], returncode, text, "")
 
-    def _server(self) -> subprocess.Popen:
+    def _server(self, env: dict[str, str]) -> subprocess.Popen:
+        """The server, started anew when the PYTHON* variables (read as an interpreter starts:
+        PYTHONPATH, ...) are not those it started with."""
+        startup = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+        if self._proc is not None and self._owner == os.getpid() and startup != self._startup:
+            self.close()
         if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
                 [sys.executable, __file__],
@@ -93,8 +99,9 @@ class SnakemakeServer:
                 stdout=subprocess.PIPE,
                 text=True,
                 cwd=tempfile.gettempdir(),
+                env=env,
             )
-            self._owner = os.getpid()
+            self._owner, self._startup = os.getpid(), startup
             atexit.register(self.close)
         return self._proc
 

@@ -57,7 +57,11 @@ def _subprocess(args: list[str]) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_a_run_sees_the_process_python_m_snakemake_would_be(tmp_path):
+@pytest.mark.parametrize("pythonpath", [None, "extra"])
+def test_a_run_sees_the_process_python_m_snakemake_would_be(tmp_path, monkeypatch, pythonpath):
+    """Also when PYTHONPATH (read as the interpreter starts) is not what it was."""
+    if pythonpath:
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path / pythonpath))
     (sub, server) = both(tmp_path, ["--cores", "1", "--quiet"])
     assert sub[0] == server[0] == 0, (sub[1], server[1])
     for result in (sub, server):
