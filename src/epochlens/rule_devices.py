@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,14 +97,8 @@ def plan_devices(rules: Iterable[RuleSpec], profile: ProfileSettings, device: st
     plan = []
     for rule in rules:
         resources, source = gpu_resources(rule, profile)
-        if PER_JOB in resources.values():
-            gpus = None
-        else:
-            gpus = gpus_requested(resources)
-        if not profile.cluster:
-            runs_on = "this machine"
-        else:
-            runs_on = "submit host" if rule.local else "cluster job"
+        gpus = None if PER_JOB in resources.values() else gpus_requested(resources)
+        runs_on = ("submit host" if rule.local else "cluster job") if profile.cluster else "this machine"
         if not rule.uses_device:
             used = None
         elif gpus is None:
@@ -230,7 +225,8 @@ def workflow_rules(
     snakefile = Path(snakefile).resolve()
     files = [Path(f).resolve() for f in configfiles] or [snakefile.parent / "config" / "config.yaml"]
     device_module = (PACKAGE_DIR / "device.py").resolve()
-    here = os.getcwd()  # Snakemake changes to the working directory
+    # Snakemake changes to the working directory, the Snakefile edits sys.path and PYTHONPATH
+    here, environ, path = os.getcwd(), dict(os.environ), list(sys.path)
     try:
         with SnakemakeApi(OutputSettings()) as api:
             workflow = api.workflow(
@@ -259,3 +255,6 @@ def workflow_rules(
             return rules, dict(workflow.config)
     finally:
         os.chdir(here)
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path

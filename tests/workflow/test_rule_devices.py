@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -62,7 +63,10 @@ def test_gpu_rules_get_the_device_and_the_others_the_cpu(rules, profile):
 
 def test_device_cpu_asks_for_no_gpu(tmp_path):
     cfg = write_config(tmp_path / "cpu.yaml", {"device": "cpu", "runs": tiny_config(tmp_path)["runs"]})
+    environ, path, here = dict(os.environ), list(sys.path), os.getcwd()
     rules, config = workflow_rules(REPO / "Snakefile", [cfg])
+    # what parsing the Snakefile changes in this process (PYTHONPATH, sys.path, cwd) is undone
+    assert (dict(os.environ), sys.path, os.getcwd()) == (environ, path, here)
     assert config["device"] == "cpu"
     assert all(not r.resources.get("gpu") for r in rules)
 
