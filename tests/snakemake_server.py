@@ -67,8 +67,8 @@ class SnakemakeServer:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
-        self._owner = 0
         self._startup: dict[str, str] = {}
+        atexit.register(self.close)
 
     def run(self, args: list[str]) -> subprocess.CompletedProcess:
         """``python -m snakemake *args`` here, now: its exit status and output (stdout and stderr
@@ -80,19 +80,20 @@ class SnakemakeServer:
             proc.stdin.flush()
             reply = proc.stdout.readline()
             if not reply:
-                self._proc = None
-                raise RuntimeError(f"the Snakemake server (tests/snakemake_server.py) exited {proc.wait()}")
+                self.close()
+                message = f"the Snakemake server (tests/snakemake_server.py) exited {proc.returncode}"
+                raise RuntimeError(message)
             returncode = json.loads(reply)["returncode"]
             text = Path(output.name).read_text(errors="replace")
         return subprocess.CompletedProcess([sys.executable, "-m", "snakemake", *args], returncode, text, "")
 
     def _server(self, env: dict[str, str]) -> subprocess.Popen:
         """The server, started anew when the PYTHON* variables (read as an interpreter starts:
-        PYTHONPATH, ...) are not those it started with."""
+        PYTHONPATH, ...) are not those it started with, or when it has exited."""
         startup = {k: v for k, v in env.items() if k.startswith("PYTHON")}
-        if self._proc is not None and self._owner == os.getpid() and startup != self._startup:
+        if self._proc is not None and (startup != self._startup or self._proc.poll() is not None):
             self.close()
-        if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
+        if self._proc is None:
             self._proc = subprocess.Popen(
                 [sys.executable, __file__],
                 stdin=subprocess.PIPE,
@@ -101,13 +102,12 @@ class SnakemakeServer:
                 cwd=tempfile.gettempdir(),
                 env=env,
             )
-            self._owner, self._startup = os.getpid(), startup
-            atexit.register(self.close)
+            self._startup = startup
         return self._proc
 
     def close(self) -> None:
-        """End the server (at exit): it exits when its stdin closes."""
-        if self._proc is not None and self._owner == os.getpid():
+        """End the server (also at exit): it exits when its stdin closes."""
+        if self._proc is not None:
             self._proc.stdin.close()
             self._proc.wait()
             self._proc = None

@@ -5,9 +5,9 @@ environment, sys.path, sys.argv and stdin."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from wfutil import SNAKEMAKE
@@ -28,22 +28,17 @@ rule all:
 """
 
 
-def both(tmp_path, args, **env) -> list[tuple[int, str, dict]]:
-    """(exit status, output, what the Snakefile saw) of a subprocess and of the server."""
+def both(tmp_path, monkeypatch, args, **env) -> list[tuple[int, str, dict, Path]]:
+    """(exit status, output, what the Snakefile saw, its folder) of a subprocess and of the server."""
     results = []
     for name, run in (("sub", _subprocess), ("server", SNAKEMAKE.run)):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "Snakefile").write_text(SNAKEFILE)
-        old, cwd = dict(os.environ), os.getcwd()
-        os.environ.update(env, EPOCHLENS_SERVER_TEST=name)
-        os.chdir(folder)
-        try:
-            proc = run(args)
-        finally:
-            os.chdir(cwd)
-            os.environ.clear()
-            os.environ.update(old)
+        for key, value in {**env, "EPOCHLENS_SERVER_TEST": name}.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.chdir(folder)
+        proc = run(args)
         seen = json.loads((folder / "seen.json").read_text()) if (folder / "seen.json").exists() else {}
         results.append((proc.returncode, proc.stdout.replace(str(folder), "FOLDER"), seen, folder))
     return results
@@ -62,7 +57,7 @@ def test_a_run_sees_the_process_python_m_snakemake_would_be(tmp_path, monkeypatc
     """Also when PYTHONPATH (read as the interpreter starts) is not what it was."""
     if pythonpath:
         monkeypatch.setenv("PYTHONPATH", str(tmp_path / pythonpath))
-    (sub, server) = both(tmp_path, ["--cores", "1", "--quiet"])
+    (sub, server) = both(tmp_path, monkeypatch, ["--cores", "1", "--quiet"])
     assert sub[0] == server[0] == 0, (sub[1], server[1])
     for result in (sub, server):
         _, _, seen, folder = result
@@ -76,14 +71,14 @@ def test_a_run_sees_the_process_python_m_snakemake_would_be(tmp_path, monkeypatc
     assert not server[2]["epochlens"]  # the server imported nothing of ours
 
 
-def test_a_failing_snakefile_fails_the_same_way(tmp_path):
-    (sub, server) = both(tmp_path, ["--cores", "1"], FAIL="1")
+def test_a_failing_snakefile_fails_the_same_way(tmp_path, monkeypatch):
+    (sub, server) = both(tmp_path, monkeypatch, ["--cores", "1"], FAIL="1")
     assert sub[0] == server[0] == 1
     for _, output, _, _ in (sub, server):
         assert "told to fail" in output
     assert server[1].splitlines()[-3:] == sub[1].splitlines()[-3:]
 
 
-def test_version(tmp_path):
-    (sub, server) = both(tmp_path, ["--version"])
+def test_version(tmp_path, monkeypatch):
+    (sub, server) = both(tmp_path, monkeypatch, ["--version"])
     assert sub[:2] == server[:2] and sub[0] == 0

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.workflow
 EPOCHS = TINY_EPOCHS
 # What one changed checkpoint reruns: its epoch's evaluation, curvature, features, probes and
 # ablations, its index's sample outputs, then the aggregates.
+OFF = {"enabled": False}
 ONE_EPOCH_AND_AGGREGATES = {
     "evaluate_checkpoint": 1,
     "sample_outputs": 1,
@@ -263,8 +264,7 @@ def test_missing_checkpoints_are_listed_at_once(tiny):
 def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
     """The epochs that have their checkpoints are evaluated; each missing one fails with the fix;
     once the file is there, the next run computes only what is missing."""
-    off = {"enabled": False}
-    config = lambda ckpts: tiny_config(ckpts, curvature=off, features=off, probes=off, ablation=off)  # noqa: E731
+    config = lambda ckpts: tiny_config(ckpts, curvature=OFF, features=OFF, probes=OFF, ablation=OFF)  # noqa: E731
     wf, work, cfg, ckpts = tiny_run(tmp_path, config, run=False)
     gone = ckpts / "index-0_epoch-4.pt"
     content = gone.read_bytes()
@@ -297,8 +297,7 @@ def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
 def test_corrupt_checkpoint_fails_its_epoch_and_keeps_the_rest(tiny):
     """Evaluation and curvature at every epoch (the other per-epoch stages fail and keep alike)."""
     wf, work, _, ckpts = tiny
-    off = {"enabled": False}
-    config = tiny_config(ckpts, features=off, probes=off, ablation=off, samples=off)
+    config = tiny_config(ckpts, features=OFF, probes=OFF, ablation=OFF, samples=OFF)
     cfg = write_config(work / "corrupt.yaml", config)
     bad = ckpts / "index-0_epoch-2.pt"
     bad.write_bytes(bad.read_bytes()[:1000])
