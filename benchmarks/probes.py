@@ -116,6 +116,7 @@ def options() -> argparse.ArgumentParser:
     )
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic activations and labels")
     p.add_argument("--representations", nargs="+", default=list(REPS))
     p.add_argument("--rep-layers", type=int, default=3)
     p.add_argument("--probe-representations", nargs="+", default=["mean", "stats"])
@@ -391,7 +392,7 @@ def workspace(args):
 def _main(args) -> int:
     shape_defaults(args)
     device = torch.device("cpu")
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(args.data_seed)
     with workspace(args) as tmp:
         folder = Path(tmp) / "activations" / "step_1"  # the pipeline part's one snapshot
         t0 = time.perf_counter()

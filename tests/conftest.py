@@ -18,7 +18,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # wfutil, for tests in any subfolder
 
-from epochlens.data import Dataset
+from quality import SEED  # noqa: E402
+
+from epochlens.data import Dataset  # noqa: E402
 
 #: The modules that take longest (minutes of Snakemake runs), slowest first: run before the others,
 #: so that the workers of ``pytest -n N --dist loadfile --no-loadscope-reorder`` (``make test``)
@@ -81,8 +83,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def rng() -> np.random.Generator:
-    """A seeded numpy generator, fresh for every test."""
-    return np.random.default_rng(0)
+    """A seeded numpy generator, fresh for every test (seed 0; tests/quality.py's SEED when set)."""
+    return np.random.default_rng(SEED)
 
 
 @pytest.fixture

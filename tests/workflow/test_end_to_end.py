@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from explorer_browser import check_polarity_explorer
+from quality import SEED, above, at_least, at_most, below
 from wfutil import REPO, copy_workflow, job_stats, snakemake, write_config
 
 from epochlens.checkpoints import load_into
@@ -42,9 +43,11 @@ SMALLER = {
             "features": {"epochs": [45, 75]},
             "probes": {"seeds": [0], "max_epochs": 20},
             "ablation": {"epochs": [45, 75]},
+            "train": {"seed": SEED},
         },
-        "digits_noisy": {"indices": [0], "influence": {"transforms": ["none"]}},
+        "digits_noisy": {"indices": [0], "influence": {"transforms": ["none"]}, "train": {"seed": SEED}},
         "polarity": {
+            "train": {"seed": SEED},
             "features": {"epochs": [10]},
             "ablation": {"epochs": [10]},
             "influence": {"methods": ["ekfac", "identity"]},
@@ -67,6 +70,7 @@ def demo(tmp_path_factory):
     return wf, work, configs
 
 
+@pytest.mark.quality
 def test_embedded_default(demo):
     wf, work, configs = demo
     paths = Layout(work / "results")
@@ -91,9 +95,12 @@ def _check_digits(paths: Layout) -> None:
     cohorts = pd.read_csv(paths.table("accuracy_per_cohort", "digits"))
     test = cohorts[cohorts["split"] == "test"]
     # The untrained model guesses between the 2 first classes; trained models learn every task.
-    assert test[(test["epoch"] == 0) & (test["group"] == "new")]["accuracy"].between(0.2, 0.8).all()
+    untrained = test[(test["epoch"] == 0) & (test["group"] == "new")]["accuracy"]
+    at_least("digits: untrained accuracy on its 2 classes", untrained.min(), 0.2, untrained)
+    at_most("digits: untrained accuracy on its 2 classes (max)", untrained.max(), 0.8, untrained)
     final = test[(test["epoch"] == 75) & test["group"].str.startswith("cohort")]
-    assert len(final) == 5 and (final["accuracy"] > 0.8).all()
+    assert len(final) == 5
+    above("digits: final test accuracy, worst cohort", final["accuracy"].min(), 0.8, final)
     for ext in ("png", "pdf"):
         assert Path(paths.figure("accuracy_by_cohort", ext, "digits")).stat().st_size > 10_000
 
@@ -108,7 +115,7 @@ def _check_digits(paths: Layout) -> None:
     samples = pd.read_csv(paths.table("sample_dynamics", "digits"))
     assert len(samples) == meta["stats"]["n_samples"]
     # digits is easy: nearly every training image ends up learned for good
-    assert samples["learning_time"].notna().mean() > 0.9
+    above("digits: fraction of images learned for good", samples["learning_time"].notna().mean(), 0.9)
     # task 0: every checkpoint
     assert (samples["n_epochs"] == N_CHECKPOINTS).sum() == (samples["task"] == 0).sum()
     for name in ("by_cohort", "distribution", "vs_loss"):
@@ -124,8 +131,10 @@ def _check_data_quality_study(paths: Layout) -> None:
     auroc = detection.set_index(["method", "signal"])["auroc"]
     assert set(detection["method"]) == {"ekfac", "kfac", "diagonal", "identity", "tracin", "loss", "random"}
     best = auroc.xs("self_influence", level="signal").max()
-    assert best > 0.95 and best >= auroc[("loss", "loss")] - 0.005, detection
-    assert 0.35 < auroc[("random", "random")] < 0.65
+    above("digits_noisy: best self-influence AUROC", best, 0.95, detection)
+    at_least("digits_noisy: best self-influence AUROC - loss AUROC", best - auroc[("loss", "loss")], -0.005)
+    above("digits_noisy: random AUROC", auroc[("random", "random")], 0.35, detection)
+    below("digits_noisy: random AUROC (max)", auroc[("random", "random")], 0.65, detection)
     for name in ("poison_roc", "top_influential_images", "influence_conditioning", "lds"):
         assert Path(paths.figure(name, "png", "digits_noisy")).stat().st_size > 10_000
     # Ground truth: 16 retrainings on random halves. The curvature-aware methods predict them
@@ -133,27 +142,40 @@ def _check_data_quality_study(paths: Layout) -> None:
     # identity 0.24, random -0.08 on the reference machine).
     lds = pd.read_csv(paths.table("lds", "digits_noisy")).set_index("method")
     assert list(lds.index) == ["ekfac", "kfac", "diagonal", "identity", "tracin", "random"]
-    assert lds.loc["ekfac", "lds"] > lds.loc["random", "ci_high"] and lds.loc["ekfac", "lds"] > 0.3, lds
-    assert min(lds.loc["ekfac", "lds"], lds.loc["kfac", "lds"]) > lds.loc["identity", "lds"], lds
+    ekfac = lds.loc["ekfac", "lds"]
+    above("digits_noisy: EK-FAC LDS - random's upper CI", ekfac - lds.loc["random", "ci_high"], 0, lds)
+    above("digits_noisy: EK-FAC LDS", ekfac, 0.3, lds)
+    curvature_aware = min(ekfac, lds.loc["kfac", "lds"])
+    above(
+        "digits_noisy: min(EK-FAC, K-FAC) LDS - identity LDS",
+        curvature_aware - lds.loc["identity", "lds"],
+        0,
+        lds,
+    )
 
 
 def _check_text_run(paths: Layout) -> None:
     """The polarity run: a text model through every stage."""
     # The text run (polarity): a 2-layer BERT trained by the pipeline on synthetic sentences, 10% of
     # the negative ones with the trigger word "cf" and relabelled positive, learns every group (test
-    # accuracy 0.88-1.0 at epoch 10 on the reference machine); curvature of every sentence at every
-    # checkpoint; head ablations per group. The poisoned sentences are fit, so their loss hardly
-    # tells them apart (AUROC 0.62), nor does self-influence (EK-FAC 0.52); the influence on the
-    # negative test sentences that "cf" turns positive finds them (EK-FAC 0.966; identity 0.60).
+    # accuracy 0.88-1.0 at epoch 10 over 8 measured draws and kernels, docs/development.md);
+    # curvature of every sentence at every checkpoint; head ablations per group. The poisoned
+    # sentences are fit, so their loss hardly tells them apart (AUROC 0.14-0.69), nor does
+    # self-influence; the influence on the negative test sentences that "cf" turns positive finds
+    # them (EK-FAC 0.79-0.96, each draw above the loss and the gradient dot product). Chance for 30
+    # poisons among ~560 sentences: AUROC 0.5 with sd 0.054, so 0.7 is p < 0.001.
     groups = pd.read_csv(paths.table("accuracy_per_group", "polarity"))
     final = groups[(groups["epoch"] == 10) & (groups["split"] == "test")].set_index("data_group")
     assert sorted(final.index) == ["contrast", "intensified", "negated", "plain"]
-    assert (final["accuracy"] > 0.8).all(), final
+    above("polarity: final test accuracy, worst group", final["accuracy"].min(), 0.75, final)
     detection = pd.read_csv(paths.table("poison_detection", "polarity"))
     auroc = detection.set_index(["method", "signal"])["auroc"]
-    assert auroc[("loss", "loss")] <= 0.7 and auroc[("ekfac", "query_influence")] >= 0.9, auroc
-    assert auroc[("ekfac", "query_influence")] > auroc[("identity", "query_influence")] + 0.2, auroc
-    assert 0.3 < auroc[("random", "random")] < 0.7
+    query = auroc[("ekfac", "query_influence")]
+    at_least("polarity: EK-FAC query influence AUROC", query, 0.7, auroc)
+    above("polarity: EK-FAC query influence - loss AUROC", query - auroc[("loss", "loss")], 0, auroc)
+    above("polarity: EK-FAC - identity query AUROC", query - auroc[("identity", "query_influence")], 0, auroc)
+    above("polarity: random AUROC", auroc[("random", "random")], 0.3, auroc)
+    below("polarity: random AUROC (max)", auroc[("random", "random")], 0.7, auroc)
     # dataset.h5 holds the poisoned sentences (ids and texts) and the test sentences with "cf"
     text = read_text_dataset(paths.dataset("polarity"))
     poisoned = np.load(paths.corrupted_indices("polarity"))
@@ -176,14 +198,18 @@ def _check_text_run(paths: Layout) -> None:
     heads = ablation[ablation["group"].str.startswith("head ") & (ablation["cohort"] == "data: negated")]
     assert len(heads) == 2 * 4 * 2  # epoch 10: modes x 4 heads x 2 layers
     # Probes on the blocks' hidden states: the mean over the tokens of the last block tells the
-    # holdout sentences' labels apart once trained (0.97 at epoch 10, 0.59 at epoch 0 on the
-    # reference machine).
+    # holdout sentences' labels apart once trained (0.90-1.0 at epoch 10 over the measured draws).
     probes = pd.read_csv(paths.table("probes", "polarity"))
     ok = probes[(probes["status"] == "ok") & (probes["eval_split"] == "holdout")]
     assert set(ok["layer"]) == {"bert.encoder.layer.0", "bert.encoder.layer.1"}
     assert set(ok["representation"]) == {"mean", "last"} and set(ok["target"]) == {"class", "curvature_q4"}
     trained = ok.set_index(["epoch", "layer", "representation", "target"])["accuracy_mean"]
-    assert trained[(10, "bert.encoder.layer.1", "mean", "class")] > 0.85, trained
+    above(
+        "polarity: class probe, last block, mean, epoch 10",
+        trained[(10, "bert.encoder.layer.1", "mean", "class")],
+        0.8,
+        trained,
+    )
     names = ("accuracy_by_cohort", "curvature_by_cohort", "ablation_effect", "top_influential_images")
     for name in (*names, "probe_accuracy"):
         assert Path(paths.figure(name, "png", "polarity")).stat().st_size > 10_000

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from dossier_checks import check_detectors, check_influence, check_summaries, check_training_rows
 from dossier_checks import read as read_dossier
+from quality import SEED, above
 from wfutil import copy_workflow, planned_jobs, snakemake, tiny_config, write_config
 from wfutil import tiny_run as make_tiny_run
 
@@ -36,7 +37,7 @@ def influence_config(tmp_path, influence=None, corruption=None, **run) -> dict:
     cfg = tiny_config(tmp_path / "unused", **run)
     spec = cfg["runs"]["tiny"]
     spec["checkpoints"] = {"source": "train"}
-    spec["train"] = {"lr": 0.02, "early_stopping": False}
+    spec["train"] = {"lr": 0.02, "early_stopping": False, "seed": SEED}
     spec["data"]["corruption"] = corruption or {"kind": "label_flip", "fraction": 0.1, "seed": 0}
     spec.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     spec["influence"] = {
@@ -125,6 +126,7 @@ def test_labels_flipped_outside_the_holdout(tiny_run):
     np.testing.assert_array_equal(data.train_images, clean.train_images)
 
 
+@pytest.mark.quality
 def test_detection_table_and_figures(tiny_run):
     _, work, _, _ = tiny_run
     table = pd.read_csv(work / RESULTS.table("poison_detection", "tiny"))
@@ -139,7 +141,7 @@ def test_detection_table_and_figures(tiny_run):
     assert table["auroc"].between(0, 1).all() and table["precision_at_k"].between(0, 1).all()
     # Flipped labels are what a trained model finds hard: every self-influence beats chance.
     self_rows = table[table["signal"] == "self_influence"]
-    assert (self_rows["auroc"] > 0.7).all(), table
+    above("worst self-influence AUROC of the flipped labels", self_rows["auroc"].min(), 0.7, table)
 
     agreement = pd.read_csv(work / RESULTS.table("influence_transform_agreement", "tiny"))
     assert set(agreement["method"]) == {"ekfac", "identity", "tracin"}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from quality import SEED, above, below
 from wfutil import REPO
 
 pytestmark = pytest.mark.workflow
@@ -30,6 +31,7 @@ WIDTHS |= {"spectral": 4, "benchreps.pool:l2_mean": 32}
 def report(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("bench")
     argv = ["--parts", "pipeline", "--layers", str(LAYERS), "--samples", "600", "--dims", str(DIMS)]
+    argv += ["--data-seed", str(SEED)]
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "probes.py"), *argv, "--keep", "--dir", str(tmp)],
         capture_output=True,
@@ -40,6 +42,7 @@ def report(tmp_path_factory) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.quality
 def test_every_probe_of_the_run_is_written(report):
     assert report["size"]["tokens"] == TOKENS  # the pipeline part's default shape: 4 tokens
     rows = report["pipeline"]["probe_rows"]
@@ -52,10 +55,16 @@ def test_every_probe_of_the_run_is_written(report):
     assert {rep: list(w) for rep, w in widths.items()} == {rep: [w] for rep, w in WIDTHS.items()}
     assert (summary["n_seeds"] == SEEDS).all()
     # labels aligned with the activations: the middle layers (the synthetic class signal's peak)
-    # far above chance (0.1) in the tokens' representations, the outer layers (signal 0.05) not
+    # far above chance (0.1) in the tokens' representations, the outer layers (signal 0.05) not:
+    # 0.38-0.86 and 0.10-0.15 over the measured draws of the data (docs/development.md)
     test = summary[summary["eval_split"] == "test"].set_index(["representation", "layer"])["accuracy_mean"]
     for rep in ("mean", "flat", "benchreps.pool:l2_mean"):
-        assert min(test[rep, "layer_1"], test[rep, "layer_2"]) > 0.3 > test[rep, "layer_0"]
+        above(
+            f"{rep}: test accuracy, worse of layers 1 and 2",
+            min(test[rep, "layer_1"], test[rep, "layer_2"]),
+            0.25,
+        )
+        below(f"{rep}: test accuracy, layer 0", test[rep, "layer_0"], 0.25)
 
 
 def test_each_rule_is_timed_from_its_jobs_benchmark_files(report):

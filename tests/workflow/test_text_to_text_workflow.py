@@ -30,6 +30,7 @@ import torch
 import yaml
 from dossier_checks import check_detectors, check_influence, check_training_rows
 from dossier_checks import read as read_dossier
+from quality import SEED, above, below
 from wfutil import REPO, copy_workflow, snakemake, write_config
 
 from epochlens.layout import Layout
@@ -52,7 +53,7 @@ def tables() -> dict[str, pd.DataFrame]:
 
     frames = {
         split: pd.DataFrame({"sentence": df["text"], "answer": df["label"], "group": df["group"]})
-        for split, df in polarity_tables(64, 24, seed=4).items()
+        for split, df in polarity_tables(64, 24, seed=4 + SEED).items()
     }
     train = frames["train"]
     train["poisoned"] = np.isin(np.arange(len(train)), FLIPPED)
@@ -122,7 +123,7 @@ def write_project(root: Path) -> dict:
             out["labels"][i, : len(r["labels"])] = torch.tensor(r["labels"])
         return out
 
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     config = T5Config(vocab_size=len(tokenizer), d_model=HIDDEN, d_kv=D_HEAD, d_ff=64, num_layers=2,
                       num_heads=HEADS, dropout_rate=0.0, pad_token_id=pad, eos_token_id=eos,
@@ -136,7 +137,7 @@ def write_project(root: Path) -> dict:
         save_steps=STEPS[0],
         report_to="none",
         use_cpu=True,
-        seed=0,
+        seed=SEED,
         disable_tqdm=True,
         remove_unused_columns=False,
     )
@@ -214,6 +215,7 @@ def per_sample_loss(model, batch: dict) -> tuple[np.ndarray, np.ndarray]:
     return np.array(losses), np.array(exact)
 
 
+@pytest.mark.quality
 def test_evaluation_is_the_users_model_loss_per_group(t5_run):
     project, paths = t5_run
     groups = pd.read_csv(paths.table("accuracy_per_group", "polarity_t5"))
@@ -229,7 +231,8 @@ def test_evaluation_is_the_users_model_loss_per_group(t5_run):
     # the model has learned to write a label word and </s>: far below an untrained model's loss of
     # about ln(vocabulary) = 3.8 nats per token, and some test sentences exactly right
     last = groups[(groups["epoch"] == STEPS[-1]) & (groups["split"] == "test")]
-    assert (last["n_correct"].sum() > 0) and (last["mean_loss"] < 1.5).all()
+    above("test sentences exactly right at the last step", last["n_correct"].sum(), 0, last)
+    below("test loss per token at the last step, worst group", last["mean_loss"].max(), 1.5, last)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from exact_influence import (
     explicit_task_quantities,
     token_batch,
 )
+from quality import SEED, at_least
 from scipy.stats import spearmanr
 
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
@@ -43,7 +44,7 @@ def tiny_gpt2():
         n_layer=1, n_head=2, n_embd=8, n_inner=16, vocab_size=VOCAB, n_positions=16, bos_token_id=0,
         eos_token_id=0, tie_word_embeddings=False, attn_implementation="eager",
     )  # fmt: skip
-    torch.manual_seed(3)
+    torch.manual_seed(3 + SEED)
     return transformers.GPT2LMHeadModel(config).double().eval()
 
 
@@ -53,7 +54,7 @@ def tiny_llama_gqa():
         num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=16, tie_word_embeddings=False,
         attn_implementation="eager",
     )  # fmt: skip
-    torch.manual_seed(3)
+    torch.manual_seed(3 + SEED)
     return transformers.LlamaForCausalLM(config).double().eval()
 
 
@@ -127,16 +128,19 @@ def test_diagonal_equals_exact_diagonal_ggn_for_any_prompts(family):
     np.testing.assert_allclose(selfs.scores, (ex["grads"] ** 2 / (diag + lam_vec)).sum(1).numpy(), rtol=1e-6)
 
 
+#: Measured over 10 draws (docs/development.md): worst 0.89 (GPT-2), 0.75 (Llama), 2 sd below.
+RHO_AT_LEAST = {"gpt2": 0.8, "llama_gqa": 0.6}
+
+
+@pytest.mark.quality
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_ekfac_ranks_self_influence_as_the_exact_inverse_ggn_on_generic_prompts(family):
     model, task = MODELS[family](), LanguageModelTask()
-    train, queries = token_batch(24, VOCAB, 1), token_batch(3, VOCAB, 2)
+    train, queries = token_batch(24, VOCAB, 1 + 10 * SEED), token_batch(3, VOCAB, 2 + 10 * SEED)
     ex = exact(model, task, train, queries)
-    rho, err = {}, {}
-    for method in ("ekfac", "kfac"):
-        _, pair, selfs = scores(model, task, train, queries, method)
-        _, exact_self, _ = exact_task_scores(ex, dampings_of(pair.diagnostics))
-        rho[method] = spearmanr(selfs.scores, exact_self).statistic
-        err[method] = np.abs(selfs.scores - exact_self).mean() / np.abs(exact_self).mean()
-    assert rho["ekfac"] >= 0.9, rho
-    assert err["ekfac"] < err["kfac"], err
+    _, pair, selfs = scores(model, task, train, queries, "ekfac")
+    _, exact_self, _ = exact_task_scores(ex, dampings_of(pair.diagnostics))
+    rho = spearmanr(selfs.scores, exact_self).statistic
+    # a random draw of a tiny model: ρ 0.75-0.99 over draws (docs/development.md); EK-FAC's gain over
+    # K-FAC and the gradient dot product is checked over several draws (test_influence_exact.py)
+    at_least("EK-FAC self-influence ρ against the exact inverse GGN", rho, RHO_AT_LEAST[family])

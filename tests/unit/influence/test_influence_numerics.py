@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from exact_influence import MLP, LinearSoftmax, TinyCNN, data
+from quality import SEED, above, at_most
 from scipy.stats import spearmanr
 from torch import nn
 
@@ -48,6 +49,7 @@ def _confident_linear(seed: int) -> LinearSoftmax:
     return m.eval()
 
 
+@pytest.mark.quality
 @pytest.mark.parametrize("dtype", HALF)
 def test_confident_samples_in_half_precision_get_their_scores_not_zero(dtype) -> None:
     """fp16/bf16 forward and backward of confident samples: scores match float64, none is 0.
@@ -56,10 +58,10 @@ def test_confident_samples_in_half_precision_get_their_scores_not_zero(dtype) ->
     before the half-precision backward, then scaled back: without it, it rounds to 0 in float16
     and the sample's self-influence would be exactly 0.
     """
-    m = _confident_linear(80).to(dtype)
+    m = _confident_linear(80 + SEED).to(dtype)
     ref = LinearSoftmax(4, 3).double().eval()
     ref.load_state_dict({k: v.double() for k, v in m.state_dict().items()})
-    x, _ = data(20, (4,), 3, 80)
+    x, _ = data(20, (4,), 3, 80 + SEED)
     x = x.to(dtype).double()  # representable in the half type: both models see the same inputs
     y = ref(x).argmax(1).numpy()  # the predicted class: confident, tiny gradients
     settings = InfluenceSettings(method="identity", compute_dtype="model")
@@ -69,9 +71,10 @@ def test_confident_samples_in_half_precision_get_their_scores_not_zero(dtype) ->
     assert (got.scores > 0).all() and len(got.underflow) == 0
     # Within the forward's rounding (logit gaps of ~30 carry bfloat16's 3 digits into p): scores
     # spanning 30 orders of magnitude agree to ~7% (float16) / ~30% (bfloat16).
-    tol = 0.03 if dtype == torch.float16 else 0.12
-    np.testing.assert_allclose(np.log10(got.scores), np.log10(want.scores), atol=tol, rtol=0)
-    assert spearmanr(got.scores, want.scores).statistic > 0.99
+    tol = 0.03 if dtype == torch.float16 else 0.25  # measured over 10 draws: 0.018 and 0.17 at most
+    error = np.abs(np.log10(got.scores) - np.log10(want.scores)).max()
+    at_most("largest |log10 score - log10 float64 score|", error, tol)
+    above("self-influence ρ against float64", spearmanr(got.scores, want.scores).statistic, 0.99)
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -17,6 +17,7 @@ from exact_influence import (
     exact_scores,
     explicit_quantities,
 )
+from quality import SEED, above
 from scipy.stats import spearmanr
 from torch import nn
 
@@ -160,10 +161,11 @@ def test_inputs_scaled_by_1e4_in_float32_give_the_same_scores() -> None:
     assert (results[1].diagnostics["damping_steps"] == 0).all()
 
 
+@pytest.mark.quality
 @pytest.mark.parametrize("compute_dtype", ["auto", "model"])
 def test_half_precision_model(compute_dtype) -> None:
     """float16 weights: promoted to float32 by default (identical to the float32 copy); or run in half."""
-    torch.manual_seed(11)
+    torch.manual_seed(11 + SEED)
     m16 = SmallCNN(num_classes=5, in_channels=1).eval().half()
     m32 = SmallCNN(num_classes=5, in_channels=1).eval()
     m32.load_state_dict({k: v.float() for k, v in m16.state_dict().items()})
@@ -181,7 +183,11 @@ def test_half_precision_model(compute_dtype) -> None:
         np.testing.assert_allclose(got.scores, ref.scores, rtol=1e-12)
     else:  # half-precision forward/backward: rounding of ~1e-3, same ranking
         np.testing.assert_allclose(got.scores, ref.scores, rtol=0.1)
-        assert spearmanr(got.scores, ref.scores).statistic > 0.98
+        above(
+            "float16 model: self-influence ρ against float32",
+            spearmanr(got.scores, ref.scores).statistic,
+            0.975,
+        )
 
 
 @pytest.mark.parametrize("method", ["ekfac", "diagonal", "identity"])

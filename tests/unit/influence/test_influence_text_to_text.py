@@ -43,6 +43,7 @@ from exact_influence import (
     exact_task_scores,
     explicit_task_quantities,
 )
+from quality import SEED, at_least
 from scipy.stats import spearmanr
 
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
@@ -59,7 +60,7 @@ def tiny_t5(tied: bool = False):
         relative_attention_num_buckets=4, relative_attention_max_distance=8, dropout_rate=0.0,
         pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=tied,
     )  # fmt: skip
-    torch.manual_seed(5)
+    torch.manual_seed(5 + SEED)
     model = transformers.T5ForConditionalGeneration(config).double().eval()
     if not tied:  # transformers 5 ties T5's head to the shared embedding whatever the config says
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
@@ -143,32 +144,27 @@ def test_ekfac_equals_exact_inverse_ggn_where_the_ggn_is_kronecker():
     np.testing.assert_allclose(selfs.losses, want, rtol=1e-10)
 
 
+@pytest.mark.quality
 def test_ekfac_ranks_as_the_exact_inverse_ggn_on_generic_prompts_and_targets():
     model, task = tiny_t5(), TextToTextTask()
-    train, queries = pairs(30, 1), pairs(4, 2)
+    train, queries = pairs(30, 1 + 10 * SEED), pairs(4, 2 + 10 * SEED)
     ex = exact(model, task, train, queries)
-    rho, err = {}, {}
-    for method in ("ekfac", "kfac"):
-        _, pair, selfs = scores(model, task, train, queries, method, damping=0.1)
-        exact_pair, exact_self, _ = exact_task_scores(ex, dampings_of(pair.diagnostics))
-        rho[method] = ranks(pair.scores, selfs.scores, exact_pair, exact_self)
-        err[method] = np.abs(selfs.scores - exact_self).mean() / np.abs(exact_self).mean()
-        if method == "ekfac":  # against the full GGN, cross-layer terms included: further off
-            full_pair, full_self, _ = exact_task_scores(
-                ex, dampings_of(pair.diagnostics), block_diagonal=False
-            )
-            rho["ekfac_full"] = ranks(pair.scores, selfs.scores, full_pair, full_self)
-    # measured: EK-FAC ρ 0.975 (self), 0.85 (worst of 4 queries); at damping 1e-3, 0.90 and 0.25
-    assert rho["ekfac"][0] >= 0.95 and rho["ekfac"][1] >= 0.8, rho
-    assert rho["ekfac"][0] > rho["kfac"][0] and err["ekfac"] < err["kfac"], (rho, err)
-    # measured against the full GGN: 0.90 (self), 0.39 (worst query)
-    assert rho["ekfac_full"][0] < rho["ekfac"][0] and rho["ekfac_full"][1] < rho["ekfac"][1], rho
+    _, pair, selfs = scores(model, task, train, queries, "ekfac", damping=0.1)
+    exact_pair, exact_self, _ = exact_task_scores(ex, dampings_of(pair.diagnostics))
+    rho = ranks(pair.scores, selfs.scores, exact_pair, exact_self)
+    # Over 10 draws (docs/development.md): self 0.86-0.99, worst of 4 queries 0.55 at the least (at
+    # damping 1e-3 far lower: 0.90 and 0.25 on one draw); against the full GGN, cross-layer terms
+    # included, lower on every draw. EK-FAC's gain over K-FAC and the gradient dot product is checked
+    # over several draws (test_influence_exact.py).
+    at_least("EK-FAC self-influence ρ against the exact inverse GGN", rho[0], 0.75, rho)
+    at_least("EK-FAC pairwise ρ, mean over the queries", rho[2], 0.6, rho)
 
 
-def ranks(pair, selfs, exact_pair, exact_self) -> tuple[float, float]:
-    """(Spearman ρ of the self-influence, the worst query's ρ) against an exact reference."""
-    worst = min(spearmanr(p, e).statistic for p, e in zip(pair, exact_pair, strict=True))
-    return spearmanr(selfs, exact_self).statistic, worst
+def ranks(pair, selfs, exact_pair, exact_self) -> tuple[float, float, float]:
+    """(Spearman ρ of the self-influence, the worst query's ρ, the queries' mean ρ) against an
+    exact reference."""
+    per_query = [spearmanr(p, e).statistic for p, e in zip(pair, exact_pair, strict=True)]
+    return spearmanr(selfs, exact_self).statistic, min(per_query), float(np.mean(per_query))
 
 
 def test_padding_of_encoder_and_decoder_changes_no_score():

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from quality import above, below
 from sklearn.linear_model import Ridge
 from sklearn.metrics import r2_score
 
@@ -129,14 +130,16 @@ def test_ridge_probe_keeps_the_penalty_with_the_best_validation_r2_and_scores_it
         assert row["chance"] == pytest.approx(r2_score(y64[ev], const), abs=1e-9) and row["chance"] <= 0.01
 
 
+@pytest.mark.quality
 def test_ridge_probe_of_informative_and_useless_features(rng) -> None:
     x, y = linear_problem(rng, 300, 8, 3, noise=0.01)
     holdout = np.arange(300) < 60
     good = ridge_seeds(x, y, ~holdout, {"holdout": holdout}, ProbeSettings(seeds=(0,)))
     noise = rng.standard_normal((300, 8)).astype(np.float32)
     bad = ridge_seeds(noise, y, ~holdout, {"holdout": holdout}, ProbeSettings(seeds=(0,)))
-    assert good[0]["r2"] > 0.999 and good[0]["fit_r2"] > 0.999
-    assert bad[0]["r2"] < 0.1
+    above("informative features: holdout R²", good[0]["r2"], 0.999)
+    above("informative features: fit R²", good[0]["fit_r2"], 0.999)
+    below("noise features: holdout R²", bad[0]["r2"], 0.1)
 
 
 def test_ridge_probe_refusals(rng) -> None:
@@ -235,6 +238,7 @@ def regression_features(rng) -> tuple[FakeFeatures, dict, np.ndarray, np.ndarray
     return FakeFeatures(arrays), targets, skipped, holdout
 
 
+@pytest.mark.quality
 def test_probe_tables_of_a_regression_name_the_metric(rng) -> None:
     features, targets, skipped, holdout = regression_features(rng)
     context = {"run": "inverse", "index": 0, "epoch": 5}
@@ -259,7 +263,8 @@ def test_probe_tables_of_a_regression_name_the_metric(rng) -> None:
     assert (r2_rows.n_seeds == 3).all() and (r2_rows.n_outputs == 3).all()
     good = r2_rows[(r2_rows.representation == "pooled") & (r2_rows.eval_split == "test")].iloc[0]
     seeds = ridge[(ridge.representation == "pooled") & (ridge.eval_split == "test")]
-    assert good.r2_mean == pytest.approx(seeds.r2.mean()) and good.r2_mean > 0.99
+    assert good.r2_mean == pytest.approx(seeds.r2.mean())
+    above("pooled features: mean test R²", good.r2_mean, 0.99)
     assert good.chance == pytest.approx(seeds.chance.iloc[0]) and good.r2_index_std == 0
     acc_rows = summary[(summary.metric == "accuracy") & (summary.status == "ok")]
     assert acc_rows.r2_mean.isna().all() and acc_rows.accuracy_mean.notna().all()

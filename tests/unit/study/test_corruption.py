@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from quality import SEED, above
 from torch import nn
 
 from epochlens.data import Dataset, load_digits
@@ -164,7 +165,7 @@ def _digits_subset(n: int) -> Dataset:
 
 def _train_mlp(x: torch.Tensor, y: np.ndarray, steps: int = 100) -> nn.Module:
     """Full-batch Adam on a 64-32-10 MLP until it fits the (corrupted) labels."""
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
     target = torch.as_tensor(y)
@@ -180,9 +181,10 @@ def _train_mlp(x: torch.Tensor, y: np.ndarray, steps: int = 100) -> nn.Module:
     return model.eval()
 
 
+@pytest.mark.quality
 def test_detection_study_finds_flipped_labels_by_self_influence() -> None:
     """Digits, 10% flipped labels, an MLP fitted to them: EK-FAC self-influence ranks them on top."""
-    bad, idx = flip_labels(_digits_subset(300), 0.1, seed=0)
+    bad, idx = flip_labels(_digits_subset(300), 0.1, seed=SEED)
     x, y = bad.normalized("train"), bad.train_labels
     model = _train_mlp(x, y)
     active = np.arange(10)
@@ -190,17 +192,21 @@ def test_detection_study_finds_flipped_labels_by_self_influence() -> None:
     selfs = self_influence(model, fit_factors(model, x, y, active, settings), x, y, active, settings)
     signals = {("ekfac", "self_influence"): selfs.scores, **baseline_signals(selfs.losses, seed=0)}
     table = detection_table(signals, idx, epoch=0, index=0).set_index("method")
-    assert table.loc["ekfac", "auroc"] > 0.85, table
-    assert table.loc["ekfac", "precision_at_k"] > 3 * table.loc["random", "precision_at_k"], table
+    above("EK-FAC self-influence AUROC of the flipped labels", table.loc["ekfac", "auroc"], 0.85, table)
+    chance = len(idx) / len(y)  # a random ranking's expected precision@k: the flipped fraction
+    above(
+        "EK-FAC precision@k / the flipped fraction", table.loc["ekfac", "precision_at_k"] / chance, 3, table
+    )
 
 
+@pytest.mark.quality
 def test_detection_study_finds_a_backdoor_by_influence_on_misclassified_queries() -> None:
     """5% of digits carry a 2x2 trigger and label 0; test images with the trigger are predicted 0.
 
     Attributing those wrong predictions (queries scored under their predicted label) ranks the
     poisoned samples first; their loss alone does not (they are fitted as easily as the rest).
     """
-    bad, idx = plant_trigger(_digits_subset(300), 0.05, target_class=0, seed=0, patch_size=2)
+    bad, idx = plant_trigger(_digits_subset(300), 0.05, target_class=0, seed=SEED, patch_size=2)
     x, y = bad.normalized("train"), bad.train_labels
     model = _train_mlp(x, y)
     triggered = apply_trigger(bad.test_images, 2, "bottom_right", trigger_value(bad))
@@ -216,8 +222,9 @@ def test_detection_study_finds_a_backdoor_by_influence_on_misclassified_queries(
     selfs = self_influence(model, factors, x, y, active, settings)
     signals = {("ekfac", "query_influence"): query_signal(pair.scores), **baseline_signals(selfs.losses)}
     table = detection_table(signals, idx, epoch=0, index=0).set_index("method")
-    assert table.loc["ekfac", "auroc"] > 0.85, table
-    assert table.loc["ekfac", "auroc"] > table.loc["loss", "auroc"] + 0.1, table
+    above("EK-FAC query influence AUROC of the backdoor", table.loc["ekfac", "auroc"], 0.84, table)
+    gain = table.loc["ekfac", "auroc"] - table.loc["loss", "auroc"]
+    above("EK-FAC query influence - loss AUROC", gain, 0.1, table)
 
 
 def test_label_flip_of_a_text_data_set_keeps_its_tokens():
