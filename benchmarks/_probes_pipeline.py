@@ -101,11 +101,11 @@ def write_pipeline_inputs(work: Path, args, labels: dict) -> Path:
     return config
 
 
-def run_snakemake(work: Path, config: Path, cores: int) -> tuple[float, str]:
-    """``snakemake --cores N --configfile config --directory work`` from the repository root, this
+def run_snakemake(work: Path, config: Path, cores: int, *targets: str) -> tuple[float, str]:
+    """``snakemake --cores N --configfile config --directory work [targets]`` from the repository root, this
     checkout's library first on the jobs' path: (wall seconds, its output). Its output is also kept
     in ``work/snakemake.log``; a failed run stops the benchmark with the output's tail."""
-    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--directory", str(work)]
+    cmd = [sys.executable, "-m", "snakemake", *targets, "--cores", str(cores), "--directory", str(work)]
     cmd += ["--configfile", str(config)]
     path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
     print(f"running {' '.join(cmd)} in {REPO}", file=sys.stderr, flush=True)

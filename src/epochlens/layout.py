@@ -21,7 +21,7 @@
           shards/{covariances,corrections}_{k}-of-{S}.pt, shards/scores_{k}-of-{S}.npz
         influence/epoch_{E}/lds/retrain_{k}-of-{P}.npz
       samples/dossier.parquet                     every per-sample result of the run, one table
-      samples/thumbs/{split}_{position}.png       a thumbnail of every image (image runs)
+      samples/thumbs/{split}_{sheet}.png          thumbnails of the images, packed in sheets (image runs)
       samples/explorer/                           the sample explorer (index.html, manifest.json, ...)
       tables/{name}.csv, tables/{name}.provenance.json
       figures/{name}.png and .pdf

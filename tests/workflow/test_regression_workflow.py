@@ -23,6 +23,7 @@ from epochlens.curvature.estimator import rademacher_directions
 from epochlens.data import read_dataset
 from epochlens.features.cache import FeatureSet
 from epochlens.layout import Layout
+from epochlens.samples.sheets import SheetLayout
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -184,7 +185,8 @@ def test_the_dossier_speaks_the_regressions_error_and_refuses_accuracy(finished)
     assert meta["detectors"][-1] == "loss"  # no AUM without a margin
     assert Path(paths.figure("data_map", "png", RUN)).stat().st_size > 10_000
     # the 2x2 matrices, drawn in the data's own range (they have negative entries)
-    assert dossier["image"].tolist() == [f"thumbs/train_{p}.png" for p in range(128)] + [
-        f"thumbs/test_{int(i.split(':')[1])}.png" for i in dossier["id"][128:]
+    sheets = SheetLayout(2, 2)  # a sheet holds them all
+    assert dossier["image"].tolist() == [f"thumbs/train_0.png#xywh={2 * p},0,2,2" for p in range(128)] + [
+        sheets.name("test", int(i.split(":")[1])) for i in dossier["id"][128:]
     ]
-    assert len(list(Path(paths.thumbnails(RUN)).glob("*.png"))) == 128 + 40
+    assert sorted(p.name for p in Path(paths.thumbnails(RUN)).glob("*.png")) == ["test_0.png", "train_0.png"]

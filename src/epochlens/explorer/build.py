@@ -8,7 +8,7 @@ What the page loads, all static files (a plain file server serves them; nothing 
     chunks/{c}.bin                           rows [c*C, (c+1)*C): per row, float32 scalars, series and
                                              neighbours (manifest "layout"), read when a row is opened
     chunks/{c}.json                          the same rows' strings (id, text, image)
-    thumbs/...                               the image thumbnails the dossier names (image runs)
+    thumbs/...                               the thumbnail sheets the dossier names (image runs)
 
 The page loads the manifest and the columns it draws (typed arrays, no parsing), and a chunk when a
 sample is opened or shown in the table: at a million samples it moves 4 bytes per sample per column
@@ -145,9 +145,8 @@ def _write_chunks(out: Path, table: pa.Table, parts: dict, nbs: list, width: int
 def _copy_thumbs(out: Path, dossier: Path, table: pa.Table) -> None:
     if "image" not in table.column_names:
         return
-    for rel in pc.unique(table.column("image")).to_pylist():
-        if rel is None:
-            continue
+    files = {rel.split("#", 1)[0] for rel in pc.unique(table.column("image")).to_pylist() if rel}
+    for rel in sorted(files):  # a sheet once, however many thumbnails it holds
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise DataError(f"{dossier}: image path {rel!r} is not relative to the dossier's folder")
         src, dst = dossier.parent / rel, out / rel

@@ -25,7 +25,7 @@ FIXED: dict[str, tuple[pa.DataType, str]] = {
     "target": (F64, "regression target"),
     "group": (pa.string(), "the sample's data group (task or cohort column of the data)"),
     "text": (pa.string(), "the text (a triggered query: with the trigger phrase)"),
-    "image": (pa.string(), "relative path of the sample's thumbnail PNG"),
+    "image": (pa.string(), "the sample's thumbnail: its sheet's path and box (sheet.png#xywh=x,y,w,h)"),
     "is_corrupted": (
         pa.bool_(),
         "ground truth: corrupted on purpose or marked by the user (null for queries)",

@@ -18,7 +18,7 @@ import pandas as pd
 
 from epochlens.data.labels import read_labels
 from epochlens.errors import DataError
-from epochlens.samples.thumbnails import thumbnail_name
+from epochlens.samples.sheets import SheetLayout
 
 
 def stored_strings(path: str | Path, key: str) -> list[str] | None:
@@ -65,7 +65,7 @@ def identity_frame(
 
     ``corrupted``: the corrupted training positions (None: no ground truth known, no column).
     ``thumbnails``: the thumbnails' split name (train, test, test_trigger) of an image run, whose
-    ``image`` column names them (:mod:`epochlens.samples.thumbnails`); None: no column.
+    ``image`` column names them in their sheets (:mod:`epochlens.samples.sheets`); None: no column.
     """
     stored = read_labels(dataset, split)
     positions = np.asarray(positions, np.int64)
@@ -84,7 +84,7 @@ def identity_frame(
     if texts is not None:
         frame["text"] = np.asarray(texts, dtype=object)[positions]
     if thumbnails is not None:
-        frame["image"] = [thumbnail_name(thumbnails, p) for p in positions]
+        frame["image"] = SheetLayout.of(dataset).names(thumbnails, positions)
     if corrupted is not None:
         frame["is_corrupted"] = np.isin(positions, corrupted) if split == "train" else False
     return frame

@@ -1,10 +1,11 @@
-"""A thumbnail PNG of every training and test image of a run (``samples/thumbs/``), for the
-explorer's sample panel: ``train_{position}.png``, ``test_{position}.png`` and, for a backdoor
-run, ``test_trigger_{position}.png`` (the test image with the trigger patch, as the influence
-queries have it). Images are shown as stored times the data set's scale, clipped to [0, 1], at
-their own size (a page scales them up pixelated): one channel as dark ink on white (as the
-figures draw them), three as RGB; arrays with values outside [0, 1] (a regression's matrices)
-with the data set's own range as black to white. Vectors (H = W = 1) have none.
+"""A thumbnail of every training and test image of a run, packed into PNG sheets under
+``samples/thumbs/`` (:mod:`epochlens.samples.sheets`: where each lies), for the explorer's sample
+panel: the training images, the test images and, for a backdoor run, the test images with the
+trigger patch (as the influence queries have them). Images are shown as stored times the data
+set's scale, clipped to [0, 1], at their own size up to 64 pixels a side (a page scales them up
+pixelated): one channel as dark ink on white (as the figures draw them), three as RGB; arrays with
+values outside [0, 1] (a regression's matrices) with the data set's own range as black to white.
+Vectors (H = W = 1) have none. The data set is read a sheet at a time: memory stays flat in N.
 """
 
 from __future__ import annotations
@@ -15,13 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-#: The dossier's ``image`` column: a thumbnail's path relative to the dossier's folder.
-THUMBS = "thumbs"
-
-
-def thumbnail_name(split: str, position: int) -> str:
-    """``thumbs/{split}_{position}.png`` (split: train, test or test_trigger)."""
-    return f"{THUMBS}/{split}_{int(position)}.png"
+from epochlens.samples.sheets import SheetLayout, pack_sheet
 
 
 def has_images(dataset: str | Path) -> bool:
@@ -33,11 +28,10 @@ def has_images(dataset: str | Path) -> bool:
     return len(shape) == 4 and shape[2] > 1 and shape[3] > 1
 
 
-def display_range(images: np.ndarray, scale: float) -> tuple[float, float]:
-    """The values shown as black and white: [0, 1] for images (stored values times the scale),
-    the data set's own range for other arrays (a regression's matrices: negative values too)."""
-    x = np.asarray(images, np.float64) * scale
-    low, high = float(x.min(initial=0.0)), float(x.max(initial=1.0))
+def display_range(low: float, high: float) -> tuple[float, float]:
+    """The values shown as black and white, of images whose values (stored times the scale) lie in
+    [low, high]: [0, 1] for images, the data's own range for other arrays (negative values too)."""
+    low, high = min(0.0, low), max(1.0, high)
     return (0.0, 1.0) if low >= 0.0 and high <= 1.0 else (low, high)
 
 
@@ -52,27 +46,30 @@ def to_pixels(images: np.ndarray, scale: float, value_range: tuple[float, float]
 
 
 def write_thumbnails(dataset: str | Path, folder: str | Path, trigger: Mapping | None = None) -> int:
-    """Write every image's thumbnail into ``folder`` (``samples/thumbs``, created; left empty for
-    data that are not images); returns how many. ``trigger``: the run's ``data.corruption`` (kind
-    trigger: the triggered test images too)."""
+    """Write the thumbnail sheets of every image into ``folder`` (``samples/thumbs``, created; left
+    empty for data that are not images); returns how many thumbnails. ``trigger``: the run's
+    ``data.corruption`` (kind trigger: the triggered test images too)."""
     from PIL import Image
 
-    from epochlens.data.dataset import read_dataset
+    from epochlens.data.rows import StoredImages
     from epochlens.study.corruption import apply_trigger, trigger_value
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    Path(folder).mkdir(parents=True, exist_ok=True)
     if not has_images(dataset):
         return 0
-    data = read_dataset(dataset)
-    splits = {"train": data.train_images, "test": data.test_images}
-    if trigger is not None and trigger.get("kind") == "trigger":
-        patch = int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
-        splits["test_trigger"] = apply_trigger(data.test_images, *patch)
-    shown = display_range(np.concatenate([data.train_images, data.test_images]), data.scale)
-    count = 0
-    for split, images in splits.items():
-        for position, pixels in enumerate(to_pixels(images, data.scale, shown)):
-            Image.fromarray(pixels).save(folder / Path(thumbnail_name(split, position)).name)
-            count += 1
+    layout, count = SheetLayout.of(dataset), 0
+    with StoredImages(dataset) as data:
+        data.verify()
+        shown = display_range(*data.value_range(data.scale))
+        splits = {"train": data.train_images, "test": data.test_images}
+        if trigger is not None and trigger.get("kind") == "trigger":
+            patch = int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
+            splits["test_trigger"] = data.test_images
+        for split, images in splits.items():
+            for index, lo in enumerate(range(0, len(images), layout.per_sheet)):
+                block = images[lo : lo + layout.per_sheet]
+                block = apply_trigger(block, *patch) if split == "test_trigger" else block
+                sheet = pack_sheet(layout, block, lambda x: to_pixels(x, data.scale, shown))
+                Image.fromarray(sheet).save(Path(folder) / Path(layout.sheet(split, index)).name)
+                count += len(block)
     return count

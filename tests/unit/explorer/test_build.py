@@ -117,21 +117,22 @@ def test_served_on_localhost_and_built_when_missing(tmp_path, capsys):
         explorer_folder("other", tmp_path / "results")
 
 
-def test_thumbnails_are_copied_with_the_page(tmp_path):
+def test_thumbnail_sheets_are_copied_with_the_page_once_each(tmp_path):
     (tmp_path / "thumbs").mkdir()
     rows = {
-        "index": pa.array([0, 0], pa.int32()),
-        "role": ["train", "train"],
-        "position": pa.array([0, 1], pa.int64()),
-        "image": ["thumbs/train_0.png", "thumbs/train_1.png"],
-        "confidence": [0.5, 0.75],
+        "index": pa.array([0, 0, 0], pa.int32()),
+        "role": ["train", "train", "train"],
+        "position": pa.array([0, 1, 2], pa.int64()),
+        "image": ["thumbs/train_0.png#xywh=0,0,8,8", "thumbs/train_0.png#xywh=8,0,8,8", "thumbs/train_1.png"],
+        "confidence": [0.5, 0.75, 0.25],
     }
     for k in (0, 1):
         (tmp_path / f"thumbs/train_{k}.png").write_bytes(b"png %d" % k)
     m = build_explorer(write_tiny_dossier(tmp_path / "dossier.parquet", rows=rows), tmp_path / "explorer")
     assert m["strings"] == ["image"]
+    assert sorted(p.name for p in (tmp_path / "explorer/thumbs").iterdir()) == ["train_0.png", "train_1.png"]
     assert (tmp_path / "explorer/thumbs/train_1.png").read_bytes() == b"png 1"
-    rows["image"] = ["../elsewhere.png", None]
+    rows["image"] = ["../elsewhere.png", None, None]
     with pytest.raises(DataError, match="'../elsewhere.png' is not relative to the dossier's folder"):
         build_explorer(write_tiny_dossier(tmp_path / "bad.parquet", rows=rows), tmp_path / "explorer")
     assert (tmp_path / "explorer/thumbs/train_1.png").exists()  # the earlier explorer, kept whole

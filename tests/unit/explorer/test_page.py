@@ -50,3 +50,34 @@ def test_page_against_the_dossier(tiny):
         other.wait_for_selector("#panel[data-row='2']")
         np.testing.assert_equal(other.inner_text("#panel .sample-text"), "query one")
         assert errors == [], errors
+
+
+def test_a_samples_thumbnail_is_its_crop_of_the_sheet(tmp_path):
+    """An image dossier: the panel's canvas shows the pixels of the sheet's box that ``image`` names."""
+    import pyarrow as pa
+    from PIL import Image
+
+    chromium_path()
+    sheet = np.random.default_rng(0).integers(0, 256, (8, 24, 3), dtype=np.uint8)
+    (tmp_path / "thumbs").mkdir()
+    Image.fromarray(sheet).save(tmp_path / "thumbs/train_0.png")
+    rows = {
+        "index": pa.array([0, 0], pa.int32()),
+        "role": ["train", "train"],
+        "position": pa.array([0, 1], pa.int64()),
+        "id": ["train:0", "train:1"],
+        "image": ["thumbs/train_0.png#xywh=0,0,8,8", "thumbs/train_0.png#xywh=8,0,8,8"],
+        "confidence": [0.5, 0.75],
+    }
+    build_explorer(write_tiny_dossier(tmp_path / "dossier.parquet", rows=rows), tmp_path / "explorer")
+    with served(tmp_path / "explorer") as url, browser_page() as (page, errors):
+        open_view(page, url)
+        page.locator("#table tbody tr", has_text="train:1").click()
+        page.wait_for_selector("#panel canvas.thumb[data-drawn='true']")
+        shown = page.evaluate(
+            "() => Array.from(document.querySelector('#panel canvas.thumb').getContext('2d')"
+            ".getImageData(0, 0, 8, 8).data)"
+        )
+        assert page.get_attribute("#panel canvas.thumb", "aria-label") == "train:1"
+        assert errors == [], errors
+    np.testing.assert_array_equal(np.asarray(shown).reshape(8, 8, 4)[..., :3], sheet[:, 8:16])

@@ -87,10 +87,10 @@ def test_thumbnail_pixels_ink_on_paper_and_the_datas_own_range():
     from epochlens.samples.thumbnails import display_range, to_pixels
 
     grey = np.array([[[[0.0, 8.0], [16.0, 4.0]]]])  # stored 0..16, scale 1/16
-    assert display_range(grey, 1 / 16) == (0.0, 1.0)
+    assert display_range(grey.min() / 16, grey.max() / 16) == (0.0, 1.0)
     np.testing.assert_array_equal(to_pixels(grey, 1 / 16)[0], [[255, 128], [0, 191]])  # 1 - x, rounded
     signed = np.array([[[[-2.0, 0.0], [2.0, 1.0]]]])  # a regression's matrix
-    assert display_range(signed, 1.0) == (-2.0, 2.0)
+    assert display_range(signed.min(), signed.max()) == (-2.0, 2.0)
     np.testing.assert_array_equal(to_pixels(signed, 1.0, (-2.0, 2.0))[0], [[255, 128], [0, 64]])
     rgb = np.zeros((1, 3, 2, 2))
     rgb[0, 0] = 1.0  # red

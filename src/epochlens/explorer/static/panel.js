@@ -146,14 +146,32 @@ async function neighboursSection(d) {
   return box;
 }
 
+// A sample's picture: a crop of a thumbnail sheet ("thumbs/train_0.png#xywh=x,y,w,h", a media
+// fragment: samples/sheets.py) drawn on a canvas, or a whole image file.
+function thumbnail(src, id) {
+  const m = /^(.*)#xywh=(\d+),(\d+),(\d+),(\d+)$/.exec(src);
+  if (!m) return Object.assign(document.createElement('img'), { src, alt: id });
+  const [x, y, w, h] = m.slice(2).map(Number);
+  const canvas = Object.assign(document.createElement('canvas'), { width: w, height: h, className: 'thumb' });
+  canvas.setAttribute('role', 'img');
+  canvas.setAttribute('aria-label', id);
+  const sheet = new Image();
+  sheet.onload = () => {
+    canvas.getContext('2d').drawImage(sheet, x, y, w, h, 0, 0, w, h);
+    canvas.dataset.drawn = 'true';
+  };
+  sheet.src = m[1];
+  return canvas;
+}
+
 async function renderPanel(row) {
   const d = await rowData(row);
   const panel = $('panel');
   const head = document.createElement('div');
   const s = d.strings;
   head.innerHTML = `<h2>${esc(s.id ?? 'row ' + row)}</h2>`;
-  if (s.image) head.innerHTML += `<img src="${esc(s.image)}" alt="${esc(s.id ?? '')}">`;
   if (s.text !== undefined) head.innerHTML += `<div class="sample-text"></div>`;
+  if (s.image) head.querySelector('h2').after(thumbnail(s.image, s.id ?? ''));
   const kv = document.createElement('table');
   kv.className = 'kv';
   const predicted = d.series.predicted ? d.series.predicted.filter(Number.isFinite) : [];

@@ -1,0 +1,133 @@
+"""Benchmark: how each job's peak memory, its seconds per sample and the files of ``results/`` grow
+with the number of training samples N, on the loss-of-plasticity study in its original layout
+(config/cifar100_lop.yaml: a ``cifar-100-python`` folder of pickles with N random training images
+and CIFAR's 10,000 test images, a class order, one randomly initialised ResNet-18 checkpoint saved
+as a bare state_dict), index 0 only, from a project folder of its own.
+
+``--stages thumbnails`` (the default) builds the run's data set and its thumbnails only;
+``--stages samples`` the per-sample stages (evaluation, sample outputs, dossier, thumbnails,
+explorer; curvature, features, probes and ablation off): a ResNet-18 on every image, an hour at
+N = 50,000 on two CPU cores. Peaks and seconds are Snakemake's ``benchmark:`` files (``max_rss``:
+sampled from 0.5 s on), one row per rule; ``growth`` is the ratio of the largest N's peak to the
+smallest's.
+
+    .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+from _probes_pipeline import job_benchmarks, run_snakemake
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from epochlens.models.networks import ResNet18LoP  # noqa: E402
+
+RUN, EPOCH = "cifar100_lop", 200
+OFF = {"enabled": False}
+
+
+def options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000], help="training images (x100)")
+    p.add_argument("--stages", choices=["thumbnails", "samples"], default="thumbnails")
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument(
+        "--keep", type=Path, help="build the projects here and keep them (default: a temporary folder)"
+    )
+    p.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    return p
+
+
+def write_cifar100(folder: Path, n_train: int, n_test: int = 10_000) -> None:
+    """The ``cifar-100-python`` layout (train, test, meta pickles) with random pixels."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("test", n_test)):
+        labels = rng.permutation(np.arange(n) % 100)
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        d = {
+            "filenames": [f"img_{i}.png" for i in range(n)],
+            "batch_label": split,
+            "fine_labels": labels.tolist(),
+        }
+        with open(folder / split, "wb") as f:
+            pickle.dump({**d, "coarse_labels": (labels // 5).tolist(), "data": data}, f, protocol=4)
+    meta = {
+        "fine_label_names": [f"class_{c}" for c in range(100)],
+        "coarse_label_names": [str(c) for c in range(20)],
+    }
+    with open(folder / "meta", "wb") as f:
+        pickle.dump(meta, f, protocol=4)
+
+
+def write_project(work: Path, n_train: int) -> Path:
+    """The study's inputs and its config (paths into ``work``); returns the config file."""
+    write_cifar100(work / "cifar-100-python", n_train)
+    (work / "lop/class_order").mkdir(parents=True, exist_ok=True)
+    np.save(work / "lop/class_order/index-0.npy", np.random.default_rng(100).permutation(100))
+    torch.manual_seed(0)
+    (work / "lop/model_parameters").mkdir(parents=True, exist_ok=True)
+    torch.save(
+        ResNet18LoP(num_classes=100).state_dict(), work / f"lop/model_parameters/index-0_epoch-{EPOCH}.pt"
+    )
+    cfg = yaml.safe_load((REPO / "config/cifar100_lop.yaml").read_text())
+    run = cfg["runs"][RUN]
+    run["data"]["path"] = str(work / "cifar-100-python")
+    run["data"]["holdout_per_class"] = min(50, n_train // 200)  # the study's 50 from N = 10,000 on
+    run["class_order"]["path"] = str(work / "lop/class_order/index-{index}.npy")
+    run["checkpoints"]["path"] = str(work / "lop/model_parameters/index-{index}_epoch-{epoch}.pt")
+    run.update(indices=[0], epochs=[EPOCH], curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
+    cfg["device"] = "cpu"
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return work / "config.yaml"
+
+
+def measure(work: Path, n_train: int, stages: str, cores: int) -> list[dict]:
+    """Build and run one project; a row per rule: peak MB, seconds, seconds per 1,000 samples."""
+    config = write_project(work, n_train)
+    targets = [f"results/{RUN}/samples/thumbs"] if stages == "thumbnails" else []
+    _, output = run_snakemake(work, config, cores, *targets)
+    results = work / "results"
+    files = sum(1 for p in results.rglob("*") if p.is_file())
+    size_mb = sum(p.stat().st_size for p in results.rglob("*") if p.is_file()) / 1e6
+    rows = []
+    for rule, r in job_benchmarks(work, output).items():
+        per_1000 = 1000 * r["seconds_sum"] / n_train
+        rows.append({"n": n_train, "rule": rule, "jobs": r["jobs"], "peak_mb": r["max_rss_mb"]})
+        rows[-1].update(seconds=r["seconds_sum"], s_per_1000=per_1000, files=files, results_mb=size_mb)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options().parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.sizes:
+            work = (args.keep or Path(tmp)) / f"n{n}"
+            rows += measure(work, n, args.stages, args.cores)
+    table = pd.DataFrame(rows)
+    peaks = table.pivot(index="rule", columns="n", values="peak_mb")
+    peaks["growth"] = peaks[max(args.sizes)] / peaks[min(args.sizes)]
+    with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+        print(table.to_string(index=False))
+        print("\npeak MB per rule and growth (largest N / smallest N):")
+        print(peaks.to_string())
+    if args.json:
+        print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
