@@ -21,6 +21,9 @@ its plugins (``floor_seconds``: the same for a workflow with one empty rule) and
 dry run's report. Usage:
 
     .venv/bin/python benchmarks/dryrun.py --json [--repeats 3] [--baseline REF]
+
+``--image-folder N``: the study's data an ImageFolder tree of N training files (and N / 5 test
+files) instead of the CIFAR pickles: what planning costs per file of a data folder.
 """
 
 from __future__ import annotations
@@ -44,8 +47,20 @@ EPOCHS = range(0, 4001, 200)
 INDICES = (0, 1, 2)
 
 
-def write_study(root: Path) -> Path:
-    """The study's inputs under ``root`` and its config file (returned)."""
+def write_image_folder(folder: Path, n: int) -> dict:
+    """An ImageFolder tree of ``n`` training and n / 5 test files (one byte each: a plan reads no
+    image) in the study's 100 class folders; the run's data section that reads it."""
+    for split, count in (("train", n), ("test", n // 5)):
+        for c in range(100):
+            (folder / split / f"class_{c:03d}").mkdir(parents=True)
+        for i in range(count):
+            (folder / split / f"class_{i % 100:03d}" / f"img_{i}.png").write_bytes(b"x")
+    return {"source": "imagefolder", "path": str(folder), "images": {"size": 32}}
+
+
+def write_study(root: Path, image_folder: int = 0) -> Path:
+    """The study's inputs under ``root`` and its config file (returned); with ``image_folder``, its
+    data an ImageFolder tree of that many training files instead of the CIFAR pickles."""
     cifar = root / "cifar-100-python"
     cifar.mkdir(parents=True)
     for split in ("train", "test"):
@@ -72,6 +87,8 @@ def write_study(root: Path) -> Path:
     run["class_order"]["path"] = str(orders / "index-{index}.npy")
     run["checkpoints"]["path"] = str(ckpts / "index-{index}_epoch-{epoch}.pt")
     run["influence"] = {"enabled": True}
+    if image_folder:
+        run["data"] = write_image_folder(root / "images", image_folder)
     path = root / "lop.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -108,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default="81e85bb", help="git ref of the old workflow")
     p.add_argument("--repeats", type=int, default=3, help="timings: the fastest repeat of each side")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
+    p.add_argument("--image-folder", type=int, default=0, help="the data: an image folder of N files")
     args = p.parse_args(argv)
     cpu = torch.device("cpu")
     with tempfile.TemporaryDirectory(prefix="dryrun-bench-") as tmp:
         tmp = Path(tmp)
-        cfg = write_study(tmp / "study")
+        cfg = write_study(tmp / "study", args.image_folder)
         old = export(args.baseline, tmp / "old")
         empty = tmp / "empty"
         empty.mkdir()
@@ -136,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"the sides plan different jobs: {jobs}")
         report = {
             "study": "config/cifar100_lop.yaml: 3 indices x 21 checkpoints, every stage",
+            "image_folder_files": args.image_folder,
             "jobs": jobs["new"],
             "old_seconds": round(seconds["old"], 2),
             "new_seconds": round(seconds["new"], 2),

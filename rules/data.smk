@@ -20,7 +20,7 @@ rule prepare_data:
     envmodules:
         *config["envmodules"],
     params:
-        data=config_provider("data"),
+        data=get_data_params,
         task=get_task_name,
         hf_task=get_hf_task,
     script:

@@ -1,33 +1,42 @@
 # Helpers of rules/data.smk: input functions, params and targets.
 
 from epochlens.data import cifar100_files
+from epochlens.formats.folder_listing import folder_fingerprint
+
+#: Sources that may be a folder of files.
+FOLDER_SOURCES = ("imagefolder", "save_to_disk", "parquet", "jsonl", "csv")
 
 
 def get_data_source_files(wildcards):
     """The user's data files (so replacing them rebuilds dataset.h5) and ground-truth positions
-    file; none for bundled digits."""
+    file; none for bundled digits, nor for a folder (its fingerprint is a param instead).
+    """
     data = get_run(wildcards)["data"]
     truth = (data.get("ground_truth") or {}).get("indices")
     return data_files(data) + ([truth] if truth else [])
 
 
 def data_files(data):
-    """The files of the data section's source."""
+    """The files of the data section's source, when it is files, not a folder."""
     if data["source"] == "cifar100":
         return [str(p) for p in cifar100_files(data["path"])]
     if data["source"] in ("npz", "parquet", "jsonl", "csv") and os.path.isfile(
         data["path"]
     ):
         return [data["path"]]
-    if data["source"] in ("imagefolder", "save_to_disk", "parquet", "jsonl", "csv"):
-        # Every file of the folder: replacing, adding or removing an image rebuilds dataset.h5.
-        return sorted(
-            os.path.join(root, name)
-            for root, _, names in os.walk(data["path"])
-            for name in names
-            if not name.startswith(".")
-        )
     return []
+
+
+def get_data_params(wildcards):
+    """The run's data section; a data folder's with ``folder_files``, the hash of its files' paths,
+    sizes and times (epochlens.formats.folder_listing; prepare_data's readers ignore it): replacing,
+    adding or removing a file changes the params and so reruns prepare_data, without a plan that
+    lists every file as an input. Other sources' params are the data section as it was.
+    """
+    data = get_run(wildcards)["data"]
+    if data["source"] in FOLDER_SOURCES and not os.path.isfile(data["path"]):
+        return {**data, "folder_files": folder_fingerprint(data["path"])}
+    return data
 
 
 def get_user_class_order(wildcards):

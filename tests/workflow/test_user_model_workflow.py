@@ -9,12 +9,15 @@
   ``checkpoint-{step}/`` folders (model.safetensors) that transformers.Trainer wrote.
 
 Then: editing the user's model file reruns the jobs that build the model (and what follows them),
-never the data preparation; a factory that cannot be imported fails the dry run, naming the key.
+never the data preparation; replacing, adding or removing an image rebuilds the data set; a
+factory that cannot be imported fails the dry run, naming the key.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -158,6 +161,35 @@ def test_editing_the_users_model_reruns_its_jobs_only(user_run):
     jobs = planned_jobs(wf, work, configfile=cfg)
     assert MODEL_RULES <= set(jobs), jobs
     assert not {"prepare_data", "class_order"} & set(jobs)
+
+
+def test_replacing_adding_or_removing_an_image_rebuilds_the_data_set(user_run):
+    """The image folder reaches prepare_data as one param (its files' paths, sizes and times,
+    hashed: epochlens.formats.folder_listing), not as an input per file; hidden files are not data.
+    (The test before edited the user's model: the model's jobs are planned throughout.)"""
+    project, wf, work, cfg = user_run
+    record = base64.urlsafe_b64encode(b"results/folder/data/dataset.h5").decode()  # Snakemake's
+    inputs = json.loads((work / ".snakemake/metadata" / record).read_text())["input"]
+    assert inputs and not [p for p in inputs if str(project.image_folder) in p]  # one per image before
+    image = sorted(Path(project.image_folder).rglob("*.png"))[0]
+    content, stat = image.read_bytes(), image.stat()
+    extra, hidden = image.with_name("extra.png"), image.with_name(".DS_Store")
+    try:
+        image.write_bytes(content[:-1] + bytes([content[-1] ^ 1]))  # replaced in place, same size
+        os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        assert "prepare_data" in planned_jobs(wf, work, configfile=cfg)
+        image.write_bytes(content)
+        os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        hidden.write_bytes(b"finder")
+        assert "prepare_data" not in planned_jobs(wf, work, configfile=cfg)
+        extra.write_bytes(content)
+        assert "prepare_data" in planned_jobs(wf, work, configfile=cfg)
+    finally:
+        extra.unlink(missing_ok=True)
+        hidden.unlink(missing_ok=True)
+        image.write_bytes(content)
+        os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert "prepare_data" not in planned_jobs(wf, work, configfile=cfg)
 
 
 def test_the_readme_example_config_plans_on_a_user_project(user_run, tmp_path):
