@@ -167,7 +167,7 @@ def _check_text_run(paths: Layout) -> None:
     groups = pd.read_csv(paths.table("accuracy_per_group", "polarity"))
     final = groups[(groups["epoch"] == 10) & (groups["split"] == "test")].set_index("data_group")
     assert sorted(final.index) == ["contrast", "intensified", "negated", "plain"]
-    above("polarity: final test accuracy, worst group", final["accuracy"].min(), 0.75, final)
+    above("polarity: final test accuracy, worst group", final["accuracy"].min(), 0.7, final)
     detection = pd.read_csv(paths.table("poison_detection", "polarity"))
     auroc = detection.set_index(["method", "signal"])["auroc"]
     query = auroc[("ekfac", "query_influence")]

@@ -344,7 +344,7 @@ def test_the_pipeline_trains_a_text_to_text_model_from_its_config(data, tmp_path
         save_every=20,
         progress=False,
     )
-    below("final / first epoch's training loss", log["train_loss"].iloc[-1] / log["train_loss"].iloc[0], 0.4)
+    below("final / first epoch's training loss", log["train_loss"].iloc[-1] / log["train_loss"].iloc[0], 0.45)
     assert log["train_accuracy"].iloc[-1] > log["train_accuracy"].iloc[0]  # exact match, as it trained
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"epoch_{e:04d}.pt" for e in (0, 20, 40)]
     job = CheckpointJob(data, 40, model_section, tmp_path / "epoch_0040.pt", torch.device("cpu"))

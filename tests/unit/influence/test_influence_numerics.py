@@ -71,7 +71,7 @@ def test_confident_samples_in_half_precision_get_their_scores_not_zero(dtype) ->
     assert (got.scores > 0).all() and len(got.underflow) == 0
     # Within the forward's rounding (logit gaps of ~30 carry bfloat16's 3 digits into p): scores
     # spanning 30 orders of magnitude agree to ~7% (float16) / ~30% (bfloat16).
-    tol = 0.03 if dtype == torch.float16 else 0.25  # measured over 10 draws: 0.018 and 0.17 at most
+    tol = 0.03 if dtype == torch.float16 else 0.3  # measured over 10 draws: 0.018 and 0.17 at most
     error = np.abs(np.log10(got.scores) - np.log10(want.scores)).max()
     at_most("largest |log10 score - log10 float64 score|", error, tol)
     above("self-influence ρ against float64", spearmanr(got.scores, want.scores).statistic, 0.99)
