@@ -2,7 +2,7 @@
 data set grows (a thumbnail sheet per thousand images of 50,000) opens :class:`StoredImages`,
 whose arrays are h5py datasets that read only the rows sliced from them, and checks the file's
 content hash by streaming it (:meth:`StoredImages.verify`: the hash :func:`read_dataset` checks,
-block by block).
+block by block, in the same pass as the images' value range).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ class StoredImages:
             f = self._file
             self.train_images, self.test_images = f["train/images"], f["test/images"]
             self.scale = float(f.attrs["scale"])
-            self.kind = str(f.attrs.get("kind", "classification"))
             self._stored_hash = str(f.attrs["content_hash"])
         except (OSError, KeyError) as exc:
             raise self._incomplete(exc) from exc
@@ -58,31 +57,33 @@ class StoredImages:
     def content_hash(self) -> str:
         """SHA-256 of images, labels (and groups) of both splits, read block by block: equal to
         :attr:`epochlens.data.dataset.Dataset.content_hash` of the whole data set."""
+        return self._scan()[0]
+
+    def verify(self) -> tuple[float, float]:
+        """Check the content against the hash ``prepare_data`` stored (:class:`DataError` when it
+        differs); return the smallest and largest stored image value times the scale, read in the
+        same pass (float64: the scaled extremes are the extremes of the scaled values)."""
+        digest, low, high = self._scan()
+        if digest != self._stored_hash:
+            raise DataError(f"{self.path}: content hash mismatch; the file is corrupt. Delete and rerun.")
+        return tuple(sorted((low * self.scale, high * self.scale)))
+
+    def _scan(self) -> tuple[str, float, float]:
+        """One pass over the hashed arrays: the content hash, the images' smallest and largest value."""
         f, h = self._file, hashlib.sha256()
         keys = ["train/images", "train/labels", "test/images", "test/labels"]
         groups = "groups" in f["train"]
         keys += ["train/groups", "test/groups"] if groups else []
+        low, high = np.inf, -np.inf
         for key in keys:
             h.update(f"{f[key].dtype.str}{f[key].shape}".encode())
             for block in self.blocks(key):
                 h.update(np.ascontiguousarray(block).tobytes())
+                if key.endswith("/images") and block.size:
+                    low, high = min(low, float(block.min())), max(high, float(block.max()))
         if groups:
             h.update(json.dumps(json.loads(f.attrs.get("group_names", "[]"))).encode())
-        return h.hexdigest()
-
-    def verify(self) -> None:
-        """Raise :class:`DataError` when the content differs from the hash ``prepare_data`` stored."""
-        if self.content_hash() != self._stored_hash:
-            raise DataError(f"{self.path}: content hash mismatch; the file is corrupt. Delete and rerun.")
-
-    def value_range(self, scale: float) -> tuple[float, float]:
-        """The smallest and largest stored value times ``scale`` of both splits' images (float64:
-        the product of the extremes, as a positive scale keeps the order of the products)."""
-        low, high = np.inf, -np.inf
-        for key in ("train/images", "test/images"):
-            for block in filter(np.size, self.blocks(key)):
-                low, high = min(low, float(block.min())), max(high, float(block.max()))
-        return (low * scale, high * scale) if scale > 0 else (high * scale, low * scale)
+        return h.hexdigest(), low, high
 
     def _incomplete(self, exc: Exception) -> DataError:
         what = f"{self.path}: not a complete epochlens dataset.h5 ({exc})."

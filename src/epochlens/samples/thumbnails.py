@@ -57,10 +57,10 @@ def write_thumbnails(dataset: str | Path, folder: str | Path, trigger: Mapping |
     Path(folder).mkdir(parents=True, exist_ok=True)
     if not has_images(dataset):
         return 0
-    layout, count = SheetLayout.of(dataset), 0
+    count = 0
     with StoredImages(dataset) as data:
-        data.verify()
-        shown = display_range(*data.value_range(data.scale))
+        shown = display_range(*data.verify())
+        layout = SheetLayout.for_images(*data.train_images.shape[2:4])
         splits = {"train": data.train_images, "test": data.test_images}
         if trigger is not None and trigger.get("kind") == "trigger":
             patch = int(trigger["patch_size"]), trigger["corner"], trigger_value(data)
