@@ -34,6 +34,10 @@ import numpy as np
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from quality import OPS  # noqa: E402  (the checks' own comparisons)
+
 KERNELS = {
     "native": {},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
@@ -111,14 +115,9 @@ def table(*outs: Path) -> pd.DataFrame:
             "mean": float(np.nanmean(per_seed)), "sd": sd, "machine": machine, "op": op,
             "threshold": threshold,
             "margin_sd": gap / sd if sd > 0 else float("inf") if gap > 0 else float("nan"),
-            "failed": int((~_passes(values, op, threshold)).sum()),  # at today's threshold
+            "failed": int((~OPS[op](values, threshold)).sum()),  # at today's threshold
         })  # fmt: skip
     return pd.DataFrame(result)
-
-
-def _passes(values: np.ndarray, op: str, threshold: float) -> np.ndarray:
-    compare = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}[op]
-    return compare(values, threshold)
 
 
 def main(argv: list[str] | None = None) -> int:

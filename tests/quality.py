@@ -15,6 +15,7 @@ Two environment variables serve that measurement and change nothing otherwise:
 from __future__ import annotations
 
 import json
+import operator
 import os
 
 #: Added to the seeds of the runs trained or drawn in the quality tests (0: the suite's runs).
@@ -23,25 +24,31 @@ SEED = int(os.environ.get("EPOCHLENS_TEST_SEED", "0"))
 
 def at_least(name: str, value: float, threshold: float, detail: object = "") -> None:
     """Assert ``value >= threshold`` (``name``: what is measured, unique within its test)."""
-    _check(name, float(value), threshold, ">=", float(value) >= threshold, detail)
+    _check(name, value, threshold, ">=", detail)
 
 
 def above(name: str, value: float, threshold: float, detail: object = "") -> None:
     """Assert ``value > threshold``."""
-    _check(name, float(value), threshold, ">", float(value) > threshold, detail)
+    _check(name, value, threshold, ">", detail)
 
 
 def at_most(name: str, value: float, threshold: float, detail: object = "") -> None:
     """Assert ``value <= threshold``."""
-    _check(name, float(value), threshold, "<=", float(value) <= threshold, detail)
+    _check(name, value, threshold, "<=", detail)
 
 
 def below(name: str, value: float, threshold: float, detail: object = "") -> None:
     """Assert ``value < threshold``."""
-    _check(name, float(value), threshold, "<", float(value) < threshold, detail)
+    _check(name, value, threshold, "<", detail)
 
 
-def _check(name: str, value: float, threshold: float, op: str, passed: bool, detail: object) -> None:
+#: The comparisons, by the operator a failure prints.
+OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+
+
+def _check(name: str, value: float, threshold: float, op: str, detail: object) -> None:
+    value = float(value)
+    passed = OPS[op](value, threshold)
     log = os.environ.get("EPOCHLENS_QUALITY_LOG")
     if log:
         test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
