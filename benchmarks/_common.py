@@ -15,6 +15,7 @@ import argparse
 import ctypes
 import json
 import math
+import pickle
 import platform
 import sys
 import threading
@@ -22,11 +23,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from epochlens.device import resolve_device  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 MODELS = ("small_cnn", "resnet18_lop")
 #: Tiny Hugging Face models built from a config (nothing downloaded): see :func:`text_model`; the
@@ -291,3 +296,29 @@ def _reset_hwm() -> bool:
         return True
     except OSError:
         return False
+
+
+def write_cifar100(folder: Path, n_train: int, n_test: int) -> Path:
+    """A ``cifar-100-python`` folder (train, test and meta pickles, as the original is laid out) of
+    random pixels, the 100 classes in turn; returns it."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("test", n_test)):
+        labels = rng.permutation(np.arange(n) % 100)
+        data = {"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8), "fine_labels": labels.tolist()}
+        with open(folder / split, "wb") as f:
+            pickle.dump({**data, "coarse_labels": (labels // 5).tolist()}, f, protocol=4)
+    with open(folder / "meta", "wb") as f:
+        pickle.dump({"fine_label_names": [f"class_{c}" for c in range(100)]}, f, protocol=4)
+    return folder
+
+
+def lop_config(cifar: Path, lop: Path) -> dict:
+    """config/cifar100_lop.yaml with its data at ``cifar``, its class orders and checkpoints in the
+    original experiment's layout under ``lop`` (class_order/, model_parameters/)."""
+    cfg = yaml.safe_load((REPO / "config/cifar100_lop.yaml").read_text())
+    run = cfg["runs"]["cifar100_lop"]
+    run["data"]["path"] = str(cifar)
+    run["class_order"]["path"] = str(lop / "class_order/index-{index}.npy")
+    run["checkpoints"]["path"] = str(lop / "model_parameters/index-{index}_epoch-{epoch}.pt")
+    return cfg

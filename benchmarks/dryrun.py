@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import re
 import subprocess
 import sys
@@ -61,19 +60,6 @@ def write_image_folder(folder: Path, n: int) -> dict:
 def write_study(root: Path, image_folder: int = 0) -> Path:
     """The study's inputs under ``root`` and its config file (returned); with ``image_folder``, its
     data an ImageFolder tree of that many training files instead of the CIFAR pickles."""
-    cifar = root / "cifar-100-python"
-    cifar.mkdir(parents=True)
-    for split in ("train", "test"):
-        labels = np.arange(100)
-        data = {
-            "data": np.zeros((100, 3072), np.uint8),
-            "fine_labels": labels.tolist(),
-            "coarse_labels": (labels // 5).tolist(),
-        }
-        (cifar / split).write_bytes(pickle.dumps(data, protocol=2))
-    (cifar / "meta").write_bytes(
-        pickle.dumps({"fine_label_names": [f"c{c}" for c in range(100)]}, protocol=2)
-    )
     orders, ckpts = root / "lop/class_order", root / "lop/model_parameters"
     orders.mkdir(parents=True)
     ckpts.mkdir(parents=True)
@@ -81,11 +67,8 @@ def write_study(root: Path, image_folder: int = 0) -> Path:
         np.save(orders / f"index-{i}.npy", np.random.default_rng(i).permutation(100))
         for epoch in EPOCHS:
             (ckpts / f"index-{i}_epoch-{epoch}.pt").touch()
-    cfg = yaml.safe_load((REPO / "config/cifar100_lop.yaml").read_text())
+    cfg = _common.lop_config(_common.write_cifar100(root / "cifar-100-python", 100, 100), root / "lop")
     run = cfg["runs"]["cifar100_lop"]
-    run["data"]["path"] = str(cifar)
-    run["class_order"]["path"] = str(orders / "index-{index}.npy")
-    run["checkpoints"]["path"] = str(ckpts / "index-{index}_epoch-{epoch}.pt")
     run["influence"] = {"enabled": True}
     if image_folder:
         run["data"] = write_image_folder(root / "images", image_folder)

@@ -18,21 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
-import sys
 import tempfile
 from pathlib import Path
 
+import _common
 import numpy as np
 import pandas as pd
 import torch
 import yaml
 from _probes_pipeline import job_benchmarks, run_snakemake
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
-from epochlens.models.networks import ResNet18LoP  # noqa: E402
+from epochlens.models.networks import ResNet18LoP
 
 RUN, EPOCH = "cifar100_lop", 200
 OFF = {"enabled": False}
@@ -50,31 +46,9 @@ def options() -> argparse.ArgumentParser:
     return p
 
 
-def write_cifar100(folder: Path, n_train: int, n_test: int = 10_000) -> None:
-    """The ``cifar-100-python`` layout (train, test, meta pickles) with random pixels."""
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("test", n_test)):
-        labels = rng.permutation(np.arange(n) % 100)
-        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
-        d = {
-            "filenames": [f"img_{i}.png" for i in range(n)],
-            "batch_label": split,
-            "fine_labels": labels.tolist(),
-        }
-        with open(folder / split, "wb") as f:
-            pickle.dump({**d, "coarse_labels": (labels // 5).tolist(), "data": data}, f, protocol=4)
-    meta = {
-        "fine_label_names": [f"class_{c}" for c in range(100)],
-        "coarse_label_names": [str(c) for c in range(20)],
-    }
-    with open(folder / "meta", "wb") as f:
-        pickle.dump(meta, f, protocol=4)
-
-
 def write_project(work: Path, n_train: int) -> Path:
     """The study's inputs and its config (paths into ``work``); returns the config file."""
-    write_cifar100(work / "cifar-100-python", n_train)
+    cfg = _common.lop_config(_common.write_cifar100(work / "cifar-100-python", n_train, 10_000), work / "lop")
     (work / "lop/class_order").mkdir(parents=True, exist_ok=True)
     np.save(work / "lop/class_order/index-0.npy", np.random.default_rng(100).permutation(100))
     torch.manual_seed(0)
@@ -82,12 +56,8 @@ def write_project(work: Path, n_train: int) -> Path:
     torch.save(
         ResNet18LoP(num_classes=100).state_dict(), work / f"lop/model_parameters/index-0_epoch-{EPOCH}.pt"
     )
-    cfg = yaml.safe_load((REPO / "config/cifar100_lop.yaml").read_text())
     run = cfg["runs"][RUN]
-    run["data"]["path"] = str(work / "cifar-100-python")
     run["data"]["holdout_per_class"] = min(50, n_train // 200)  # the study's 50 from N = 10,000 on
-    run["class_order"]["path"] = str(work / "lop/class_order/index-{index}.npy")
-    run["checkpoints"]["path"] = str(work / "lop/model_parameters/index-{index}_epoch-{epoch}.pt")
     run.update(indices=[0], epochs=[EPOCH], curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     cfg["device"] = "cpu"
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
