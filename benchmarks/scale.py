@@ -2,7 +2,8 @@
 with the number of training samples N, on the loss-of-plasticity study in its original layout
 (config/cifar100_lop.yaml: a ``cifar-100-python`` folder of pickles with N random training images
 and CIFAR's 10,000 test images, a class order, one randomly initialised ResNet-18 checkpoint saved
-as a bare state_dict), index 0 only, from a project folder of its own.
+as a bare state_dict), index 0 only, from a project folder of its own. ``--model small_cnn`` puts
+the built-in small CNN in its place: the data's share of each job's memory and time shows.
 
 ``--stages thumbnails`` (the default) builds the run's data set and its thumbnails only;
 ``--stages samples`` the per-sample stages (evaluation, sample outputs, dossier, thumbnails,
@@ -11,7 +12,7 @@ N = 50,000 on two CPU cores. Peaks and seconds are Snakemake's ``benchmark:`` fi
 sampled from 0.5 s on), one row per rule; ``growth`` is the ratio of the largest N's peak to the
 smallest's.
 
-    .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples] [--keep DIR]
+    .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples] [--model small_cnn]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import yaml
 from _probes_pipeline import job_benchmarks, run_snakemake
 
-from epochlens.models.networks import ResNet18LoP
+from epochlens.models.networks import MODELS, build_model
 
 RUN, EPOCH = "cifar100_lop", 200
 OFF = {"enabled": False}
@@ -38,6 +39,7 @@ def options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000], help="training images (x100)")
     p.add_argument("--stages", choices=["thumbnails", "samples"], default="thumbnails")
+    p.add_argument("--model", choices=sorted(MODELS), default="resnet18_lop", help="the checkpoint's network")
     p.add_argument("--cores", type=int, default=2)
     p.add_argument(
         "--keep", type=Path, help="build the projects here and keep them (default: a temporary folder)"
@@ -46,17 +48,16 @@ def options() -> argparse.ArgumentParser:
     return p
 
 
-def write_project(work: Path, n_train: int) -> Path:
+def write_project(work: Path, n_train: int, model: str = "resnet18_lop") -> Path:
     """The study's inputs and its config (paths into ``work``); returns the config file."""
     cfg = _common.lop_config(_common.write_cifar100(work / "cifar-100-python", n_train, 10_000), work / "lop")
     (work / "lop/class_order").mkdir(parents=True, exist_ok=True)
     np.save(work / "lop/class_order/index-0.npy", np.random.default_rng(100).permutation(100))
-    torch.manual_seed(0)
     (work / "lop/model_parameters").mkdir(parents=True, exist_ok=True)
-    torch.save(
-        ResNet18LoP(num_classes=100).state_dict(), work / f"lop/model_parameters/index-0_epoch-{EPOCH}.pt"
-    )
+    net = build_model(model, num_classes=100, in_channels=3, seed=0)
+    torch.save(net.state_dict(), work / f"lop/model_parameters/index-0_epoch-{EPOCH}.pt")
     run = cfg["runs"][RUN]
+    run["model"]["name"] = model
     run["data"]["holdout_per_class"] = min(50, n_train // 200)  # the study's 50 from N = 10,000 on
     run.update(indices=[0], epochs=[EPOCH], curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     cfg["device"] = "cpu"
@@ -64,9 +65,9 @@ def write_project(work: Path, n_train: int) -> Path:
     return work / "config.yaml"
 
 
-def measure(work: Path, n_train: int, stages: str, cores: int) -> list[dict]:
+def measure(work: Path, n_train: int, stages: str, cores: int, model: str) -> list[dict]:
     """Build and run one project; a row per rule: peak MB, seconds, seconds per 1,000 samples."""
-    config = write_project(work, n_train)
+    config = write_project(work, n_train, model)
     targets = [f"results/{RUN}/samples/thumbs"] if stages == "thumbnails" else []
     _, output = run_snakemake(work, config, cores, *targets)
     results = work / "results"
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             work = (args.keep or Path(tmp)) / f"n{n}"
-            rows += measure(work, n, args.stages, args.cores)
+            rows += measure(work, n, args.stages, args.cores, args.model)
     table = pd.DataFrame(rows)
     peaks = table.pivot(index="rule", columns="n", values="peak_mb")
     peaks["growth"] = peaks[max(args.sizes)] / peaks[min(args.sizes)]

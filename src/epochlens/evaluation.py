@@ -37,7 +37,8 @@ def predict(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample correctness (bool) and cross-entropy over the restricted logits, eval mode.
 
-    ``images``: a tensor (N, ...) of model inputs, or a mapping of them for keyword inputs (a text
+    ``images``: a tensor (N, ...) of model inputs (or rows read a batch at a time:
+    :class:`epochlens.data.rows.NormalizedRows`), or a mapping of them for keyword inputs (a text
     model's ``input_ids`` and ``attention_mask``), each with N rows. ``targets`` (N, L): a causal
     LM's token labels or a text-to-text model's decoder labels (N, T), its outcome on them
     (:func:`epochlens.outcome.sequence_outcome`)."""
@@ -89,6 +90,7 @@ def evaluate_checkpoint(
     :data:`epochlens.outcome.LM_CLASS_NAME`;
     accuracy is exact match and the loss the mean NLL of the target tokens.
     """
+    from epochlens.data.rows import NormalizedRows
     from epochlens.models.networks import positions_in
 
     lm = isinstance(data, TextDataset) and data.token_labels
@@ -110,7 +112,7 @@ def evaluate_checkpoint(
             continue
         correct, loss = predict(
             model,
-            data.inputs(base, idx) if isinstance(data, TextDataset) else data.normalized(base, idx),
+            data.inputs(base, idx) if isinstance(data, TextDataset) else NormalizedRows(data, base, idx),
             data.labels(base)[idx] if lm else positions_in(labels[idx], active),
             active,
             batch_size,
@@ -177,7 +179,8 @@ def evaluate_regression(
     data group (``all``, then each group of data with groups), columns :data:`REGRESSION_COLUMNS`.
     ``mean_loss`` is the mean per-sample loss of the run's task (squared error, mean or sum over a
     sample's values), ``mse`` and ``mae`` the mean over every value of every sample."""
-    from epochlens.outcome import predict_regression
+    from epochlens.data.rows import NormalizedRows
+    from epochlens.tasks.regression import predict_regression
 
     rows = []
     for split, base in (("test", "test"), ("holdout", "train")):
@@ -186,7 +189,7 @@ def evaluate_regression(
             continue
         targets = data.labels(base)[idx]
         pred, loss = predict_regression(
-            model, data.normalized(base, idx), targets, reduction, batch_size, device
+            model, NormalizedRows(data, base, idx), targets, reduction, batch_size, device
         )
         parts = [("all", np.ones(len(idx), dtype=bool))]
         groups = data.groups(base)

@@ -1,7 +1,8 @@
 """One checkpoint job: what every per-checkpoint stage (evaluation, curvature, features, ablation,
 influence) works from, loaded in one place.
 
-:func:`load_checkpoint_job` reads the run's data set and class order, derives the classes the
+:func:`load_checkpoint_job` opens the run's data set (an image data set by rows, read as the
+job asks for them: :func:`epochlens.data.rows.open_dataset`) and class order, derives the classes the
 checkpoint was trained on (``active``) and those of its newest task (``new``), resolves the device
 (an execution setting: it never changes results, so it is read from the config and recorded in
 the results' metadata; a job not given a GPU computes on the CPU, see epochlens.resources) and
@@ -25,7 +26,8 @@ from torch import nn
 from epochlens.checkpoints import load_into
 from epochlens.data import Dataset
 from epochlens.data.dataset import target_dim
-from epochlens.data.text import TextDataset, read_any_dataset
+from epochlens.data.rows import open_dataset
+from epochlens.data.text import TextDataset, is_text_dataset, read_text_dataset
 from epochlens.device import job_device
 from epochlens.errors import CheckpointError
 from epochlens.models.networks import build_model
@@ -227,7 +229,7 @@ def load_checkpoint_job(
     """
     epoch = int(epoch)
     job = CheckpointJob(
-        data=read_any_dataset(dataset),
+        data=read_text_dataset(dataset) if is_text_dataset(dataset) else open_dataset(dataset),
         epoch=epoch,
         model_name=model,
         checkpoint=Path(checkpoint),

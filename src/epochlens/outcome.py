@@ -30,7 +30,6 @@ import numpy as np
 
 if TYPE_CHECKING:  # the evaluation's tables import this module without torch
     import torch
-    from torch import nn
 
 IGNORE_INDEX = -100
 LM_CLASS_NAME = "target tokens"
@@ -92,36 +91,6 @@ def squared_error(prediction: torch.Tensor, targets: torch.Tensor, reduction: st
         )
     sq = ((z - y) ** 2).sum(1)
     return sq / z.shape[1] if reduction == "mean" else sq
-
-
-def predict_regression(
-    model: nn.Module,
-    inputs: torch.Tensor,
-    targets: np.ndarray,
-    reduction: str = "mean",
-    batch_size: int = 512,
-    device: torch.device | str = "cpu",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Predictions (N, D) float64 (D values per sample, as the targets) and each sample's loss
-    (N,) float64 (:func:`epochlens.outcome.squared_error` with ``reduction``), eval mode, computed
-    in the model's dtype."""
-    import torch
-
-    from epochlens.tasks.calls import call_model
-
-    model.eval().to(device)
-    y = torch.as_tensor(np.asarray(targets))
-    preds, losses = [], []
-    with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            rows = slice(start, start + batch_size)
-            z = call_model(model, inputs[rows].to(device))
-            losses.append(squared_error(z, y[rows], reduction).double().cpu())
-            preds.append(z.reshape(len(z), -1).double().cpu())
-    width = 1 if y.ndim == 1 else y.shape[1]
-    if not preds:
-        return np.zeros((0, width)), np.zeros(0)
-    return torch.cat(preds).numpy(), torch.cat(losses).numpy()
 
 
 def sample_classes(labels: np.ndarray) -> np.ndarray:

@@ -1,8 +1,14 @@
 """A ``dataset.h5`` of images read by rows, never whole: a job whose memory must stay flat as the
-data set grows (a thumbnail sheet per thousand images of 50,000) opens :class:`StoredImages`,
-whose arrays are h5py datasets that read only the rows sliced from them, and checks the file's
-content hash by streaming it (:meth:`StoredImages.verify`: the hash :func:`read_dataset` checks,
-block by block, in the same pass as the images' value range).
+data set grows reads only the rows it computes on.
+
+* :func:`open_dataset`: the run's :class:`~epochlens.data.Dataset` with its images left in the file
+  (:class:`RowReader`: ``images[indices]`` reads those rows, chunk by chunk) and its content hash as
+  ``prepare_data`` stored it: what every checkpoint job works from. A damaged image chunk fails
+  its zlib checksum when read (:class:`DataError` naming the file); labels are read whole.
+* :class:`NormalizedRows`: ``Dataset.normalized(split, indices)`` read a batch at a time.
+* :class:`StoredImages`: the arrays for a pass over every image (thumbnail sheets), with the
+  content hash checked by streaming it (:meth:`StoredImages.verify`: the hash
+  :func:`~epochlens.data.read_dataset` checks, block by block, in the same pass as the value range).
 """
 
 from __future__ import annotations
@@ -10,15 +16,142 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 
+from epochlens.data.dataset import Dataset
 from epochlens.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 #: Bytes of one block read at a time (five thousand CIFAR images).
 BLOCK_BYTES = 16 << 20
+#: HDF5's chunk cache per open array: consecutive batches that share a chunk decompress it once.
+CHUNK_CACHE_BYTES = 32 << 20
+
+
+class RowReader:
+    """An array of a ``dataset.h5`` (N, ...) read by rows: ``reader[lo:hi]`` and ``reader[indices]``
+    (any int indices, in any order, repeated or not) read only the chunks that hold them;
+    ``np.asarray(reader)`` reads it whole."""
+
+    def __init__(self, array: h5py.Dataset, path: Path):
+        self.array, self.path = array, path
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+        self._rows = (array.chunks or (max(1, BLOCK_BYTES // max(1, self.row_bytes)),))[0]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, key) -> np.ndarray:
+        try:
+            if isinstance(key, slice):
+                return self.array[key]
+            return self._take(np.asarray(key, dtype=np.int64).reshape(-1))
+        except OSError as exc:  # a chunk that fails its checksum or cannot be decompressed
+            raise DataError(
+                f"{self.path}: {self.array.name} cannot be read ({exc}); the file is damaged. Delete "
+                "it and rerun the prepare_data rule."
+            ) from exc
+
+    def _take(self, indices: np.ndarray) -> np.ndarray:
+        """Rows ``indices`` (negative counted from the end), reading each chunk that holds any once."""
+        n = len(self)
+        if len(indices) and (indices.min() < -n or indices.max() >= n):
+            raise IndexError(f"row indices out of range for {n} rows of {self.path}:{self.array.name}")
+        indices = indices % max(n, 1)
+        out = np.empty((len(indices), *self.shape[1:]), dtype=self.dtype)
+        if len(indices) and indices[-1] - indices[0] + 1 == len(indices) and np.all(np.diff(indices) == 1):
+            out[:] = self.array[int(indices[0]) : int(indices[-1]) + 1]
+            return out
+        block = indices // self._rows
+        for b in np.unique(block):
+            lo = int(b) * self._rows
+            mine = block == b
+            out[mine] = self.array[lo : lo + self._rows][indices[mine] - lo]
+        return out
+
+
+@dataclass
+class StoredDataset(Dataset):
+    """A :class:`~epochlens.data.Dataset` whose images stay in its ``dataset.h5``
+    (:class:`RowReader`), with the content hash ``prepare_data`` computed and stored."""
+
+    stored_hash: str = ""
+
+    @property
+    def content_hash(self) -> str:
+        """The stored hash while the images are the file's (a copy with other images, e.g. a
+        trigger stamped on them, is hashed again)."""
+        if isinstance(self.train_images, RowReader) and isinstance(self.test_images, RowReader):
+            return self.stored_hash
+        return super().content_hash
+
+
+def open_dataset(path: str | Path) -> StoredDataset:
+    """A ``dataset.h5`` written by :func:`~epochlens.data.write_dataset`, its images read by rows
+    when asked for (the file stays open while they are referenced); everything else in memory."""
+    path = Path(path)
+    try:
+        f = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+        train, test = f["train"], f["test"]
+        attrs = f.attrs
+        return StoredDataset(
+            name=str(attrs["name"]),
+            source=str(attrs["source"]),
+            train_images=RowReader(train["images"], path),
+            train_labels=train["labels"][()],
+            test_images=RowReader(test["images"], path),
+            test_labels=test["labels"][()],
+            num_classes=int(attrs["num_classes"]),
+            scale=float(attrs["scale"]),
+            mean=tuple(float(v) for v in attrs["mean"]),
+            std=tuple(float(v) for v in attrs["std"]),
+            holdout=train["holdout"][()],
+            class_names=json.loads(attrs["class_names"]),
+            train_groups=train["groups"][()] if "groups" in train else None,
+            test_groups=test["groups"][()] if "groups" in test else None,
+            group_names=json.loads(attrs.get("group_names", "[]")),
+            kind=str(attrs.get("kind", "classification")),
+            ground_truth=train["ground_truth"][()] if "ground_truth" in train else None,
+            stored_hash=str(attrs["content_hash"]),
+        )
+    except (OSError, KeyError) as exc:
+        raise DataError(
+            f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."
+        ) from exc
+
+
+class NormalizedRows:
+    """``data.normalized(split, indices)`` (all rows when ``indices`` is None), read when sliced:
+    ``rows[a:b]`` reads and normalises those rows only (a float32 tensor, equal to the same rows
+    of the whole); ``rows[positions]`` (an int array) selects rows without reading any."""
+
+    def __init__(self, data: Dataset, split: str, indices: np.ndarray | None = None):
+        self.data, self.split = data, split
+        n = len(data.labels(split))
+        self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, key) -> torch.Tensor | NormalizedRows:
+        if isinstance(key, slice):
+            return self.data.normalized(self.split, self.indices[key])
+        return NormalizedRows(self.data, self.split, self.indices[np.asarray(key)])
 
 
 class StoredImages:

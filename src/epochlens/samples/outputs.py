@@ -131,14 +131,15 @@ def split_outputs(
     """The series of every sample of ``split`` (train: every training sample, the holdout too)
     at the job's checkpoint: :data:`CLASSIFIER_KEYS`, :data:`REGRESSION_KEYS` or
     :data:`SEQUENCE_KEYS` by the run's data."""
+    from epochlens.data.rows import NormalizedRows
     from epochlens.data.text import TextDataset
 
     data, labels = job.data, job.data.labels(split)
     if isinstance(data, TextDataset) and data.token_labels:
         return sequence_outputs(job.model, data.inputs(split), labels, batch_size, job.device)
-    inputs = data.inputs(split) if isinstance(data, TextDataset) else data.normalized(split)
+    inputs = data.inputs(split) if isinstance(data, TextDataset) else NormalizedRows(data, split)
     if getattr(data, "is_regression", False):
-        from epochlens.outcome import predict_regression
+        from epochlens.tasks.regression import predict_regression
 
         pred, loss = predict_regression(job.model, inputs, labels, reduction, batch_size, job.device)
         error = np.abs(pred - np.asarray(labels, np.float64).reshape(len(labels), -1)).mean(1)

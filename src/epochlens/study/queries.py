@@ -21,10 +21,11 @@ from epochlens.data import Dataset
 from epochlens.data.text import IGNORE_INDEX, TextDataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.models.networks import restrict_logits
-from epochlens.outcome import predict_regression, shifts
+from epochlens.outcome import shifts
 from epochlens.study.corruption import apply_trigger, trigger_value
 from epochlens.study.settings import QUERY_LABELS, QUERY_SELECTIONS
 from epochlens.tasks import OutputAdapter, call_model
+from epochlens.tasks.regression import predict_regression
 
 
 @dataclasses.dataclass

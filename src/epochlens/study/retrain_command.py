@@ -36,8 +36,8 @@ from epochlens.atomic import save_npy
 from epochlens.data import Dataset
 from epochlens.formats import command as cmd
 from epochlens.job import CheckpointJob
-from epochlens.outcome import predict_regression
 from epochlens.study.retrain import part_subsets, subset_masks, test_log_probs
+from epochlens.tasks.regression import predict_regression
 
 log = logging.getLogger("epochlens")
 

@@ -1,9 +1,10 @@
-"""Regression: the squared error per sample (:func:`epochlens.outcome.squared_error`)."""
+"""Regression: the squared error per sample (:func:`epochlens.outcome.squared_error`), and a
+regression model's predictions and losses over a split (:func:`predict_regression`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -11,7 +12,11 @@ import torch
 from epochlens.errors import ConfigError
 from epochlens.outcome import squared_error
 from epochlens.tasks.base import Task
+from epochlens.tasks.calls import call_model
 from epochlens.tasks.draws import Uniforms
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class RegressionTask(Task):
@@ -56,3 +61,30 @@ class RegressionTask(Task):
 
     def key(self) -> dict:
         return {"name": self.name, "output": self.output.key(), "reduction": self.reduction}
+
+
+def predict_regression(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: np.ndarray,
+    reduction: str = "mean",
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Predictions (N, D) float64 (D values per sample, as the targets) and each sample's loss
+    (N,) float64 (:func:`epochlens.outcome.squared_error` with ``reduction``), eval mode, computed
+    in the model's dtype. ``inputs`` (N, ...): a tensor, or rows sliced a batch at a time into
+    tensors (``epochlens.data.rows.NormalizedRows``)."""
+    model.eval().to(device)
+    y = torch.as_tensor(np.asarray(targets))
+    preds, losses = [], []
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            rows = slice(start, start + batch_size)
+            z = call_model(model, inputs[rows].to(device))
+            losses.append(squared_error(z, y[rows], reduction).double().cpu())
+            preds.append(z.reshape(len(z), -1).double().cpu())
+    width = 1 if y.ndim == 1 else y.shape[1]
+    if not preds:
+        return np.zeros((0, width)), np.zeros(0)
+    return torch.cat(preds).numpy(), torch.cat(losses).numpy()
