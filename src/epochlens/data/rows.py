@@ -74,14 +74,18 @@ class RowReader:
             raise IndexError(f"row indices out of range for {n} rows of {self.path}:{self.array.name}")
         indices = indices % max(n, 1)
         out = np.empty((len(indices), *self.shape[1:]), dtype=self.dtype)
-        if len(indices) and indices[-1] - indices[0] + 1 == len(indices) and np.all(np.diff(indices) == 1):
+        if len(indices) == 0:
+            return out
+        if indices[-1] - indices[0] + 1 == len(indices) and np.all(np.diff(indices) == 1):
             out[:] = self.array[int(indices[0]) : int(indices[-1]) + 1]
             return out
-        block = indices // self._rows
-        for b in np.unique(block):
-            lo = int(b) * self._rows
-            mine = block == b
-            out[mine] = self.array[lo : lo + self._rows][indices[mine] - lo]
+        order = np.argsort(indices, kind="stable")
+        ordered = indices[order]
+        block = ordered // self._rows
+        starts = np.flatnonzero(np.r_[True, block[1:] != block[:-1]])
+        for start, end in zip(starts, np.r_[starts[1:], len(ordered)]):
+            lo = int(block[start]) * self._rows
+            out[order[start:end]] = self.array[lo : lo + self._rows][ordered[start:end] - lo]
         return out
 
 
