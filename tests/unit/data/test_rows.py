@@ -110,3 +110,25 @@ def test_a_copy_with_other_images_is_hashed_again(stored):
     assert other.content_hash != data.content_hash
     whole = dataclasses.replace(read_dataset(stored), test_images=other.test_images)
     assert other.content_hash == whole.content_hash
+
+
+def test_the_evaluation_job_reads_only_its_rows(tmp_path):
+    """A checkpoint job on a data set whose last training chunk is damaged: the evaluation (the
+    test split and the holdout, rows 0..29) runs and equals the one on the intact data set; the
+    job used to read and hash the whole file first, and stopped."""
+    from epochlens.evaluation import evaluate_checkpoint
+    from epochlens.job import load_checkpoint_job
+    from epochlens.models.networks import build_model
+    from epochlens.schedule import ClassSchedule
+
+    write_dataset(_dataset(), tmp_path / "intact.h5")
+    write_dataset(_dataset(), tmp_path / "dataset.h5")
+    _damage_chunk(tmp_path / "dataset.h5", "train/images", 3)
+    torch.save(build_model("small_cnn", 10, 3, seed=0).state_dict(), tmp_path / "model.pt")
+    schedule = ClassSchedule(np.arange(10), 5, 5, 10)
+    tables = []
+    for name in ("intact.h5", "dataset.h5"):
+        job = load_checkpoint_job(tmp_path / name, tmp_path / "model.pt", "small_cnn", 10)
+        tables.append(evaluate_checkpoint(job.model, job.data, schedule, 10))
+    assert set(tables[1]["split"]) == {"test", "holdout"}
+    assert tables[0].equals(tables[1])
