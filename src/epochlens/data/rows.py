@@ -83,7 +83,7 @@ class RowReader:
         ordered = indices[order]
         block = ordered // self._rows
         starts = np.flatnonzero(np.r_[True, block[1:] != block[:-1]])
-        for start, end in zip(starts, np.r_[starts[1:], len(ordered)]):
+        for start, end in zip(starts, np.r_[starts[1:], len(ordered)], strict=True):
             lo = int(block[start]) * self._rows
             out[order[start:end]] = self.array[lo : lo + self._rows][ordered[start:end] - lo]
         return out
