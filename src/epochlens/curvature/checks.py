@@ -6,6 +6,7 @@ outputs do not fit the task (:func:`check_outputs`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -63,9 +64,9 @@ def check_finite_images(images: torch.Tensor, rows: np.ndarray, sample_indices: 
     """Raise EpochlensError naming the (global) indices of active samples with NaN/Inf pixels."""
     if not images.is_floating_point():
         return
-    bad = []
-    for lo in range(0, len(rows), 4096):  # chunks bound the memory of the check
-        chunk = rows[lo : lo + 4096]
+    bad, step = [], max(1, (64 << 20) // (4 * math.prod(images.shape[1:])))  # 64 MB at a time
+    for lo in range(0, len(rows), step):
+        chunk = rows[lo : lo + step]
         finite = torch.isfinite(images[torch.as_tensor(chunk)].flatten(1)).all(1).cpu().numpy()
         bad.extend(sample_indices[chunk[~finite]].tolist())
     if bad:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from torch import nn
 from epochlens.curvature.estimator import per_sample_curvature, regression_threshold
 from epochlens.curvature.io import shard_range
 from epochlens.curvature.settings import CurvatureSettings
+from epochlens.data.rows import NormalizedRows
 from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.outcome import sample_classes
@@ -103,7 +104,7 @@ def parallel_curvature(
         )  # fmt: skip
     payload = (
         copy.deepcopy(model).cpu(),
-        torch.as_tensor(images),
+        torch.as_tensor(images if isinstance(images, (torch.Tensor, np.ndarray)) else images[:]),
         labels,
         sample_indices,
         active_classes,
@@ -197,21 +198,38 @@ def regression_header(settings: CurvatureSettings, threshold: float) -> dict:
     }
 
 
-def curvature_inputs(
-    job: CheckpointJob, idx: np.ndarray
-) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-    """What curvature differentiates for the training samples ``idx``: normalised images (and no
-    tokens), or a text run's input embeddings (the model's token-embedding rows of the ids,
-    float32; a text-to-text model's encoder's) with the ids and attention mask."""
+def curvature_inputs(job: CheckpointJob, idx: np.ndarray) -> tuple[Any, dict[str, torch.Tensor] | None]:
+    """What curvature differentiates for the training samples ``idx``, read a batch at a time:
+    normalised images (and no tokens), or a text run's input embeddings (the model's token-embedding
+    rows of the ids, float32; a text-to-text model's encoder's) with the ids and attention mask."""
     if isinstance(job.data, TextDataset):
         tokens = job.data.inputs("train", idx)  # a text-to-text model's: with its decoder labels
         model = job.model
         if getattr(model.config, "is_encoder_decoder", False):
             model = model.get_encoder()  # the encoder's lookup (T5 shares it with the decoder)
+        return InputEmbeddings(model.get_input_embeddings(), tokens["input_ids"]), tokens
+    return NormalizedRows(job.data, "train", idx), None
+
+
+class InputEmbeddings:
+    """A text model's input embeddings (N, T, D) of token ids (N, T) as a read-only float32 tensor
+    that looks its rows up when indexed (``x[rows]``), so that a shard never holds them all (100,000
+    sequences of 128 tokens at D = 768: 39 GB)."""
+
+    def __init__(self, lookup: nn.Module, input_ids: torch.Tensor):
+        self.lookup, self.input_ids = lookup, input_ids
+        width = self[:1].shape[-1] if len(input_ids) else 0
+        self.shape, self.ndim, self.dtype = (*input_ids.shape, width), input_ids.ndim + 1, torch.float32
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def is_floating_point(self) -> bool:
+        return True
+
+    def __getitem__(self, rows) -> torch.Tensor:
         with torch.no_grad():
-            embeds = model.get_input_embeddings()(tokens["input_ids"]).float()
-        return embeds, tokens
-    return job.data.normalized("train", idx), None
+            return self.lookup(self.input_ids[rows]).float()
 
 
 @contextlib.contextmanager

@@ -160,7 +160,8 @@ def per_sample_curvature(
         model: classifier mapping (B, C, H, W) to logits over all classes (B, num_classes). It is
             not modified: a copy in eval mode, without parameter gradients, is used on ``device``.
             The computation runs in the dtype of its parameters (float32 or float64).
-        images: (N, C, H, W) normalised inputs (any device; moved batch by batch).
+        images: (N, C, H, W) normalised inputs (any device; moved batch by batch), or rows read
+            when indexed (:class:`epochlens.data.rows.NormalizedRows`: ``shape``, ``dtype``, ``x[rows]``).
         labels: (N,) class ids, a causal LM's token labels (N, L) (with ``tokens``), or a
             regression's float targets (N,) / (N, D) (module doc).
         sample_indices: (N,) global indices of the samples in the data set; with
@@ -187,7 +188,7 @@ def per_sample_curvature(
             model's weights (naming the parameters), or in the results (naming the samples).
     """
     settings = settings or CurvatureSettings()
-    images = torch.as_tensor(images)
+    images = torch.as_tensor(images) if isinstance(images, np.ndarray) else images
     labels = np.asarray(labels)
     sample_indices = np.asarray(sample_indices)
     active_classes = np.asarray(active_classes, dtype=np.int64)

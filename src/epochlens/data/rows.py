@@ -5,7 +5,8 @@ data set grows reads only the rows it computes on.
   (:class:`RowReader`: ``images[indices]`` reads those rows, chunk by chunk) and its content hash as
   ``prepare_data`` stored it: what every checkpoint job works from. A damaged image chunk fails
   its zlib checksum when read (:class:`DataError` naming the file); labels are read whole.
-* :class:`NormalizedRows`: ``Dataset.normalized(split, indices)`` read a batch at a time.
+* :class:`NormalizedRows`: ``Dataset.normalized(split, indices)`` read a batch at a time, where a
+  stage would hold the whole split (sample outputs, evaluation, curvature).
 * :class:`StoredImages`: the arrays for a pass over every image (thumbnail sheets), with the
   content hash checked by streaming it (:meth:`StoredImages.verify`: the hash
   :func:`~epochlens.data.read_dataset` checks, block by block, in the same pass as the value range).
@@ -140,22 +141,40 @@ def open_dataset(path: str | Path) -> StoredDataset:
 
 
 class NormalizedRows:
-    """``data.normalized(split, indices)`` (all rows when ``indices`` is None), read when sliced:
-    ``rows[a:b]`` reads and normalises those rows only (a float32 tensor, equal to the same rows
-    of the whole); ``rows[positions]`` (an int array) selects rows without reading any."""
+    """``data.normalized(split, indices)`` (all rows when ``indices`` is None) as a read-only
+    float32 tensor (N, ...) that reads its rows when indexed: ``rows[a:b]``, ``rows[positions]``
+    (an int array or tensor) read and normalise those rows only, equal to the same rows of the
+    whole; ``rows.select(positions)`` picks rows without reading any."""
 
     def __init__(self, data: Dataset, split: str, indices: np.ndarray | None = None):
+        import torch
+
         self.data, self.split = data, split
         n = len(data.labels(split))
         self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, np.int64)
+        images = data.train_images if split == "train" else data.test_images
+        self.shape = (len(self.indices), *images.shape[1:])
+        self.ndim, self.dtype = len(self.shape), torch.float32
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, key) -> torch.Tensor | NormalizedRows:
-        if isinstance(key, slice):
-            return self.data.normalized(self.split, self.indices[key])
-        return NormalizedRows(self.data, self.split, self.indices[np.asarray(key)])
+    def is_floating_point(self) -> bool:
+        return True
+
+    def select(self, positions) -> NormalizedRows:
+        return NormalizedRows(self.data, self.split, self.indices[_positions(positions)])
+
+    def __getitem__(self, key) -> torch.Tensor:
+        key = key if isinstance(key, slice) else _positions(key)
+        return self.data.normalized(self.split, self.indices[key])
+
+
+def _positions(key) -> np.ndarray:
+    """Int positions from an int array, list or tensor (on any device)."""
+    if hasattr(key, "detach"):
+        key = key.detach().cpu().numpy()
+    return np.asarray(key, dtype=np.int64)
 
 
 class StoredImages:

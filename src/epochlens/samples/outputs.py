@@ -88,7 +88,10 @@ def classifier_outputs(
     if len(idx) == 0:
         return out
     targets = torch.as_tensor(positions_in(labels[idx], active))
-    picked = {k: v[idx] for k, v in inputs.items()} if isinstance(inputs, Mapping) else inputs[idx]
+    if isinstance(inputs, Mapping):
+        picked = {k: v[idx] for k, v in inputs.items()}
+    else:  # rows read a batch at a time (epochlens.data.rows) are picked without reading
+        picked = inputs.select(idx) if hasattr(inputs, "select") else inputs[idx]
     model.eval().to(device)
     parts = []
     with torch.no_grad():

@@ -107,3 +107,31 @@ def test_token_directions_cover_the_real_tokens_only_whatever_the_padding():
     assert set(v_left[real].unique().tolist()) == {-1.0, 1.0} and v_left[~real].abs().max() == 0
     for k, sentence in enumerate(SENTENCES):
         np.testing.assert_array_equal(v_left[k, :, -len(sentence) :], v_right[k, :, : len(sentence)])
+
+
+def test_embeddings_looked_up_a_batch_at_a_time_give_the_same_results():
+    """A shard's input embeddings are looked up as the estimator reads them (curvature_inputs):
+    the same numbers as the whole shard's embeddings computed at once, and no read but the
+    finiteness check's holds more than a batch."""
+    from epochlens.curvature.distributed import InputEmbeddings
+
+    model = tiny("gpt2")
+    ids, mask = padded(6)
+    tokens = {"input_ids": ids, "attention_mask": mask}
+    settings = CurvatureSettings(n_directions=3, seed=5, batch_size=2)
+    lookup, reads = model.get_input_embeddings(), []
+    with torch.no_grad():  # what curvature_inputs gave before: the shard's float32 embeddings
+        whole = lookup(ids).float()
+    eager = per_sample_curvature(model, whole, LABELS, np.arange(4), ACTIVE, settings, "cpu", tokens=tokens)
+
+    class Counted(InputEmbeddings):
+        def __getitem__(self, rows):
+            reads.append(len(self.input_ids[rows]))
+            return super().__getitem__(rows)
+
+    lazy = Counted(lookup, ids)
+    assert lazy.shape == (4, 6, D) and reads == [1]  # one row read for the width
+    got = per_sample_curvature(model, lazy, LABELS, np.arange(4), ACTIVE, settings, "cpu", tokens=tokens)
+    for key in eager:
+        np.testing.assert_array_equal(got[key], eager[key])
+    assert reads[1] == 4 and max(reads[2:]) <= 2  # the finiteness check, then batches

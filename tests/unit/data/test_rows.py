@@ -61,9 +61,10 @@ def test_rows_equal_the_whole_file(stored):
 def test_normalized_rows_read_a_batch_at_a_time(stored):
     data = read_dataset(stored)
     lazy = NormalizedRows(open_dataset(stored), "train")
-    picked = lazy[np.array([5, 900, 17, 400])]  # selects, reads nothing
-    assert isinstance(picked, NormalizedRows) and len(picked) == 4
+    picked = lazy.select(np.array([5, 900, 17, 400]))  # reads nothing
+    assert isinstance(picked, NormalizedRows) and picked.shape == (4, 3, 8, 8)
     assert torch.equal(picked[1:3], data.normalized("train", np.array([900, 17])))
+    assert torch.equal(picked[torch.tensor([3, 0])], data.normalized("train", np.array([400, 5])))
     assert torch.equal(lazy[:], data.normalized("train"))
 
 
