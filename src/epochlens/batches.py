@@ -89,6 +89,12 @@ def select_rows(batch: Batch, rows: torch.Tensor) -> Batch:
     return batch
 
 
+def reads_rows(data: object) -> bool:
+    """True for inputs that read their rows when indexed (``x[rows]`` gives a tensor; ``shape``,
+    ``select``: :class:`epochlens.data.rows.NormalizedRows`), kept as they are instead of read whole."""
+    return hasattr(data, "select") and hasattr(data, "shape")
+
+
 def is_dataset(data: object) -> bool:
     """True for a torch Dataset or DataLoader (as opposed to an in-memory array)."""
     return isinstance(data, (Dataset, DataLoader))
@@ -189,7 +195,7 @@ def sample_source(
                 f"{what}: in-memory inputs must be one array (N, ...); for dict or tuple inputs give a "
                 "Dataset whose items are (inputs, target) or a dict (e.g. torch.utils.data.TensorDataset)."
             )
-        x = torch.as_tensor(data)
+        x = data if reads_rows(data) else torch.as_tensor(data)
         if x.ndim < 1:
             raise DataError(f"{what}: inputs must have the samples along the first dimension")
         y = None if targets is None else torch.as_tensor(targets)

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from epochlens.atomic import atomic_path, write_atomic
-from epochlens.batches import is_dataset, sample_source
+from epochlens.batches import is_dataset, reads_rows, sample_source
 from epochlens.errors import FactorCacheError
 from epochlens.influence.covariances import CovarianceSums, resolve_layers, resolve_task
 from epochlens.influence.factors import CorrectionSums, InfluenceFactors, LayerFactors
@@ -65,7 +65,7 @@ def state_dict_sha256(model: nn.Module) -> str:
     for name, t in model.state_dict().items():
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-dim too
     return h.hexdigest()
 
 
@@ -105,18 +105,35 @@ def data_sha256(
             _update_with_batch(h, batch)
         arrays = (np.asarray(source.indices, dtype=np.int64),)
     else:
-        x = torch.as_tensor(images).detach().cpu().contiguous()
+        x = images if reads_rows(images) else torch.as_tensor(images).detach().cpu().contiguous()
         y = np.zeros(0) if labels is None else np.asarray(torch.as_tensor(labels).cpu().numpy())
         arrays = (
-            x.numpy(),
+            _RowBytes(x) if reads_rows(x) else x.numpy(),
             y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y,
             np.asarray(np.arange(len(x)) if sample_indices is None else sample_indices, dtype=np.int64),
         )
     for arr in arrays:
+        if isinstance(arr, _RowBytes):
+            arr.update(h)
+            continue
         a = np.ascontiguousarray(arr)
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+class _RowBytes:
+    """Inputs read a block of rows at a time, hashed as their whole float32 array would be."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def update(self, h) -> None:
+        dtype = np.dtype(str(self.rows.dtype).removeprefix("torch."))
+        h.update(f"{dtype.str}{tuple(self.rows.shape)}".encode())
+        step = max(1, (64 << 20) // (4 * int(np.prod(self.rows.shape[1:]))))
+        for lo in range(0, len(self.rows), step):
+            h.update(np.ascontiguousarray(self.rows[lo : lo + step].numpy()).tobytes())
 
 
 def factor_cache_key(

@@ -1,7 +1,8 @@
 """What the influence jobs of one checkpoint share (factors, their shards and the scores): the
 training samples the checkpoint was trained on, the run's task, and which of them a shard covers.
 
-Images are in-memory tensors with their labels; a text run's samples are a torch Dataset of dicts
+Images are read a batch at a time (:class:`epochlens.data.rows.NormalizedRows`) with their labels in
+memory; a text run's samples are a torch Dataset of dicts
 (``input_ids``, ``attention_mask``, ``labels``: what the engine reads from a Dataset, labels None).
 """
 
@@ -13,15 +14,16 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, StackDataset, Subset
 
+from epochlens.data.rows import NormalizedRows
 from epochlens.data.text import TextDataset
 from epochlens.job import CheckpointJob
 from epochlens.tasks import ClassificationTask, Task, task_from_config
 
 
-def trained_samples(job: CheckpointJob) -> tuple[torch.Tensor | Dataset, np.ndarray | None, np.ndarray]:
+def trained_samples(job: CheckpointJob) -> tuple[NormalizedRows | Dataset, np.ndarray | None, np.ndarray]:
     """The training samples outside the holdout (the ones a checkpoint is trained on): (x (N', C,
-    H, W) normalised images, y (N',) labels, positions (N',) in the training split); for a text
-    run x is a Dataset of dicts holding the labels and y is None."""
+    H, W) normalised images read when indexed, y (N',) labels, positions (N',) in the training
+    split); for a text run x is a Dataset of dicts holding the labels and y is None."""
     trained = np.flatnonzero(~job.data.holdout)
     if isinstance(job.data, TextDataset):
         return (
@@ -29,16 +31,16 @@ def trained_samples(job: CheckpointJob) -> tuple[torch.Tensor | Dataset, np.ndar
             None,
             trained,
         )
-    return job.data.normalized("train", trained), job.data.train_labels[trained], trained
+    return NormalizedRows(job.data, "train", trained), job.data.train_labels[trained], trained
 
 
 def shard_samples(
-    x: torch.Tensor | Dataset, y: np.ndarray | None, trained: np.ndarray, rows: np.ndarray
-) -> tuple[torch.Tensor | Dataset, np.ndarray | None, np.ndarray]:
+    x: NormalizedRows | Dataset, y: np.ndarray | None, trained: np.ndarray, rows: np.ndarray
+) -> tuple[NormalizedRows | Dataset, np.ndarray | None, np.ndarray]:
     """The samples ``rows`` (positions in ``trained``) of :func:`trained_samples`' output."""
     if y is None:
         return Subset(x, rows.tolist()), None, trained[rows]
-    return x[torch.as_tensor(rows, dtype=torch.long)], y[rows], trained[rows]
+    return x.select(rows), y[rows], trained[rows]
 
 
 def with_labels(

@@ -173,3 +173,44 @@ def test_scores_do_not_depend_on_the_shard(method):
         else:
             np.testing.assert_allclose(got_self, ref_self, rtol=1e-6)
             np.testing.assert_allclose(got_pair, ref_pair, rtol=1e-6, atol=1e-6 * np.nanmax(np.abs(ref_pair)))
+
+
+@pytest.mark.parametrize("method", ["ekfac", "identity"])
+def test_training_images_read_a_batch_at_a_time_give_the_same_factors_key_and_scores(tmp_path, method):
+    """The influence jobs read the trained samples by rows (study_inputs.trained_samples): factors,
+    their cache key and the scores equal those of the same images held whole, shards included."""
+    from epochlens.data import Dataset, write_dataset
+    from epochlens.data.rows import NormalizedRows, open_dataset
+    from epochlens.influence.io import factor_cache_key
+    from epochlens.influence.study_inputs import shard_samples
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (90, 1, 8, 8), dtype=np.uint8), rng.integers(0, 8, 90)
+    data = Dataset("rows", "test", images, labels, images[:10], labels[:10], 10, 1 / 255, (0.4,), (0.3,))
+    write_dataset(data, tmp_path / "dataset.h5")
+    trained = np.arange(5, 90)
+    whole = data.normalized("train", trained)
+    rows = NormalizedRows(open_dataset(tmp_path / "dataset.h5"), "train", trained)
+    model, y = _problem()[0], labels[trained]
+    settings = InfluenceSettings(method=method, factor_batch_size=16, train_batch_size=16)
+    fit = {"ekfac": lambda x: _quiet(fit_factors, model, x, y, ACTIVE, settings, trained)}.get(method)
+    factors = None if fit is None else fit(whole)
+    if fit is not None:
+        for name, layer in fit(rows).layers.items():
+            assert torch.equal(layer.corrected, factors.layers[name].corrected)
+            assert torch.equal(layer.activation_cov, factors.layers[name].activation_cov)
+    assert factor_cache_key(model, rows, y, ACTIVE, settings, trained) == factor_cache_key(
+        model, whole, y, ACTIVE, settings, trained
+    )
+    xq, yq = whole[:7], y[:7]
+    for x in (whole, rows):
+        got = _quiet(self_influence, model, factors, x, y, ACTIVE, settings, trained).scores
+        pair = _quiet(pairwise_influence, model, factors, x, y, xq, yq, ACTIVE, settings, trained).scores
+        if x is whole:
+            ref, ref_pair = got, pair
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(pair, ref_pair)
+    part, y_part, idx = shard_samples(rows, y, trained, np.arange(20, 50))
+    scores = _quiet(self_influence, model, factors, part, y_part, ACTIVE, settings, idx).scores
+    held = _quiet(self_influence, model, factors, whole[20:50], y_part, ACTIVE, settings, idx).scores
+    np.testing.assert_array_equal(scores, held)
