@@ -37,8 +37,8 @@ CHUNK_CACHE_BYTES = 32 << 20
 
 
 class RowReader:
-    """An array of a ``dataset.h5`` (N, ...) read by rows: ``reader[lo:hi]`` and ``reader[indices]``
-    (any int indices, in any order, repeated or not) read only the chunks that hold them;
+    """An array of a ``dataset.h5`` (N, ...) read by rows: ``reader[lo:hi]``, ``reader[i]`` and
+    ``reader[indices]`` (any int indices, in any order, repeated or not) read only the chunks that hold them;
     ``np.asarray(reader)`` reads it whole."""
 
     def __init__(self, array: h5py.Dataset, path: Path):
@@ -61,6 +61,8 @@ class RowReader:
         try:
             if isinstance(key, slice):
                 return self.array[key]
+            if isinstance(key, (int, np.integer)):  # one row, as numpy gives it
+                return self._take(np.array([key], dtype=np.int64))[0]
             return self._take(np.asarray(key, dtype=np.int64).reshape(-1))
         except OSError as exc:  # a chunk that fails its checksum or cannot be decompressed
             raise DataError(

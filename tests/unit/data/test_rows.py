@@ -54,6 +54,7 @@ def test_rows_equal_the_whole_file(stored):
             assert torch.equal(rows.normalized(split, idx_s), whole.normalized(split, idx_s))
     assert torch.equal(rows.normalized("test"), whole.normalized("test"))
     assert np.array_equal(rows.train_images[10:20], whole.train_images[10:20])
+    assert np.array_equal(rows.train_images[-3], whole.train_images[-3])
     with pytest.raises(IndexError, match="out of range"):
         rows.train_images[np.array([1000])]
 
