@@ -8,11 +8,11 @@ the built-in small CNN in its place: the data's share of each job's memory and t
 ``--stages thumbnails`` (the default) builds the run's data set and its thumbnails only;
 ``--stages samples`` the per-sample stages (evaluation, sample outputs, dossier, thumbnails,
 explorer; curvature, features, probes and ablation off): a ResNet-18 on every image, an hour at
-N = 50,000 on two CPU cores. Peaks and seconds are Snakemake's ``benchmark:`` files (``max_rss``:
-sampled from 0.5 s on), one row per rule; ``growth`` is the ratio of the largest N's peak to the
-smallest's.
+N = 50,000 on two CPU cores; ``--stages all`` every stage, influence (EK-FAC) too. Peaks and
+seconds are Snakemake's ``benchmark:`` files (``max_rss``: sampled from 0.5 s on), one row per
+rule; ``growth`` is the ratio of the largest N's peak to the smallest's.
 
-    .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples] [--model small_cnn]
+    .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples|all] [--model small_cnn]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ OFF = {"enabled": False}
 def options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000], help="training images (x100)")
-    p.add_argument("--stages", choices=["thumbnails", "samples"], default="thumbnails")
+    p.add_argument("--stages", choices=["thumbnails", "samples", "all"], default="thumbnails")
     p.add_argument("--model", choices=sorted(MODELS), default="resnet18_lop", help="the checkpoint's network")
     p.add_argument("--cores", type=int, default=2)
     p.add_argument(
@@ -48,7 +48,7 @@ def options() -> argparse.ArgumentParser:
     return p
 
 
-def write_project(work: Path, n_train: int, model: str = "resnet18_lop") -> Path:
+def write_project(work: Path, n_train: int, model: str = "resnet18_lop", stages: str = "samples") -> Path:
     """The study's inputs and its config (paths into ``work``); returns the config file."""
     cfg = _common.lop_config(_common.write_cifar100(work / "cifar-100-python", n_train, 10_000), work / "lop")
     (work / "lop/class_order").mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,11 @@ def write_project(work: Path, n_train: int, model: str = "resnet18_lop") -> Path
     run = cfg["runs"][RUN]
     run["model"]["name"] = model
     run["data"]["holdout_per_class"] = min(50, n_train // 200)  # the study's 50 from N = 10,000 on
-    run.update(indices=[0], epochs=[EPOCH], curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
+    run.update(indices=[0], epochs=[EPOCH])
+    if stages == "all":
+        run["influence"] = {"enabled": True}
+    else:
+        run.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     cfg["device"] = "cpu"
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return work / "config.yaml"
@@ -67,7 +71,7 @@ def write_project(work: Path, n_train: int, model: str = "resnet18_lop") -> Path
 
 def measure(work: Path, n_train: int, stages: str, cores: int, model: str) -> list[dict]:
     """Build and run one project; a row per rule: peak MB, seconds, seconds per 1,000 samples."""
-    config = write_project(work, n_train, model)
+    config = write_project(work, n_train, model, stages)
     targets = [f"results/{RUN}/samples/thumbs"] if stages == "thumbnails" else []
     _, output = run_snakemake(work, config, cores, *targets)
     results = work / "results"
