@@ -129,20 +129,24 @@ def run_snakemake(work: Path, config: Path, cores: int, *targets: str) -> tuple[
 def job_benchmarks(work: Path, output: str) -> dict:
     """Per rule: jobs, summed and largest seconds, largest max_rss (MB) of its jobs' ``benchmark:``
     files (Snakemake's: s, max_rss, ...), each file's rule from the job block that names it in the
-    run's output. Snakemake samples memory from 0.5 s on, so a rule whose every job ended sooner has
+    run's output, and the largest ``mem_mb`` its jobs asked for (``asked_mb``, where declared). Snakemake samples memory from 0.5 s on, so a rule whose every job ended sooner has
     ``max_rss`` "NA": its ``max_rss_mb`` is None (not measured), never 0."""
     import pandas as pd
 
-    rules = {}
+    rules, asked = {}, {}
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
         rule = re.match(r"(?:local)?rule (\w+):", block)
         bench = re.search(r"^\s*benchmark: (\S+)", block, re.M)
+        mem = re.search(r"^\s*resources: .*\bmem_mb=(\d+)", block, re.M)
         if rule and bench:
             rules[bench.group(1)] = rule.group(1)
+            asked[bench.group(1)] = int(mem.group(1)) if mem else None
     out = {}
     for path, rule in sorted(rules.items()):
         row = pd.read_csv(work / path, sep="\t").iloc[0]
         r = out.setdefault(rule, {"jobs": 0, "seconds_sum": 0.0, "seconds_max": 0.0, "max_rss_mb": None})
+        if asked[path] is not None:  # the mem_mb it asked for (the workflow's, from the run)
+            r["asked_mb"] = max(r.get("asked_mb", 0), asked[path])
         r["jobs"] += 1
         r["seconds_sum"] += float(row["s"])
         r["seconds_max"] = max(r["seconds_max"], float(row["s"]))

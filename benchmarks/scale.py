@@ -10,7 +10,9 @@ the built-in small CNN in its place: the data's share of each job's memory and t
 explorer; curvature, features, probes and ablation off): a ResNet-18 on every image, an hour at
 N = 50,000 on two CPU cores; ``--stages all`` every stage, influence (EK-FAC) too. Peaks and
 seconds are Snakemake's ``benchmark:`` files (``max_rss``: sampled from 0.5 s on), one row per
-rule; ``growth`` is the ratio of the largest N's peak to the smallest's.
+rule; ``growth`` is the ratio of the largest N's peak to the smallest's; ``asked_mb`` the
+``mem_mb`` the workflow gave the rule's jobs from the run's shapes (``epochlens.memory``), and
+the jobs whose peak passed it are listed.
 
     .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples|all] [--model small_cnn]
 """
@@ -81,6 +83,7 @@ def measure(work: Path, n_train: int, stages: str, cores: int, model: str) -> li
     for rule, r in job_benchmarks(work, output).items():
         per_1000 = 1000 * r["seconds_sum"] / n_train
         rows.append({"n": n_train, "rule": rule, "jobs": r["jobs"], "peak_mb": r["max_rss_mb"]})
+        rows[-1]["asked_mb"] = r.get("asked_mb")  # mem_mb from the run (epochlens.memory)
         rows[-1].update(seconds=r["seconds_sum"], s_per_1000=per_1000, files=files, results_mb=size_mb)
     return rows
 
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table.to_string(index=False))
         print("\npeak MB per rule and growth (largest N / smallest N):")
         print(peaks.to_string())
+        short = table[table["peak_mb"] > table["asked_mb"]]
+        print("\njobs whose peak passed the mem_mb they asked for:", "none" if short.empty else "")
+        if not short.empty:
+            print(short[["n", "rule", "peak_mb", "asked_mb"]].to_string(index=False))
     if args.json:
         print(json.dumps(rows))
     return 0

@@ -24,6 +24,7 @@ from epochlens.errors import EpochlensError
 from epochlens.formats.factory import FactorySpec, factory_sources
 from epochlens.layout import RESULTS as layout
 from epochlens.provenance import PACKAGE_DIR, module_sources
+from epochlens.memory import job_mem_mb
 from epochlens.resources import gpu_request
 
 SCHEMA = Path(workflow.basedir) / "config" / "schema.yaml"
@@ -171,12 +172,18 @@ def get_missing_checkpoint_error(wildcards):
     return run_config.missing_checkpoint_error(missing, config)
 
 
+def get_mem_mb(wildcards, input, attempt, rulename):
+    """A job's memory (MB) from its run's shapes: the data set's samples, the model's bytes,
+    x the attempt (epochlens.memory); evaluated again once the job's inputs exist."""
+    return job_mem_mb(rulename, input, attempt)
+
+
 def get_gpu_resources():
     """Resources of the rules that compute on a GPU when there is one. One GPU (none with
     device: cpu). Its jobs use the config's device; every other job computes on the CPU
-    (epochlens.resources). A profile sets their CPUs, memory and time (profiles/slurm).
+    (epochlens.resources). Memory from the run (get_mem_mb); a profile sets CPUs and time.
     """
-    return {"gpu": gpu_request(config["device"])}
+    return {"gpu": gpu_request(config["device"]), "mem_mb": get_mem_mb}
 
 
 def per_index(run, path, **kwargs):

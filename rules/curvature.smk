@@ -53,6 +53,8 @@ rule curvature_epoch:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     params:
         config=get_curvature_params,
     script:

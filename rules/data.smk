@@ -19,6 +19,8 @@ rule prepare_data:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     params:
         data=get_data_params,
         task=get_task_name,

@@ -21,6 +21,8 @@ rule evaluate_checkpoint:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     params:
         run=get_eval_params,
         model=get_model_param,

@@ -21,6 +21,8 @@ rule sample_explorer:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     script:
         "../scripts/sample_explorer.py"
 

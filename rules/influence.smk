@@ -254,6 +254,8 @@ rule poison_detection:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     params:
         jobs=get_run_influence_jobs,
         study=get_poison_detection_params,

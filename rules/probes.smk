@@ -26,6 +26,8 @@ rule probes_epoch:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     params:
         probes=get_probe_params,
         schedule=config_provider("schedule"),

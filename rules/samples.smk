@@ -55,6 +55,8 @@ rule sample_dossier:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     params:
         dossier=get_dossier_params,
     script:
@@ -75,6 +77,8 @@ rule sample_thumbnails:
         "../envs/epochlens.yaml"
     envmodules:
         *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
     params:
         trigger=get_corruption,
     script:

@@ -49,6 +49,7 @@ def _device_plan(args: argparse.Namespace) -> dict:
     device = args.device or config.get("device", "auto")
     plan = rule_devices.plan_devices(rules, profile, device)
     table = rule_devices.format_plan(plan, profile, device)
+    table += "\n\n" + _memory_plan(rules, profile, config)
     if profile.cluster:
         table += (
             "\nThe checks below are of this machine, not of the nodes: to check a GPU node, run "
@@ -61,6 +62,28 @@ def _device_plan(args: argparse.Namespace) -> dict:
         "checks": rule_devices.plan_checks(plan, profile, device),
         "rules": [asdict(r) for r in plan],
     }
+
+
+def _memory_plan(rules, profile, config) -> str:
+    """Where each rule's mem_mb comes from under ``profile``, and what the rules that size it
+    from the run ask for at the runs prepared in this folder (epochlens.memory)."""
+    from epochlens import memory
+    from epochlens.rule_devices import PER_JOB
+
+    sources = {}
+    for rule in rules:
+        for source, values in (
+            ("profile", profile.set_resources.get(rule.name, {})),
+            ("workflow", rule.resources),
+            ("profile default", profile.default_resources),
+        ):
+            if values.get("mem_mb") not in (None, ""):
+                value = values["mem_mb"]
+                sources[rule.name] = (None if value == PER_JOB else value, source)
+                break
+        else:
+            sources[rule.name] = ("unset", "none")
+    return memory.format_memory(sources, memory.run_shapes(config))
 
 
 def _explore(args: argparse.Namespace) -> int:

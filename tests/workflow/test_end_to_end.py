@@ -17,6 +17,7 @@ the polarity run's sample explorer is then opened in headless chromium (tests/ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from explorer_browser import check_polarity_explorer
 from quality import SEED, above, at_least, at_most, below
 from wfutil import REPO, copy_workflow, job_stats, snakemake, write_config
 
+from epochlens import memory
 from epochlens.checkpoints import load_into
 from epochlens.data.text import read_text_dataset
 from epochlens.layout import Layout
@@ -222,3 +224,43 @@ def test_polarity_explorer_in_a_browser(demo):
     check_polarity_explorer(
         folder, Path(paths.dossier("polarity")), Path(paths.table("poison_detection", "polarity"))
     )
+
+
+#: Benchmark folders (epochlens.layout) whose name is not their rule's.
+BENCHMARK_RULES = {
+    "evaluate": "evaluate_checkpoint",
+    "features": "features_epoch",
+    "probes": "probes_epoch",
+    "ablation": "ablation_epoch",
+}
+
+
+def _benchmark_rule(path: Path) -> str:
+    """The rule of a benchmark file (its path under a run's benchmarks/)."""
+    stage, last = path.parts[0], path.stem
+    if stage == "curvature":
+        return "curvature_epoch" if last == "merge" else "curvature_shard"
+    if stage == "influence":
+        return f"influence_{last}"
+    return BENCHMARK_RULES.get(stage, stage.removesuffix(".tsv"))
+
+
+def test_jobs_ask_for_more_memory_than_they_used(demo):
+    """Every job whose mem_mb the workflow computes from its run (epochlens.memory) asked for more
+    than its peak (Snakemake's max_rss) on the demo's runs, text and images."""
+    _, work, _ = demo
+    checked = set()
+    for run_dir in sorted((work / "results").glob("*/benchmarks")):
+        run = run_dir.parent
+        shape = memory.dataset_shape(run / "data/dataset.h5")  # empty for results/comparisons
+        model = max((memory.model_bytes(p) for p in run.glob("index-*/checkpoints/*.pt")), default=0)
+        shape = dataclasses.replace(shape, model_bytes=model)
+        for tsv in run_dir.rglob("*.tsv"):
+            rule = _benchmark_rule(tsv.relative_to(run_dir))
+            if rule not in memory.RULES:
+                continue
+            peak = pd.read_csv(tsv, sep="\t")["max_rss"].max()
+            assert peak <= memory.mem_mb(rule, shape), (tsv, peak, memory.mem_mb(rule, shape))
+            checked.add((run.name, rule))
+    assert {rule for _, rule in checked} >= {"prepare_data", "evaluate_checkpoint", "sample_outputs"}
+    assert {run for run, _ in checked} == {"digits", "digits_noisy", "polarity"}

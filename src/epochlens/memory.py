@@ -1,0 +1,219 @@
+"""The memory each job asks for (Snakemake's ``mem_mb``), from the shapes of the run it works on.
+
+A job's peak is what the interpreter and its libraries take, plus what it holds per sample of the
+data set (outputs, scores, a pickle read whole), plus model-sized buffers (weights, gradients,
+factors). :data:`RULES` gives each rule those three numbers, measured with
+``benchmarks/scale.py`` (the slope of each job's peak between two sizes of the data set; see
+docs/measurements.md); :func:`mem_mb` adds them up for a job's :class:`RunShape` with
+:data:`HEADROOM` and multiplies by the attempt, so that a job killed for memory is submitted again
+with twice, then three times as much (the SLURM profile's ``retries``).
+
+The workflow declares ``mem_mb`` through :func:`job_mem_mb` for every rule (rules/common.smk);
+Snakemake evaluates it again when the job's inputs exist, so the shapes are the run's own. A
+profile's ``set-resources: <rule>: {mem_mb: ...}`` still wins. Nothing here imports torch, and no
+job imports this module: changing a number reruns nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+#: Peak measured x HEADROOM: what the job asks for at its first attempt.
+HEADROOM = 1.5
+MB = 1e6
+#: Files of a Hugging Face checkpoint folder that hold the model (not the optimizer's state).
+MODEL_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a job's memory grows with: the data set's samples (train and test), the bytes one
+    sample takes as stored (an image's pixels, a sequence's token ids), the bytes of the largest
+    model it loads and the bytes of its source files (what ``prepare_data`` reads)."""
+
+    samples: int = 0
+    sample_bytes: int = 0
+    model_bytes: int = 0
+    input_bytes: int = 0
+    text: bool = False
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A rule's peak in MB: ``base_mb`` + ``per_sample`` bytes x samples + ``sample_copies`` x
+    the stored samples + ``model_copies`` x the model + ``input_copies`` x its input files."""
+
+    base_mb: float = 400
+    per_sample: float = 0.0
+    sample_copies: float = 0.0
+    model_copies: float = 0.0
+    input_copies: float = 0.0
+
+    def peak_mb(self, shape: RunShape) -> float:
+        """The expected peak of a job of this rule on ``shape`` (MB, no headroom)."""
+        held = (
+            self.per_sample * shape.samples
+            + self.sample_copies * shape.samples * shape.sample_bytes
+            + self.model_copies * shape.model_bytes
+            + self.input_copies * shape.input_bytes
+        )
+        return self.base_mb + (TEXT_MB if shape.text else 0) + held / MB
+
+
+#: Each rule's fixed cost is its largest peak on the demo's image runs (digits, a small CNN on
+#: about 2,000 images: the interpreter, torch and the job's buffers); per sample, the slope of its
+#: peak from 10,000 to 50,000 CIFAR images (docs/measurements.md), rounded up; model copies: the
+#: weights, their gradients and the work buffers of the stage. Rules not named get :data:`DEFAULT`
+#: (the tables and figures: about 100-200 MB on the demo).
+DEFAULT = Memory(base_mb=250, per_sample=200)
+_FORWARD = Memory(base_mb=450, per_sample=100, model_copies=4)
+RULES: dict[str, Memory] = {
+    "prepare_data": Memory(base_mb=250, input_copies=2),
+    "evaluate_checkpoint": _FORWARD,
+    "features_epoch": _FORWARD,
+    "ablation_epoch": _FORWARD,
+    "probes_epoch": Memory(base_mb=500, per_sample=400),
+    "curvature_shard": Memory(base_mb=450, per_sample=100, model_copies=6),
+    "curvature_epoch": Memory(base_mb=100, per_sample=200),
+    "sample_outputs": Memory(base_mb=400, per_sample=1500, model_copies=4),
+    "sample_dossier": Memory(base_mb=250, per_sample=1000),
+    "sample_explorer": Memory(base_mb=300, per_sample=1000),
+    "sample_thumbnails": Memory(base_mb=150, per_sample=100),
+}
+#: Influence: the model, its gradients and each layer's Kronecker factors and eigenvectors in
+#: float64 (several times the weights), and scores of every training sample against the queries.
+for _rule in ("covariances", "eigenbasis", "corrections", "factors", "score_shard", "scores"):
+    RULES[f"influence_{_rule}"] = Memory(base_mb=500, per_sample=400, model_copies=16)
+#: A text run's jobs import transformers and tokenizers (about 200 MB more on the demo's
+#: polarity run than on its image runs).
+TEXT_MB = 200
+
+
+def rule_memory(rule: str) -> Memory:
+    """The :class:`Memory` of ``rule`` (:data:`DEFAULT` for the rules not in :data:`RULES`)."""
+    return RULES.get(rule, DEFAULT)
+
+
+def mem_mb(rule: str, shape: RunShape, attempt: int = 1) -> int:
+    """What a job of ``rule`` asks for on ``shape`` at its ``attempt`` (MB): the expected peak x
+    :data:`HEADROOM` x the attempt."""
+    return math.ceil(rule_memory(rule).peak_mb(shape) * HEADROOM * max(1, attempt))
+
+
+# -- the shapes of a job's inputs --------------------------------------------------------------
+
+
+def dataset_shape(path: str | Path) -> RunShape:
+    """The samples of a ``dataset.h5`` (train and test), the bytes one takes (an image, a text
+    run's token ids) and whether it is text, read from its arrays' shapes; an empty shape while
+    the file does not exist yet."""
+    import h5py
+
+    if not Path(path).is_file():
+        return RunShape()
+    samples, sample_bytes, text = 0, 0, False
+    with h5py.File(path, "r") as f:
+        for split in ("train", "test"):
+            group = f.get(split)
+            key = next((k for k in ("images", "input_ids") if group is not None and k in group), None)
+            if key is None:
+                continue
+            rows = group[key]
+            samples += rows.shape[0]
+            sample_bytes = max(sample_bytes, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
+            text = key == "input_ids"
+    return RunShape(samples=samples, sample_bytes=sample_bytes, text=text)
+
+
+def model_bytes(path: str | Path) -> int:
+    """The bytes of a checkpoint's weights: the file, or a checkpoint folder's model files."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        files = {p for pattern in MODEL_FILES for p in path.glob(pattern)}
+        return sum(p.stat().st_size for p in files if "optimizer" not in p.name)
+    return 0
+
+
+def _files(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [str(value)] if isinstance(value, str | os.PathLike) else [str(v) for v in value]
+
+
+def job_shape(inputs: Mapping[str, Any]) -> RunShape:
+    """The :class:`RunShape` of a job from its named inputs (``dataset``, ``checkpoint(s)``,
+    ``source``), as they are now: files not yet made count as empty."""
+    dataset = inputs.get("dataset")
+    data = dataset_shape(dataset) if dataset else RunShape()
+    checkpoints = _files(inputs.get("checkpoint")) + _files(inputs.get("checkpoints"))
+    return replace(
+        data,
+        model_bytes=max((model_bytes(p) for p in checkpoints), default=0),
+        input_bytes=sum(_size(p) for p in _files(inputs.get("source"))),
+    )
+
+
+def _size(path: str) -> int:
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+
+def job_mem_mb(rule: str, inputs: Mapping[str, Any], attempt: int = 1) -> int:
+    """``mem_mb`` of a job of ``rule`` with these named inputs at its ``attempt``."""
+    return mem_mb(rule, job_shape(inputs), attempt)
+
+
+def describe(rule: str) -> str:
+    """``rule``'s memory as a formula (MB, before the headroom): ``450 + 100 B x samples + ...``."""
+    m = rule_memory(rule)
+    terms = [f"{m.base_mb:g}"]
+    terms += [f"{m.per_sample:g} B x samples"] if m.per_sample else []
+    terms += [f"{m.sample_copies:g} x data"] if m.sample_copies else []
+    terms += [f"{m.model_copies:g} x model"] if m.model_copies else []
+    terms += [f"{m.input_copies:g} x source files"] if m.input_copies else []
+    return " + ".join(terms)
+
+
+def run_shapes(config: Mapping[str, Any], workdir: str | Path = ".") -> dict[str, RunShape]:
+    """The shape of each of ``config``'s runs whose ``dataset.h5`` exists under ``workdir``: its
+    samples, and the bytes of its last checkpoint of its first index where that exists."""
+    from epochlens.config.inputs import checkpoint_path
+    from epochlens.layout import RESULTS
+
+    shapes = {}
+    for name, run in config.get("runs", {}).items():
+        dataset = Path(workdir) / RESULTS.dataset(name)
+        if not dataset.is_file():
+            continue
+        indices, epochs = run.get("indices") or [0], run.get("epochs") or []
+        ckpt = Path(workdir) / checkpoint_path(name, run, indices[0], epochs[-1]) if epochs else None
+        shapes[name] = replace(dataset_shape(dataset), model_bytes=model_bytes(ckpt) if ckpt else 0)
+    return shapes
+
+
+def format_memory(rules: Mapping[str, Any], shapes: Mapping[str, RunShape]) -> str:
+    """A table of each rule's memory: ``rules`` maps a rule to ``(mem_mb, where it is set)``,
+    ``mem_mb`` None where the workflow computes it from the run: those rules' MB at each run's
+    shape (first attempt), and the formula."""
+    runs = list(shapes)
+    lines = [
+        "Memory per job (mem_mb, MB, first attempt; x attempt when retried): "
+        + (f"at the runs' shapes ({', '.join(runs)})" if runs else "no run prepared yet (prepare_data)"),
+        f"  {'rule':<22} {'from':<22} " + " ".join(f"{r:>12}" for r in runs),
+    ]
+    for rule, (fixed, source) in rules.items():
+        if fixed is not None:
+            lines.append(f"  {rule:<22} {f'{fixed} ({source})':<22}")
+            continue
+        values = " ".join(f"{mem_mb(rule, shapes[r]):>12}" for r in runs)
+        lines.append(f"  {rule:<22} {'the run':<22} {values}   {describe(rule)}")
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""epochlens.memory: each job's mem_mb from the shapes of its run's files."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from epochlens import memory
+from epochlens.data import write_dataset
+from epochlens.memory import HEADROOM, RunShape, job_mem_mb, job_shape, mem_mb, rule_memory
+
+
+def _images_h5(path, n_train, n_test, shape=(3, 32, 32)):
+    """A dataset.h5's image arrays of these sizes (allocated lazily: no pixels written)."""
+    with h5py.File(path, "w") as f:
+        for split, n in (("train", n_train), ("test", n_test)):
+            images = f.create_group(split)
+            images.create_dataset("images", shape=(n, *shape), dtype="uint8", chunks=(256, *shape))
+    return path
+
+
+def test_shape_read_from_the_written_dataset(tmp_path, tiny_dataset):
+    write_dataset(tiny_dataset, tmp_path / "dataset.h5")
+    torch.save(torch.nn.Linear(100, 10).state_dict(), tmp_path / "ckpt.pt")
+    shape = job_shape({"dataset": str(tmp_path / "dataset.h5"), "checkpoint": str(tmp_path / "ckpt.pt")})
+    n = len(tiny_dataset.train_labels) + len(tiny_dataset.test_labels)
+    assert shape.samples == n
+    assert shape.sample_bytes == tiny_dataset.train_images[0].nbytes
+    assert shape.model_bytes == (tmp_path / "ckpt.pt").stat().st_size > 1010 * 4
+
+
+def test_files_not_made_yet_count_as_empty(tmp_path):
+    """Planning: the dataset and checkpoints do not exist yet (the job is asked again later)."""
+    shape = job_shape({"dataset": str(tmp_path / "no.h5"), "checkpoints": [str(tmp_path / "no.pt")]})
+    assert shape == RunShape()
+    assert mem_mb("sample_outputs", shape) == round(rule_memory("sample_outputs").base_mb * HEADROOM)
+
+
+PER_SAMPLE = ["sample_outputs", "sample_dossier", "sample_explorer", "evaluate_checkpoint"]
+
+
+@pytest.mark.parametrize("rule", PER_SAMPLE)
+def test_resources_grow_with_n(tmp_path, rule):
+    """The per-sample jobs ask for more as the data set grows (by what they hold per sample), and
+    twice as much at their second attempt."""
+    small = {"dataset": str(_images_h5(tmp_path / "small.h5", 10_000, 10_000))}
+    large = {"dataset": str(_images_h5(tmp_path / "large.h5", 1_000_000, 10_000))}
+    assert job_mem_mb(rule, small) < job_mem_mb(rule, large)
+    held_mb = rule_memory(rule).per_sample * 990_000 / memory.MB
+    assert job_mem_mb(rule, large) - job_mem_mb(rule, small) == pytest.approx(held_mb * HEADROOM, abs=2)
+    assert job_mem_mb(rule, large, attempt=2) == pytest.approx(2 * job_mem_mb(rule, large), abs=2)
+
+
+def test_prepare_data_grows_with_its_source_and_the_model_term_with_the_checkpoint(tmp_path):
+    source = tmp_path / "cifar-100-python"
+    source.mkdir()
+    (source / "train").write_bytes(np.zeros(30_000_000, np.uint8).tobytes())
+    shape = job_shape({"source": [str(source)]})
+    assert shape.input_bytes == 30_000_000
+    assert mem_mb("prepare_data", shape) > mem_mb("prepare_data", RunShape())
+    big = RunShape(model_bytes=500_000_000)
+    grown = mem_mb("curvature_shard", big) - mem_mb("curvature_shard", RunShape())
+    assert grown == pytest.approx(rule_memory("curvature_shard").model_copies * 500 * HEADROOM, abs=2)
+
+
+def test_rules_not_listed_get_the_default():
+    assert rule_memory("plot_accuracy") is memory.DEFAULT
+    assert rule_memory("sample_outputs") is not memory.DEFAULT
