@@ -101,19 +101,26 @@ def write_pipeline_inputs(work: Path, args, labels: dict) -> Path:
     return config
 
 
-def run_snakemake(work: Path, config: Path, cores: int, *targets: str) -> tuple[float, str]:
+def run_snakemake(
+    work: Path, config: Path, cores: int, *targets: str, peaks: Path | None = None
+) -> tuple[float, str]:
     """``snakemake --cores N --configfile config --directory work [targets]`` from the repository root, this
     checkout's library first on the jobs' path: (wall seconds, its output). Its output is also kept
-    in ``work/snakemake.log``; a failed run stops the benchmark with the output's tail."""
+    in ``work/snakemake.log``; a failed run stops the benchmark with the output's tail. ``peaks``:
+    a folder where each job writes its own peak memory (_peak/sitecustomize.py; :func:`job_peaks`)."""
     cmd = [sys.executable, "-m", "snakemake", *targets, "--cores", str(cores), "--directory", str(work)]
     cmd += ["--configfile", str(config)]
-    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    first = [str(Path(__file__).parent / "_peak")] if peaks else []
+    path = os.pathsep.join(p for p in (*first, str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, EPOCHLENS_PEAKS=str(peaks)) if peaks else dict(os.environ)
+    if peaks:
+        peaks.mkdir(parents=True, exist_ok=True)
     print(f"running {' '.join(cmd)} in {REPO}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(
         cmd,
         cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=path),
+        env=dict(env, PYTHONPATH=path),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -124,6 +131,19 @@ def run_snakemake(work: Path, config: Path, cores: int, *targets: str) -> tuple[
     if proc.returncode != 0:
         raise SystemExit(f"snakemake failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}")
     return wall, proc.stdout
+
+
+def job_peaks(folder: Path) -> dict[str, float]:
+    """The largest peak (MB) of the jobs of each script (``tmpXXXX.sample_outputs.py`` ->
+    ``sample_outputs``) that wrote to ``folder`` (:func:`run_snakemake`'s ``peaks``)."""
+    out: dict[str, float] = {}
+    for f in folder.glob("*.tsv"):
+        for line in f.read_text().splitlines():
+            script, kb = line.rsplit("\t", 1)
+            parts = script.split(".")
+            if len(parts) == 3 and parts[0].startswith("tmp") and parts[2] == "py":
+                out[parts[1]] = max(out.get(parts[1], 0.0), int(kb) / 1000)
+    return out
 
 
 def job_benchmarks(work: Path, output: str) -> dict:

@@ -26,6 +26,8 @@ from typing import Any
 #: Peak measured x HEADROOM: what the job asks for at its first attempt.
 HEADROOM = 1.5
 MB = 1e6
+#: Inputs whose bytes a job reads whole: ``prepare_data``'s source files, a merge's shards.
+SIZED_INPUTS = ("source", "shards")
 #: Files of a Hugging Face checkpoint folder that hold the model (not the optimizer's state).
 MODEL_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
 
@@ -34,7 +36,8 @@ MODEL_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
 class RunShape:
     """What a job's memory grows with: the data set's samples (train and test), the bytes one
     sample takes as stored (an image's pixels, a sequence's token ids), the bytes of the largest
-    model it loads and the bytes of its source files (what ``prepare_data`` reads)."""
+    model it loads, the bytes of the files it reads whole (:data:`SIZED_INPUTS`) and whether
+    the data are text."""
 
     samples: int = 0
     sample_bytes: int = 0
@@ -65,30 +68,33 @@ class Memory:
         return self.base_mb + (TEXT_MB if shape.text else 0) + held / MB
 
 
-#: Each rule's fixed cost is its largest peak on the demo's image runs (digits, a small CNN on
-#: about 2,000 images: the interpreter, torch and the job's buffers); per sample, the slope of its
-#: peak from 10,000 to 50,000 CIFAR images (docs/measurements.md), rounded up; model copies: the
-#: weights, their gradients and the work buffers of the stage. Rules not named get :data:`DEFAULT`
-#: (the tables and figures: about 100-200 MB on the demo).
+#: Each rule's fixed cost is its job's own peak (``ru_maxrss``) on the smaller of two runs of
+#: ``benchmarks/scale.py --stages all --model small_cnn`` (5,000 and 20,000 CIFAR-shaped training
+#: images, 10,000 test images), rounded up: the interpreter, torch and the job's buffers (a script
+#: job takes 190 MB before it starts: Snakemake's own modules); per sample, the slope of that peak
+#: between the two, rounded up; model copies: the weights, their gradients and the stage's work
+#: buffers (not measured: the small CNN's checkpoint is 0.5 MB). Rules not named get
+#: :data:`DEFAULT` (the tables and figures: 190-290 MB there).
 DEFAULT = Memory(base_mb=250, per_sample=200)
-_FORWARD = Memory(base_mb=450, per_sample=100, model_copies=4)
 RULES: dict[str, Memory] = {
     "prepare_data": Memory(base_mb=250, input_copies=2),
-    "evaluate_checkpoint": _FORWARD,
-    "features_epoch": _FORWARD,
-    "ablation_epoch": _FORWARD,
-    "probes_epoch": Memory(base_mb=500, per_sample=400),
-    "curvature_shard": Memory(base_mb=450, per_sample=100, model_copies=6),
-    "curvature_epoch": Memory(base_mb=100, per_sample=200),
-    "sample_outputs": Memory(base_mb=400, per_sample=1500, model_copies=4),
-    "sample_dossier": Memory(base_mb=250, per_sample=1000),
-    "sample_explorer": Memory(base_mb=300, per_sample=1000),
-    "sample_thumbnails": Memory(base_mb=150, per_sample=100),
+    "evaluate_checkpoint": Memory(base_mb=530, per_sample=200, model_copies=4),
+    "features_epoch": Memory(base_mb=510, per_sample=1500, model_copies=4),
+    "ablation_epoch": Memory(base_mb=780, per_sample=200, model_copies=4),
+    "probes_epoch": Memory(base_mb=530, per_sample=4000),
+    "curvature_shard": Memory(base_mb=400, per_sample=1500, model_copies=6),
+    "curvature_epoch": Memory(base_mb=200, input_copies=3),
+    "sample_outputs": Memory(base_mb=490, per_sample=2000, model_copies=4),
+    "sample_dossier": Memory(base_mb=200, per_sample=2000),
+    "sample_explorer": Memory(base_mb=240, per_sample=2000),
+    "sample_thumbnails": Memory(base_mb=200, per_sample=100),
+    "poison_detection": Memory(base_mb=200, per_sample=200),
 }
 #: Influence: the model, its gradients and each layer's Kronecker factors and eigenvectors in
-#: float64 (several times the weights), and scores of every training sample against the queries.
+#: float64 (several times the weights), and per training sample about 9 KB (the study's scores
+#: and self-influence: 8.7 KB measured), growing with N until the gradient store (issue 43).
 for _rule in ("covariances", "eigenbasis", "corrections", "factors", "score_shard", "scores"):
-    RULES[f"influence_{_rule}"] = Memory(base_mb=500, per_sample=400, model_copies=16)
+    RULES[f"influence_{_rule}"] = Memory(base_mb=580, per_sample=9000, model_copies=16)
 #: A text run's jobs import transformers and tokenizers (about 200 MB more on the demo's
 #: polarity run than on its image runs).
 TEXT_MB = 200
@@ -149,14 +155,14 @@ def _files(value: Any) -> list[str]:
 
 def job_shape(inputs: Mapping[str, Any]) -> RunShape:
     """The :class:`RunShape` of a job from its named inputs (``dataset``, ``checkpoint(s)``,
-    ``source``), as they are now: files not yet made count as empty."""
+    :data:`SIZED_INPUTS`), as they are now: files not yet made count as empty."""
     dataset = inputs.get("dataset")
     data = dataset_shape(dataset) if dataset else RunShape()
     checkpoints = _files(inputs.get("checkpoint")) + _files(inputs.get("checkpoints"))
     return replace(
         data,
         model_bytes=max((model_bytes(p) for p in checkpoints), default=0),
-        input_bytes=sum(_size(p) for p in _files(inputs.get("source"))),
+        input_bytes=sum(_size(p) for key in SIZED_INPUTS for p in _files(inputs.get(key))),
     )
 
 
@@ -179,7 +185,7 @@ def describe(rule: str) -> str:
     terms += [f"{m.per_sample:g} B x samples"] if m.per_sample else []
     terms += [f"{m.sample_copies:g} x data"] if m.sample_copies else []
     terms += [f"{m.model_copies:g} x model"] if m.model_copies else []
-    terms += [f"{m.input_copies:g} x source files"] if m.input_copies else []
+    terms += [f"{m.input_copies:g} x input files"] if m.input_copies else []
     return " + ".join(terms)
 
 

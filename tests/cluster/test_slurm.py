@@ -3,8 +3,9 @@
 tests/cluster/slurm-up.sh starts a single-node cluster from Debian's packages (munge, MariaDB,
 slurmdbd, slurmctld, slurmd) with one fake GPU; the profile is installed as a user installs it
 (`make slurm-profile SLURM_PARTITION=...`, nothing else given) and the bare `snakemake --profile
-slurm` runs a tiny trained run. sacct then shows what each rule asked SLURM for: a GPU, more memory
-and more time for the GPU rules, none of that for the CPU rules, and no job at all for local rules.
+slurm` runs a tiny trained run. sacct then shows what each rule asked SLURM for: a GPU and more
+time for the GPU rules, none of that for the CPU rules, the memory the workflow computed from the
+run's files (epochlens.memory), and no job at all for local rules.
 
 Needs root (to install the packages and run slurmd); skipped elsewhere, except under CI=true where
 a cluster that cannot be brought up fails the test.
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 from wfutil import REPO, copy_workflow, write_config
 
+from epochlens import memory
 from epochlens.layout import Layout
 
 pytestmark = [pytest.mark.cluster, pytest.mark.workflow, pytest.mark.slow]
@@ -187,6 +189,9 @@ def test_pipeline_on_slurm(slurm, tmp_path):
     assert EXPECTED_RULES <= set(by_rule), f"rules submitted: {sorted(by_rule)}"
     assert not [r for r in by_rule if LOCAL_RULES.fullmatch(r)], "local rules were submitted to SLURM"
     assert len(by_rule["evaluate_checkpoint"]) == 3  # epochs 0, 1, 2
+    paths = Layout(work / "results")
+    shape = memory.job_shape({"dataset": paths.dataset(RUN), "checkpoint": paths.checkpoint(RUN, 0, 2)})
+    assert shape.samples > 0 and shape.model_bytes > 0
     for rule, rule_jobs in by_rule.items():
         for job in rule_jobs:
             where = f"{rule} (job {job['JobID']}): {job}"
@@ -195,13 +200,23 @@ def test_pipeline_on_slurm(slurm, tmp_path):
                 assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], where
                 # cpus_per_gpu: 4 (sacct records --cpus-per-gpu in the allocation, not the request)
                 assert "cpu=4" in job["AllocTRES"].split(","), where
-                assert (job["ReqMem"], job["Timelimit"]) == ("16000M", "04:00:00"), where
+                assert job["Timelimit"] == "04:00:00", where
             else:
                 assert "gres/gpu" not in job["ReqTRES"] + job["AllocTRES"], where
-                assert (job["ReqMem"], job["Timelimit"]) == ("4000M", "01:00:00"), where
+                assert job["Timelimit"] == "01:00:00", where
+            # Memory: training's own request; the rules sized from the run ask what their inputs
+            # give (evaluated when the job was ready: the data set and checkpoints existed);
+            # prepare_data and the merge from their inputs' sizes; the rest the profile's fall-back.
+            if rule.startswith("train_"):
+                assert job["ReqMem"] == "16000M", where
+            elif rule in ("evaluate_checkpoint", "curvature_shard"):
+                assert job["ReqMem"] == f"{memory.mem_mb(rule, shape)}M", where
+            elif rule in ("prepare_data", "curvature_epoch"):
+                assert int(job["ReqMem"][:-1]) >= memory.mem_mb(rule, memory.RunShape()), where
+            else:
+                assert job["ReqMem"] == "4000M", where
 
     # The results are there, and a second run has nothing to do.
-    paths = Layout(work / "results")
     assert len(list(Path(paths.checkpoint(RUN, 0, 0)).parent.glob("epoch_*.pt"))) == 3
     assert Path(paths.figure("accuracy_by_cohort", "png", RUN)).stat().st_size > 10_000
     assert Path(paths.figure("training_curves", "png", RUN)).exists()
