@@ -149,7 +149,8 @@ def job_peaks(folder: Path) -> dict[str, float]:
 def job_benchmarks(work: Path, output: str) -> dict:
     """Per rule: jobs, summed and largest seconds, largest max_rss (MB) of its jobs' ``benchmark:``
     files (Snakemake's: s, max_rss, ...), each file's rule from the job block that names it in the
-    run's output, and the largest ``mem_mb`` its jobs asked for (``asked_mb``, where declared). Snakemake samples memory from 0.5 s on, so a rule whose every job ended sooner has
+    run's output, and the largest ``mem_mb`` its jobs asked for (``asked_mb``, where declared).
+    Snakemake samples memory from 0.5 s on, so a rule whose every job ended sooner has
     ``max_rss`` "NA": its ``max_rss_mb`` is None (not measured), never 0."""
     import pandas as pd
 

@@ -127,6 +127,31 @@ def rule_of(job: dict) -> str:
     return m.group(1)
 
 
+def check_request(rule: str, job: dict, shape: memory.RunShape) -> None:
+    """A job finished and asked SLURM for what the profile and the workflow say: a GPU with 4 CPU
+    cores and 4 h for the GPU rules, 1 h for the others; memory: training's own request, the
+    rules sized from the run what their inputs give (evaluated when the job was ready: the data
+    set and checkpoints existed), the rest the profile's fall-back."""
+    where = f"{rule} (job {job['JobID']}): {job}"
+    assert job["State"] == "COMPLETED" and job["ExitCode"] == "0:0", where
+    if GPU_RULES.fullmatch(rule):
+        assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], where
+        # cpus_per_gpu: 4 (sacct records --cpus-per-gpu in the allocation, not the request)
+        assert "cpu=4" in job["AllocTRES"].split(","), where
+        assert job["Timelimit"] == "04:00:00", where
+    else:
+        assert "gres/gpu" not in job["ReqTRES"] + job["AllocTRES"], where
+        assert job["Timelimit"] == "01:00:00", where
+    if rule.startswith("train_"):
+        assert job["ReqMem"] == "16000M", where
+    elif rule in ("evaluate_checkpoint", "curvature_shard"):
+        assert job["ReqMem"] == f"{memory.mem_mb(rule, shape)}M", where
+    elif rule in memory.RULES:  # prepare_data, the merge, thumbnails: sizes of other inputs
+        assert int(job["ReqMem"][:-1]) >= memory.mem_mb(rule, memory.RunShape()), where
+    else:
+        assert job["ReqMem"] == "4000M", where
+
+
 def test_pipeline_on_slurm(slurm, tmp_path):
     wf = copy_workflow(tmp_path / "wf")
     work = tmp_path / "work"
@@ -194,27 +219,7 @@ def test_pipeline_on_slurm(slurm, tmp_path):
     assert shape.samples > 0 and shape.model_bytes > 0
     for rule, rule_jobs in by_rule.items():
         for job in rule_jobs:
-            where = f"{rule} (job {job['JobID']}): {job}"
-            assert job["State"] == "COMPLETED" and job["ExitCode"] == "0:0", where
-            if GPU_RULES.fullmatch(rule):
-                assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], where
-                # cpus_per_gpu: 4 (sacct records --cpus-per-gpu in the allocation, not the request)
-                assert "cpu=4" in job["AllocTRES"].split(","), where
-                assert job["Timelimit"] == "04:00:00", where
-            else:
-                assert "gres/gpu" not in job["ReqTRES"] + job["AllocTRES"], where
-                assert job["Timelimit"] == "01:00:00", where
-            # Memory: training's own request; the rules sized from the run ask what their inputs
-            # give (evaluated when the job was ready: the data set and checkpoints existed);
-            # prepare_data and the merge from their inputs' sizes; the rest the profile's fall-back.
-            if rule.startswith("train_"):
-                assert job["ReqMem"] == "16000M", where
-            elif rule in ("evaluate_checkpoint", "curvature_shard"):
-                assert job["ReqMem"] == f"{memory.mem_mb(rule, shape)}M", where
-            elif rule in ("prepare_data", "curvature_epoch"):
-                assert int(job["ReqMem"][:-1]) >= memory.mem_mb(rule, memory.RunShape()), where
-            else:
-                assert job["ReqMem"] == "4000M", where
+            check_request(rule, job, shape)
 
     # The results are there, and a second run has nothing to do.
     assert len(list(Path(paths.checkpoint(RUN, 0, 0)).parent.glob("epoch_*.pt"))) == 3
