@@ -68,33 +68,34 @@ class Memory:
         return self.base_mb + (TEXT_MB if shape.text else 0) + held / MB
 
 
-#: Each rule's fixed cost is its job's own peak (``ru_maxrss``) on the smaller of two runs of
-#: ``benchmarks/scale.py --stages all --model small_cnn`` (5,000 and 20,000 CIFAR-shaped training
-#: images, 10,000 test images), rounded up: the interpreter, torch and the job's buffers (a script
-#: job takes 190 MB before it starts: Snakemake's own modules); per sample, the slope of that peak
-#: between the two, rounded up; model copies: the weights, their gradients and the stage's work
-#: buffers (not measured: the small CNN's checkpoint is 0.5 MB). Rules not named get
-#: :data:`DEFAULT` (the tables and figures: 190-290 MB there).
+#: Each rule's fixed cost is its job's own peak (``ru_maxrss``) on the smallest of three runs of
+#: ``benchmarks/scale.py --stages all --model small_cnn`` (5,000, 20,000 and 100,000 CIFAR-shaped
+#: training images, 10,000 test images), rounded up: the interpreter, torch and the job's buffers
+#: (a script job takes 190 MB before it starts: Snakemake's own modules); per sample, the largest
+#: slope of that peak between two of them, rounded up; model copies: the weights, their
+#: gradients and the stage's work buffers (not measured: the small CNN's checkpoint is 0.5 MB).
+#: Rules not named get :data:`DEFAULT` (the tables and figures: 190-290 MB there).
 DEFAULT = Memory(base_mb=250, per_sample=200)
 RULES: dict[str, Memory] = {
     "prepare_data": Memory(base_mb=250, input_copies=2),
     "evaluate_checkpoint": Memory(base_mb=530, per_sample=200, model_copies=4),
     "features_epoch": Memory(base_mb=510, per_sample=1500, model_copies=4),
     "ablation_epoch": Memory(base_mb=780, per_sample=200, model_copies=4),
-    "probes_epoch": Memory(base_mb=530, per_sample=4000),
+    "probes_epoch": Memory(base_mb=530, per_sample=5000),
     "curvature_shard": Memory(base_mb=400, per_sample=1500, model_copies=6),
     "curvature_epoch": Memory(base_mb=200, input_copies=3),
     "sample_outputs": Memory(base_mb=490, per_sample=2000, model_copies=4),
     "sample_dossier": Memory(base_mb=200, per_sample=2000),
     "sample_explorer": Memory(base_mb=240, per_sample=2000),
     "sample_thumbnails": Memory(base_mb=200, per_sample=100),
-    "poison_detection": Memory(base_mb=200, per_sample=200),
+    "poison_detection": Memory(base_mb=200, per_sample=1500),
 }
 #: Influence: the model, its gradients and each layer's Kronecker factors and eigenvectors in
-#: float64 (several times the weights), and per training sample about 9 KB (the study's scores
-#: and self-influence: 8.7 KB measured), growing with N until the gradient store (issue 43).
+#: float64 (several times the weights), and the scores of every training sample against the
+#: queries (the study's 50: 400 B a sample in float64; its peaks were flat from 20,000 to 100,000
+#: images; 1 KB a sample leaves room for 125 queries).
 for _rule in ("covariances", "eigenbasis", "corrections", "factors", "score_shard", "scores"):
-    RULES[f"influence_{_rule}"] = Memory(base_mb=580, per_sample=9000, model_copies=16)
+    RULES[f"influence_{_rule}"] = Memory(base_mb=710, per_sample=1000, model_copies=16)
 #: A text run's jobs import transformers and tokenizers (about 200 MB more on the demo's
 #: polarity run than on its image runs).
 TEXT_MB = 200
@@ -136,6 +137,14 @@ def dataset_shape(path: str | Path) -> RunShape:
     return RunShape(samples=samples, sample_bytes=sample_bytes, text=text)
 
 
+def dossier_rows(path: str | Path) -> int:
+    """The rows of a ``dossier.parquet`` (from its footer), 0 while it does not exist yet: the
+    samples of a job that reads the dossier instead of the data set (the explorer)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows if Path(path).is_file() else 0
+
+
 def model_bytes(path: str | Path) -> int:
     """The bytes of a checkpoint's weights: the file, or a checkpoint folder's model files."""
     path = Path(path)
@@ -154,10 +163,10 @@ def _files(value: Any) -> list[str]:
 
 
 def job_shape(inputs: Mapping[str, Any]) -> RunShape:
-    """The :class:`RunShape` of a job from its named inputs (``dataset``, ``checkpoint(s)``,
-    :data:`SIZED_INPUTS`), as they are now: files not yet made count as empty."""
-    dataset = inputs.get("dataset")
-    data = dataset_shape(dataset) if dataset else RunShape()
+    """The :class:`RunShape` of a job from its named inputs (``dataset``, or else ``dossier``,
+    ``checkpoint(s)``, :data:`SIZED_INPUTS`), as they are now: files not yet made count as empty."""
+    dataset, dossier = inputs.get("dataset"), inputs.get("dossier")
+    data = dataset_shape(dataset) if dataset else RunShape(samples=dossier_rows(dossier) if dossier else 0)
     checkpoints = _files(inputs.get("checkpoint")) + _files(inputs.get("checkpoints"))
     return replace(
         data,
