@@ -72,6 +72,9 @@ def _memory_plan(rules, profile, config) -> str:
 
     sources = {}
     for rule in rules:
+        if rule.local and profile.cluster:
+            sources[rule.name] = ("-", "submit host")
+            continue
         for source, values in (
             ("profile", profile.set_resources.get(rule.name, {})),
             ("workflow", rule.resources),
