@@ -68,11 +68,13 @@ class Memory:
         return self.base_mb + (TEXT_MB if shape.text else 0) + held / MB
 
 
-#: Each rule's fixed cost is its job's own peak (``ru_maxrss``) on the smallest of three runs of
-#: ``benchmarks/scale.py --stages all --model small_cnn`` (5,000, 20,000 and 100,000 CIFAR-shaped
-#: training images, 10,000 test images), rounded up: the interpreter, torch and the job's buffers
-#: (a script job takes 190 MB before it starts: Snakemake's own modules); per sample, the largest
-#: slope of that peak between two of them, rounded up; model copies: the weights, their
+#: Each rule's fixed cost is its job's own peak (``ru_maxrss``) on the smallest of the runs of
+#: ``benchmarks/scale.py --model small_cnn`` (every stage at 5,000, 20,000 and 100,000
+#: CIFAR-shaped training images, the per-sample stages at 1,000,000; 10,000 test images), rounded
+#: up: the interpreter, torch and the job's buffers (a script job takes 190 MB before it starts:
+#: Snakemake's own modules); per sample, a slope that keeps every measured peak below the request
+#: (the slopes between sizes fall as N grows: the sample outputs' 2 KB a sample from 5,000 to
+#: 20,000 is 0.2 KB from 100,000 to 1,000,000); model copies: the weights, their
 #: gradients and the stage's work buffers (not measured: the small CNN's checkpoint is 0.5 MB).
 #: Rules not named get :data:`DEFAULT` (the tables and figures: 190-290 MB there).
 DEFAULT = Memory(base_mb=250, per_sample=200)
@@ -84,9 +86,9 @@ RULES: dict[str, Memory] = {
     "probes_epoch": Memory(base_mb=530, per_sample=5000),
     "curvature_shard": Memory(base_mb=400, per_sample=1500, model_copies=6),
     "curvature_epoch": Memory(base_mb=200, input_copies=3),
-    "sample_outputs": Memory(base_mb=490, per_sample=2000, model_copies=4),
-    "sample_dossier": Memory(base_mb=200, per_sample=2000),
-    "sample_explorer": Memory(base_mb=240, per_sample=2000),
+    "sample_outputs": Memory(base_mb=490, per_sample=500, model_copies=4),
+    "sample_dossier": Memory(base_mb=200, per_sample=1000),
+    "sample_explorer": Memory(base_mb=240, per_sample=1000),
     "sample_thumbnails": Memory(base_mb=200, per_sample=100),
     "poison_detection": Memory(base_mb=200, per_sample=1500),
 }
