@@ -1,10 +1,10 @@
 """Data sets: the supported sources and the ``dataset.h5`` contract (torch-free).
 
 * :mod:`.dataset`  :class:`Dataset` (images, labels, holdout, normalisation) and ``dataset.h5``;
-* :mod:`.sources`  digits, ``cifar-100-python`` folders and ``.npz`` files.
+* :mod:`.sources`  digits, ``cifar-100-python`` folders and ``.npz`` files; :mod:`.stats` their statistics.
 """
 
-from epochlens.data.dataset import Dataset, channel_stats, holdout_mask, read_dataset, write_dataset
+from epochlens.data.dataset import Dataset, holdout_mask, read_dataset, write_dataset
 from epochlens.data.sources import (
     CIFAR100_FILES,
     CIFAR100_MEAN,
@@ -15,6 +15,7 @@ from epochlens.data.sources import (
     load_npz,
     load_source,
 )
+from epochlens.data.stats import channel_stats
 
 __all__ = [
     "CIFAR100_FILES",

@@ -235,17 +235,6 @@ def holdout_mask(labels: np.ndarray, per_class: int) -> np.ndarray:
     return mask
 
 
-def channel_stats(images: np.ndarray, scale: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of ``images * scale`` (N, C, H, W) (any (N, C, ...): over every
-    axis but 1)."""
-    x = images.astype(np.float64) * scale
-    axes = (0, *range(2, x.ndim))
-    mean = x.mean(axis=axes)
-    std = x.std(axis=axes)
-    std[std == 0] = 1.0
-    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
-
-
 def write_dataset(dataset: Dataset, path: str | Path) -> None:
     """Write ``dataset`` to ``path`` (dataset.h5), atomically."""
     with atomic_h5(path) as f:

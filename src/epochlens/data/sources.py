@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from epochlens.data.dataset import Dataset, channel_stats, check_targets
+from epochlens.data.dataset import Dataset, check_targets
+from epochlens.data.stats import channel_stats
 from epochlens.errors import DataError
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)

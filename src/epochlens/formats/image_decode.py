@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from epochlens.data import Dataset, channel_stats
+from epochlens.data import Dataset
 from epochlens.data.ground_truth import as_flags
+from epochlens.data.stats import batch_like, channel_stats
 from epochlens.errors import ConfigError, DataError
 
 _RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos")
@@ -139,10 +140,7 @@ def _decode(item: Any, settings: ImageSettings, where: str, base: Path | None) -
             if item is None:
                 raise DataError(f"{where}: the image is empty (bytes and path are both null).")
         if isinstance(item, (str, os.PathLike)):
-            p = Path(item)
-            if not p.is_absolute() and base is not None:
-                p = base / p
-            image = Image.open(p)
+            image = Image.open(Path(item) if base is None or Path(item).is_absolute() else base / item)
         elif isinstance(item, (bytes, bytearray, memoryview)):
             image = Image.open(io.BytesIO(bytes(item)))
         elif isinstance(item, Image.Image):
@@ -200,8 +198,8 @@ def assemble(
     images: dict[str, np.ndarray] = {}
     first: tuple[tuple[int, ...], str] | None = None
     for split, data in splits.items():
-        decoded = []
-        for item, where in zip(data.images, data.where, strict=True):
+        decoded: np.ndarray | None = None  # filled in place: the split's images held once
+        for row, (item, where) in enumerate(zip(data.images, data.where, strict=True)):
             array = _decode(item, settings, where, data.base)
             if first is None:
                 first = (array.shape, where)
@@ -210,10 +208,11 @@ def assemble(
                     f"{where}: image of size {array.shape[1:]} but {first[1]} has {first[0][1:]}. Set "
                     "data.images.size in the config to resize every image to one size."
                 )
-            decoded.append(array)
-        if not decoded:
+            decoded = batch_like(len(data.images), array) if decoded is None else decoded
+            decoded[row] = array  # uint8 (C, H, W), every image of one shape
+        if decoded is None:
             raise DataError(f"{source}: the {settings.split_names[split]!r} split has no images.")
-        images[split] = np.stack(decoded)
+        images[split] = decoded
     labels, class_names = encode_values(
         {s: d.labels for s, d in splits.items()}, class_names, "label", settings.label_column, source
     )
@@ -221,10 +220,8 @@ def assemble(
     if settings.group_column is not None:
         raw = {s: d.groups for s, d in splits.items()}
         groups, group_names = encode_values(raw, group_names, "group", settings.group_column, source)  # type: ignore[arg-type]
-    if settings.mean is not None:
-        mean, std = tuple(settings.mean), tuple(settings.std)  # type: ignore[arg-type]
-    else:
-        mean, std = channel_stats(images["train"], settings.scale)
+    given = (tuple(settings.mean), tuple(settings.std)) if settings.mean is not None else None  # type: ignore[arg-type]
+    mean, std = given or channel_stats(images["train"], settings.scale)
     return Dataset(
         name=name,
         source=source,
