@@ -74,19 +74,21 @@ class Memory:
 #: up: the interpreter, torch and the job's buffers (a script job takes 190 MB before it starts:
 #: Snakemake's own modules); per sample, a slope that keeps every measured peak below the request
 #: (the slopes between sizes fall as N grows: the sample outputs' 2 KB a sample from 5,000 to
-#: 20,000 is 0.2 KB from 100,000 to 1,000,000); model copies: the weights, their
-#: gradients and the stage's work buffers (not measured: the small CNN's checkpoint is 0.5 MB).
+#: 20,000 is 0.2 KB from 100,000 to 1,000,000); model copies: the weights and, on a CPU, the
+#: activations of a batch: a ResNet-18 (45 MB) in the small CNN's place took 610 MB more in the
+#: evaluation and the sample outputs at 10,000 images (13.6 copies: 8 with the headroom covers
+#: it; 12 for curvature's double backward and 16 for influence's factors: not measured).
 #: Rules not named get :data:`DEFAULT` (the tables and figures: 190-290 MB there).
 DEFAULT = Memory(base_mb=250, per_sample=200)
 RULES: dict[str, Memory] = {
     "prepare_data": Memory(base_mb=250, input_copies=2),
-    "evaluate_checkpoint": Memory(base_mb=530, per_sample=200, model_copies=4),
-    "features_epoch": Memory(base_mb=510, per_sample=1500, model_copies=4),
-    "ablation_epoch": Memory(base_mb=780, per_sample=200, model_copies=4),
+    "evaluate_checkpoint": Memory(base_mb=530, per_sample=200, model_copies=8),
+    "features_epoch": Memory(base_mb=510, per_sample=1500, model_copies=8),
+    "ablation_epoch": Memory(base_mb=780, per_sample=200, model_copies=8),
     "probes_epoch": Memory(base_mb=530, per_sample=5000),
-    "curvature_shard": Memory(base_mb=400, per_sample=1500, model_copies=6),
+    "curvature_shard": Memory(base_mb=400, per_sample=1500, model_copies=12),
     "curvature_epoch": Memory(base_mb=200, input_copies=3),
-    "sample_outputs": Memory(base_mb=490, per_sample=500, model_copies=4),
+    "sample_outputs": Memory(base_mb=490, per_sample=500, model_copies=8),
     "sample_dossier": Memory(base_mb=200, per_sample=1000),
     "sample_explorer": Memory(base_mb=240, per_sample=1000),
     "sample_thumbnails": Memory(base_mb=200, per_sample=100),
