@@ -64,7 +64,7 @@ def check_finite_images(images: torch.Tensor, rows: np.ndarray, sample_indices: 
     """Raise EpochlensError naming the (global) indices of active samples with NaN/Inf pixels."""
     if not images.is_floating_point():
         return
-    bad, step = [], max(1, (64 << 20) // (4 * math.prod(images.shape[1:])))  # 64 MB at a time
+    bad, step = [], max(1, (16 << 20) // (4 * math.prod(images.shape[1:])))  # 16 MB at a time
     for lo in range(0, len(rows), step):
         chunk = rows[lo : lo + step]
         finite = torch.isfinite(images[torch.as_tensor(chunk)].flatten(1)).all(1).cpu().numpy()
