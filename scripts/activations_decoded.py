@@ -7,7 +7,7 @@ By hand, from the run's working directory:
 
 from _helpers import run_script
 
-from epochlens.data.text import read_any_dataset
+from epochlens.data.rows import open_any_dataset
 from epochlens.features.stored_decode import decode_parquet
 from epochlens.features.stored_settings import StoredFeatureSettings
 from epochlens.runner import log
@@ -15,7 +15,7 @@ from epochlens.runner import log
 
 def main(snakemake) -> None:
     settings = StoredFeatureSettings(**snakemake.params.settings)
-    data = read_any_dataset(snakemake.input.dataset)
+    data = open_any_dataset(snakemake.input.dataset)
     counts = {split: len(data.labels(split)) for split in settings.splits}
     done = decode_parquet(
         snakemake.input.snapshot, snakemake.output.folder, counts, settings, threads=snakemake.threads

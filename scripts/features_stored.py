@@ -7,7 +7,7 @@ By hand, from the run's working directory:
 
 from _helpers import execution, run_script
 
-from epochlens.data.text import read_any_dataset
+from epochlens.data.rows import open_any_dataset
 from epochlens.features.stored import load_or_build
 from epochlens.features.stored_settings import StoredFeatureSettings
 from epochlens.runner import log
@@ -17,7 +17,7 @@ def main(snakemake) -> None:
     # Batch size does not change the features (nor the cache key): read from the config.
     batch_size = execution(snakemake, "features")["batch_size"]
     settings = StoredFeatureSettings(**snakemake.params.settings, batch_size=batch_size)
-    data = read_any_dataset(snakemake.input.dataset)
+    data = open_any_dataset(snakemake.input.dataset)
     result = load_or_build(snakemake.output.features, snakemake.input.snapshot, data, settings, True)
     features = result.features
     log.info(

@@ -8,7 +8,8 @@ import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module
 import pandas as pd
 from _helpers import run_script
 
-from epochlens.data.text import TextDataset, read_any_dataset
+from epochlens.data.rows import open_any_dataset
+from epochlens.data.text import TextDataset
 from epochlens.plotting.common import save_figure
 from epochlens.plotting.influence import (
     plot_influence_conditioning,
@@ -26,7 +27,7 @@ def targets_of(top: pd.DataFrame) -> dict[int, str]:
 def main(snakemake) -> None:
     inp, out, run = snakemake.input, snakemake.output, snakemake.wildcards.run
     detection = pd.read_csv(inp.detection)
-    data = read_any_dataset(inp.dataset)
+    data = open_any_dataset(inp.dataset)
     corruption = snakemake.params.corruption
     kind, phrase = corruption["kind"], corruption.get("phrase")
     title = run if kind == "none" else f"{run} ({kind.replace('_', ' ')}{f' {phrase!r}' if phrase else ''})"

@@ -12,7 +12,7 @@ import numpy as np
 from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_atomic
-from epochlens.data.text import read_any_dataset
+from epochlens.data.rows import open_any_dataset
 from epochlens.device import job_device
 from epochlens.errors import DataError
 from epochlens.features.cache import FeatureSet
@@ -27,7 +27,7 @@ def main(snakemake) -> None:
     p, inp, wc = snakemake.params, snakemake.input, snakemake.wildcards
     epoch = int(wc.epoch)
     features = FeatureSet(inp.features)
-    data = read_any_dataset(inp.dataset)  # images, or a text run's token ids
+    data = open_any_dataset(inp.dataset)  # images, or a text run's token ids
     if features.attrs.get("data_content_hash") != data.content_hash:
         raise DataError(
             f"{inp.features} holds features of another data set than {inp.dataset}; delete it and rerun."

@@ -26,8 +26,8 @@ from torch import nn
 from epochlens.checkpoints import load_into
 from epochlens.data import Dataset
 from epochlens.data.dataset import target_dim
-from epochlens.data.rows import open_dataset
-from epochlens.data.text import TextDataset, is_text_dataset, read_text_dataset
+from epochlens.data.rows import open_any_dataset
+from epochlens.data.text import TextDataset
 from epochlens.device import job_device
 from epochlens.errors import CheckpointError
 from epochlens.models.networks import build_model
@@ -229,7 +229,7 @@ def load_checkpoint_job(
     """
     epoch = int(epoch)
     job = CheckpointJob(
-        data=read_text_dataset(dataset) if is_text_dataset(dataset) else open_dataset(dataset),
+        data=open_any_dataset(dataset),
         epoch=epoch,
         model_name=model,
         checkpoint=Path(checkpoint),

@@ -85,7 +85,7 @@ RULES: dict[str, Memory] = {
     "evaluate_checkpoint": Memory(base_mb=530, per_sample=200, model_copies=8),
     "features_epoch": Memory(base_mb=510, per_sample=1500, model_copies=8),
     "ablation_epoch": Memory(base_mb=780, per_sample=200, model_copies=8),
-    "probes_epoch": Memory(base_mb=530, per_sample=5000),
+    "probes_epoch": Memory(base_mb=530, per_sample=1000),
     "curvature_shard": Memory(base_mb=400, per_sample=300, model_copies=12),
     "curvature_epoch": Memory(base_mb=200, input_copies=3),
     "sample_outputs": Memory(base_mb=490, per_sample=500, model_copies=8),

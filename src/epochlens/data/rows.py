@@ -3,7 +3,8 @@ data set grows reads only the rows it computes on.
 
 * :func:`open_dataset`: the run's :class:`~epochlens.data.Dataset` with its images left in the file
   (:class:`RowReader`: ``images[indices]`` reads those rows, chunk by chunk) and its content hash as
-  ``prepare_data`` stored it: what every checkpoint job works from. A damaged image chunk fails
+  ``prepare_data`` stored it: what every job but training works from (:func:`open_any_dataset`:
+  a text run's too). A damaged image chunk fails
   its zlib checksum when read (:class:`DataError` naming the file); labels are read whole.
 * :class:`NormalizedRows`: ``Dataset.normalized(split, indices)`` read a batch at a time, where a
   stage would hold the whole split (sample outputs, evaluation, curvature).
@@ -140,6 +141,14 @@ def open_dataset(path: str | Path) -> StoredDataset:
         raise DataError(
             f"{path}: not a complete epochlens dataset.h5 ({exc}). Delete it and rerun the prepare_data rule."
         ) from exc
+
+
+def open_any_dataset(path: str | Path):
+    """A run's ``dataset.h5`` as a job reads it: a text run's
+    :class:`~epochlens.data.text.TextDataset`, else :func:`open_dataset` (images left in the file)."""
+    from epochlens.data.text import is_text_dataset, read_text_dataset
+
+    return read_text_dataset(path) if is_text_dataset(path) else open_dataset(path)
 
 
 class NormalizedRows:
