@@ -6,6 +6,7 @@ By hand, from the run's working directory: python scripts/sample_dossier.py run=
 
 from pathlib import Path
 
+import pyarrow.compute as pc
 from _helpers import run_script
 
 from epochlens.runner import log
@@ -40,12 +41,12 @@ def dossier_inputs(snakemake) -> DossierInputs:
 def main(snakemake) -> None:
     table = build_dossier(dossier_inputs(snakemake))
     write_dossier(table, snakemake.output.dossier)
-    roles = table.column("role").to_pylist()
+    roles = {row["values"]: row["counts"] for row in pc.value_counts(table["role"]).to_pylist()}
     log.info(
         "%s: %d training rows, %d query rows, %d columns",
         snakemake.output.dossier,
-        roles.count("train"),
-        roles.count("query"),
+        roles.get("train", 0),
+        roles.get("query", 0),
         table.num_columns,
     )
 

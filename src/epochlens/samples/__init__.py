@@ -9,7 +9,7 @@
 * :mod:`.neighbours` influence neighbours and self-influence per method (``scores.npz``);
 * :mod:`.detectors`  every detector as a score and a flag (cleanlab's convention);
 * :mod:`.thumbnails` a thumbnail PNG of every image, named by the dossier's ``image`` column;
-* :mod:`.columns`    every column's arrow type and description;
+* :mod:`.columns`    every column's arrow type and description (:mod:`.arrow_columns`: as arrays);
 * :mod:`.dossier`    the table itself: columns assembled, checked and written as parquet.
 
 Everything but :mod:`.outputs` reads cached results only and imports no torch.

@@ -18,18 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from epochlens.data.labels import read_labels
 from epochlens.errors import DataError
 from epochlens.outcome import sample_classes
 from epochlens.samples import detectors, neighbours, summaries
+from epochlens.samples.arrow_columns import frame_table, row_range, series_arrays
 from epochlens.samples.columns import column_spec
 from epochlens.samples.identity import identity_frame, stored_strings
 from epochlens.samples.thumbnails import has_images
 
 FORMAT_VERSION = 1
+#: Training rows whose identity and arrow columns are built at a time (a million rows' Python
+#: strings and column copies at once took 1 GB more than the table).
+ROWS = 1 << 16
 CURVATURE_SERIES = ("curvature", "grad_norm")
 
 
@@ -144,19 +147,6 @@ def summary_columns(series: Mapping[str, np.ndarray], epochs: Sequence[int], lab
     return cols
 
 
-def series_arrays(series: Mapping[str, np.ndarray], epochs: Sequence[int]) -> dict[str, pa.Array]:
-    """Each (m, N) series as a list column of N lists of m values, plus ``epochs``."""
-    n = next(iter(series.values())).shape[1]
-    m = len(epochs)
-    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * m)
-    cols = {"epochs": pa.ListArray.from_arrays(offsets, pa.array(np.tile(np.asarray(epochs, np.int32), n)))}
-    for key, values in series.items():
-        kind = column_spec(key)[0]
-        flat = pa.array(np.ascontiguousarray(np.asarray(values).T).reshape(-1)).cast(kind.value_type)
-        cols[key] = pa.ListArray.from_arrays(offsets, flat)
-    return cols
-
-
 def last_influence(inputs: DossierInputs, index: int) -> list[InfluenceScores]:
     """The influence jobs of ``index`` at its last influence epoch (one per method)."""
     jobs = [job for job in inputs.influence if job.index == index]
@@ -179,31 +169,11 @@ def influence_train_columns(inputs: DossierInputs, index: int, n: int) -> tuple[
     return cols, transformed
 
 
-def frame_table(frame: pd.DataFrame, extra: Mapping[str, object]) -> pa.Table:
-    """Identity columns and further columns (numpy arrays, lists of arrays, pyarrow arrays) as one
-    arrow table, each column of its declared type."""
-    arrays, names = [], []
-    columns = {**{c: frame[c].to_numpy() for c in frame.columns}, **extra}
-    for name, values in columns.items():
-        kind = column_spec(name)[0]
-        if name == "target" and len(values) and isinstance(values[0], np.ndarray):
-            kind = pa.list_(pa.float64())  # a target of several values per sample
-        if isinstance(values, pa.Array):
-            arrays.append(values.cast(kind))
-        elif isinstance(values, pd.api.extensions.ExtensionArray):
-            arrays.append(pa.array(values.to_numpy(dtype=object, na_value=None), type=kind))
-        elif pa.types.is_list(kind):
-            arrays.append(pa.array([np.asarray(v).tolist() for v in values], type=kind))
-        else:
-            arrays.append(pa.array(np.asarray(values), type=kind, from_pandas=True))
-        names.append(name)
-    return pa.Table.from_arrays(arrays, names=names)
-
-
 def train_table(inputs: DossierInputs, index: int, corrupted: np.ndarray | None) -> pa.Table:
-    """The training rows of one index: identity, series, summaries, influence, detectors."""
-    labels = read_labels(inputs.dataset, "train").labels
-    n = len(labels)
+    """The training rows of one index: identity, series, summaries, influence, detectors; the
+    columns computed over every sample, the rows' identity and arrow columns :data:`ROWS` at a time."""
+    stored = read_labels(inputs.dataset, "train")
+    n = len(stored.labels)
     series = load_series(inputs, index, "train_")
     if series["loss"].shape[1] != n:
         raise DataError(
@@ -211,19 +181,23 @@ def train_table(inputs: DossierInputs, index: int, corrupted: np.ndarray | None)
             f"a data set of {n}: rerun the run's sample_outputs jobs."
         )
     series.update(load_curvature(inputs, index, n))
-    cols = summary_columns(series, inputs.epochs, sample_classes(labels))
+    cols = summary_columns(series, inputs.epochs, sample_classes(stored.labels))
     influence, transformed = influence_train_columns(inputs, index, n)
     cols.update(influence)
-    images = "train" if has_images(inputs.dataset) else None
-    identity = identity_frame(inputs.dataset, "train", np.arange(n), corrupted, images)
-    trained = identity["split"].to_numpy() == "train"
+    trained = np.ones(n, bool) if stored.holdout is None else ~stored.holdout
     methods = [job.method for job in last_influence(inputs, index)]
-    final_loss = series["loss"][-1]
-    scores = detectors.detector_scores(cols, methods, final_loss, transformed)
+    scores = detectors.detector_scores(cols, methods, series["loss"][-1], transformed)
     cols.update(detectors.detector_columns(scores, trained))
-    frame = identity.assign(index=np.int32(index), role="train")
-    frame = frame[["index", "role", *[c for c in identity.columns]]]
-    return frame_table(frame, {**series_arrays(series, inputs.epochs), **cols})
+    columns = {**series_arrays(series, inputs.epochs), **cols}
+    images = "train" if has_images(inputs.dataset) else None
+    parts = []
+    for lo in range(0, n, ROWS):  # one chunk (the table of before, byte for byte) up to ROWS rows
+        identity = identity_frame(
+            inputs.dataset, "train", np.arange(lo, min(n, lo + ROWS)), corrupted, images
+        )
+        frame = identity.assign(index=np.int32(index), role="train")[["index", "role", *identity.columns]]
+        parts.append(frame_table(frame, {k: row_range(v, lo, lo + ROWS) for k, v in columns.items()}))
+    return pa.concat_tables(parts)
 
 
 def query_table(inputs: DossierInputs, index: int) -> pa.Table | None:
