@@ -74,6 +74,8 @@ def _classify(table: pa.Table, n_epochs: int) -> dict:
 
 
 def _neighbours(table: pa.Table, specs: list) -> list[cols.Neighbours]:
+    if not specs:  # no influence neighbours: no row lookup
+        return []
     key = tuple(np.asarray(table.column(k).to_numpy(zero_copy_only=False)) for k in cols.KEY)
     key = (key[0].astype(np.int64), key[1].astype(str), key[2].astype(np.int64))
     lookup = cols.row_lookup(*key)
@@ -133,11 +135,9 @@ def _write_chunks(out: Path, table: pa.Table, parts: dict, nbs: list, width: int
     n = table.num_rows
     size = int(np.clip(2 ** round(np.log2(CHUNK_BYTES / (4 * width))), 256, 65536))
     (out / "chunks").mkdir()
-    strings = {name: cols.text_values(table.column(name)) for name in parts["strings"]}
-    for c, lo in enumerate(range(0, n, size)):
-        hi = min(n, lo + size)
-        _row_block(parts, nbs, lo, hi).tofile(out / "chunks" / f"{c}.bin")
-        text = {name: values[lo:hi] for name, values in strings.items()}
+    for c, lo in enumerate(range(0, n, size)):  # a chunk's text at a time: a Python str per value
+        _row_block(parts, nbs, lo, min(n, lo + size)).tofile(out / "chunks" / f"{c}.bin")
+        text = {name: cols.text_values(table.column(name).slice(lo, size)) for name in parts["strings"]}
         (out / "chunks" / f"{c}.json").write_text(json.dumps(text, separators=(",", ":")))
     return size
 
@@ -145,8 +145,8 @@ def _write_chunks(out: Path, table: pa.Table, parts: dict, nbs: list, width: int
 def _copy_thumbs(out: Path, dossier: Path, table: pa.Table) -> None:
     if "image" not in table.column_names:
         return
-    files = {rel.split("#", 1)[0] for rel in pc.unique(table.column("image")).to_pylist() if rel}
-    for rel in sorted(files):  # a sheet once, however many thumbnails it holds
+    sheets = pc.unique(pc.replace_substring_regex(table.column("image"), "#.*$", ""))  # few files
+    for rel in sorted(rel for rel in sheets.to_pylist() if rel):  # a sheet once, whatever it holds
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise DataError(f"{dossier}: image path {rel!r} is not relative to the dossier's folder")
         src, dst = dossier.parent / rel, out / rel
@@ -166,9 +166,9 @@ def _rocs(table: pa.Table, scalars: list[cols.Scalar]) -> dict:
     truth = None
     if "is_corrupted" in table.column_names:
         truth = pc.fill_null(pc.cast(table.column("is_corrupted"), pa.int8()), -1).to_numpy()
-    train = table.column("role").to_numpy(zero_copy_only=False) == "train"
+    train = pc.equal(table.column("role"), "train").to_numpy(zero_copy_only=False)
     if "split" in table.column_names:  # the holdout is not trained on
-        train &= table.column("split").to_numpy(zero_copy_only=False) == "train"
+        train &= pc.fill_null(pc.equal(table.column("split"), "train"), False).to_numpy(zero_copy_only=False)
     return detector_rocs(scores, truth, np.asarray(train, bool))
 
 

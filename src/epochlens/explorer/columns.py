@@ -129,11 +129,11 @@ def neighbour_columns(names: list[str]) -> list[tuple[str, str, str]]:
 def row_lookup(index: np.ndarray, role: np.ndarray, position: np.ndarray) -> dict:
     """(index, role) -> array from position to row number (-1 where there is none)."""
     lookup = {}
-    for key in set(zip(index.tolist(), role.tolist(), strict=True)):
-        rows = np.flatnonzero((index == key[0]) & (role == key[1]))
-        table = np.full(int(position[rows].max()) + 1, -1, dtype=np.int64)
-        table[position[rows]] = rows
-        lookup[key] = table
+    for i in np.unique(index):  # a few (index, role) pairs, found without a Python object per row
+        for r in np.unique(role[index == i]):
+            rows = np.flatnonzero((index == i) & (role == r))
+            lookup[(int(i), str(r))] = table = np.full(int(position[rows].max()) + 1, -1, dtype=np.int64)
+            table[position[rows]] = rows
     return lookup
 
 
