@@ -93,15 +93,11 @@ def classifier_outputs(
     else:  # rows read a batch at a time (epochlens.data.rows) are picked without reading
         picked = inputs.select(idx) if hasattr(inputs, "select") else inputs[idx]
     model.eval().to(device)
-    parts = []
-    with torch.no_grad():
+    with torch.no_grad():  # each batch's outcome into the results: no list of batches to join
         for rows, xb in _batches(picked, len(idx), batch_size, device):
             logits = restrict_logits(call_model(model, xb), active)
-            parts.append(
-                {k: v.cpu() for k, v in classifier_outcome(logits, targets[rows].to(device)).items()}
-            )
-    for key in CLASSIFIER_KEYS:
-        out[key][idx] = torch.cat([p[key] for p in parts]).numpy()
+            for key, values in classifier_outcome(logits, targets[rows].to(device)).items():
+                out[key][idx[rows]] = values.cpu().numpy()
     out["predicted"][idx] = np.asarray(active)[out["predicted"][idx]]
     return out
 
