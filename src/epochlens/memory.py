@@ -16,6 +16,7 @@ job imports this module: changing a number reruns nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -122,11 +123,18 @@ def mem_mb(rule: str, shape: RunShape, attempt: int = 1) -> int:
 def dataset_shape(path: str | Path) -> RunShape:
     """The samples of a ``dataset.h5`` (train and test), the bytes one takes (an image, a text
     run's token ids) and whether it is text, read from its arrays' shapes; an empty shape while
-    the file does not exist yet."""
-    import h5py
-
+    the file does not exist yet. Read once per version of the file (a plan asks for every job)."""
     if not Path(path).is_file():
         return RunShape()
+    stat = Path(path).stat()
+    return _stored_shape(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _stored_shape(path: str, mtime_ns: int, size: int) -> RunShape:
+    """:func:`dataset_shape` of the file as it is (``mtime_ns`` and ``size`` key the cache)."""
+    import h5py
+
     samples, sample_bytes, text = 0, 0, False
     with h5py.File(path, "r") as f:
         for split in ("train", "test"):
