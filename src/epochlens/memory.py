@@ -8,7 +8,8 @@ docs/measurements.md); :func:`mem_mb` adds them up for a job's :class:`RunShape`
 :data:`HEADROOM` and multiplies by the attempt, so that a job killed for memory is submitted again
 with twice, then three times as much (the SLURM profile's ``retries``).
 
-The workflow declares ``mem_mb`` through :func:`job_mem_mb` for every rule (rules/common.smk);
+The workflow declares ``mem_mb`` through :func:`job_mem_mb` for the rules that hold data or a
+model (rules/common.smk: ``get_mem_mb``; the others get the profile's ``default-resources``);
 Snakemake evaluates it again when the job's inputs exist, so the shapes are the run's own. A
 profile's ``set-resources: <rule>: {mem_mb: ...}`` still wins. Nothing here imports torch, and no
 job imports this module: changing a number reruns nothing.
@@ -49,12 +50,11 @@ class RunShape:
 
 @dataclass(frozen=True)
 class Memory:
-    """A rule's peak in MB: ``base_mb`` + ``per_sample`` bytes x samples + ``sample_copies`` x
-    the stored samples + ``model_copies`` x the model + ``input_copies`` x its input files."""
+    """A rule's peak in MB: ``base_mb`` + ``per_sample`` bytes x samples + ``model_copies`` x the
+    model + ``input_copies`` x the files it reads whole."""
 
     base_mb: float = 400
     per_sample: float = 0.0
-    sample_copies: float = 0.0
     model_copies: float = 0.0
     input_copies: float = 0.0
 
@@ -62,7 +62,6 @@ class Memory:
         """The expected peak of a job of this rule on ``shape`` (MB, no headroom)."""
         held = (
             self.per_sample * shape.samples
-            + self.sample_copies * shape.samples * shape.sample_bytes
             + self.model_copies * shape.model_bytes
             + self.input_copies * shape.input_bytes
         )
@@ -123,11 +122,15 @@ def mem_mb(rule: str, shape: RunShape, attempt: int = 1) -> int:
 def dataset_shape(path: str | Path) -> RunShape:
     """The samples of a ``dataset.h5`` (train and test), the bytes one takes (an image, a text
     run's token ids) and whether it is text, read from its arrays' shapes; an empty shape while
-    the file does not exist yet. Read once per version of the file (a plan asks for every job)."""
+    the file does not exist yet or cannot be read. Read once per version of the file (a plan asks
+    for every job)."""
     if not Path(path).is_file():
         return RunShape()
     stat = Path(path).stat()
-    return _stored_shape(str(path), stat.st_mtime_ns, stat.st_size)
+    try:
+        return _stored_shape(str(path), stat.st_mtime_ns, stat.st_size)
+    except (OSError, KeyError):  # damaged: the job's own read names the file and the fix
+        return RunShape()
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,9 +155,13 @@ def _stored_shape(path: str, mtime_ns: int, size: int) -> RunShape:
 def dossier_rows(path: str | Path) -> int:
     """The rows of a ``dossier.parquet`` (from its footer), 0 while it does not exist yet: the
     samples of a job that reads the dossier instead of the data set (the explorer)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(path).metadata.num_rows if Path(path).is_file() else 0
+    try:
+        return pq.ParquetFile(path).metadata.num_rows if Path(path).is_file() else 0
+    except (OSError, pa.ArrowException):  # damaged: the explorer's own read says so
+        return 0
 
 
 def model_bytes(path: str | Path) -> int:
@@ -204,7 +211,6 @@ def describe(rule: str) -> str:
     m = rule_memory(rule)
     terms = [f"{m.base_mb:g}"]
     terms += [f"{m.per_sample:g} B x samples"] if m.per_sample else []
-    terms += [f"{m.sample_copies:g} x data"] if m.sample_copies else []
     terms += [f"{m.model_copies:g} x model"] if m.model_copies else []
     terms += [f"{m.input_copies:g} x input files"] if m.input_copies else []
     return " + ".join(terms)

@@ -31,6 +31,15 @@ def test_shape_read_from_the_written_dataset(tmp_path, tiny_dataset):
     assert shape.model_bytes == (tmp_path / "ckpt.pt").stat().st_size > 1010 * 4
 
 
+def test_damaged_files_count_as_empty(tmp_path):
+    """Planning does not stop on a damaged dataset.h5 or dossier: the job asks its fixed cost, and
+    its own read names the file and the fix."""
+    (tmp_path / "dataset.h5").write_bytes(b"not hdf5")
+    (tmp_path / "dossier.parquet").write_bytes(b"not parquet")
+    assert job_shape({"dataset": str(tmp_path / "dataset.h5")}) == RunShape()
+    assert job_shape({"dossier": str(tmp_path / "dossier.parquet")}) == RunShape()
+
+
 def test_files_not_made_yet_count_as_empty(tmp_path):
     """Planning: the dataset and checkpoints do not exist yet (the job is asked again later)."""
     shape = job_shape({"dataset": str(tmp_path / "no.h5"), "checkpoints": [str(tmp_path / "no.pt")]})
