@@ -68,24 +68,15 @@ def _memory_plan(rules, profile, config) -> str:
     """Where each rule's mem_mb comes from under ``profile``, and what the rules that size it
     from the run ask for at the runs prepared in this folder (epochlens.memory)."""
     from epochlens import memory
-    from epochlens.rule_devices import PER_JOB
+    from epochlens.rule_devices import PER_JOB, resource
 
+    names = {"set-resources": "profile", "default-resources": "profile default", None: "none"}
     sources = {}
     for rule in rules:
-        if rule.local and profile.cluster:
-            sources[rule.name] = ("-", "submit host")
-            continue
-        for source, values in (
-            ("profile", profile.set_resources.get(rule.name, {})),
-            ("workflow", rule.resources),
-            ("profile default", profile.default_resources),
-        ):
-            if values.get("mem_mb") not in (None, ""):
-                value = values["mem_mb"]
-                sources[rule.name] = (None if value == PER_JOB else value, source)
-                break
-        else:
-            sources[rule.name] = ("unset", "none")
+        value, source = (
+            ("-", "submit host") if rule.local and profile.cluster else resource(rule, profile, "mem_mb")
+        )
+        sources[rule.name] = (None if value == PER_JOB else value or "unset", names.get(source, source))
     return memory.format_memory(sources, memory.run_shapes(config))
 
 

@@ -72,24 +72,25 @@ class RuleDevice:
     source: str
 
 
+def resource(rule: RuleSpec, profile: ProfileSettings, key: str) -> tuple[Any, str | None]:
+    """A resource of a rule's jobs under ``profile`` and where it is set: ``set-resources`` for the
+    rule, else the rule's own, else ``default-resources``; ``(None, None)`` when none sets it."""
+    for source, values in (
+        ("set-resources", profile.set_resources.get(rule.name, {})),
+        ("workflow", rule.resources),
+        ("default-resources", profile.default_resources),
+    ):
+        if values.get(key) not in (None, ""):
+            return values[key], source
+    return None, None
+
+
 def gpu_resources(rule: RuleSpec, profile: ProfileSettings) -> tuple[dict[str, Any], str]:
-    """The GPU resources (``gpu``, ``gpu_model``, ``gres``) a rule's jobs get under ``profile``:
-    the profile's ``set-resources`` for the rule win over the rule's own, ``default-resources``
-    fill what neither sets. Returns them and where the deciding ones come from."""
-    overrides = profile.set_resources.get(rule.name, {})
-    chosen: dict[str, Any] = {}
-    sources = []
-    for key in GPU_RESOURCES:
-        for source, values in (
-            ("set-resources", overrides),
-            ("workflow", rule.resources),
-            ("default-resources", profile.default_resources),
-        ):
-            if key in values and values[key] not in (None, ""):
-                chosen[key] = values[key]
-                sources.append(source)
-                break
-    return chosen, (sources[0] if sources else "none")
+    """The GPU resources (``gpu``, ``gpu_model``, ``gres``) a rule's jobs get under ``profile``
+    (:func:`resource`), and where the deciding ones come from."""
+    found = [(key, *resource(rule, profile, key)) for key in GPU_RESOURCES]
+    chosen = {key: value for key, value, source in found if source}
+    return chosen, next((source for _, _, source in found if source), "none")
 
 
 def plan_devices(rules: Iterable[RuleSpec], profile: ProfileSettings, device: str) -> list[RuleDevice]:
@@ -99,12 +100,8 @@ def plan_devices(rules: Iterable[RuleSpec], profile: ProfileSettings, device: st
         resources, source = gpu_resources(rule, profile)
         gpus = None if PER_JOB in resources.values() else gpus_requested(resources)
         runs_on = ("submit host" if rule.local else "cluster job") if profile.cluster else "this machine"
-        if not rule.uses_device:
-            used = None
-        elif gpus is None:
-            used = f"{device} if given a GPU, else cpu"
-        else:
-            used = job_device(device, resources)
+        used = f"{device} if given a GPU, else cpu" if gpus is None else job_device(device, resources)
+        used = used if rule.uses_device else None
         plan.append(RuleDevice(rule.name, runs_on, gpus, used, source))
     return plan
 
