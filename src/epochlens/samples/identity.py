@@ -21,12 +21,16 @@ from epochlens.errors import DataError
 from epochlens.samples.sheets import SheetLayout
 
 
-def stored_strings(path: str | Path, key: str) -> list[str] | None:
+def stored_strings(path: str | Path, key: str, positions: np.ndarray | None = None) -> list[str] | None:
+    """The strings of ``key``: all, or those at ``positions`` (the rows from the first to the last)."""
     try:
         with h5py.File(path, "r") as f:
             if key not in f:
                 return None
-            return [s.decode() if isinstance(s, bytes) else str(s) for s in f[key][()]]
+            some = positions is not None and len(positions) > 0
+            lo, hi = (int(positions.min()), int(positions.max()) + 1) if some else (0, None)
+            values = f[key][lo:hi] if positions is None else f[key][lo:hi][positions - lo] if some else []
+            return [s.decode() if isinstance(s, bytes) else str(s) for s in values]
     except OSError as exc:
         raise DataError(f"{path}: unreadable ({exc}). Delete it and rerun the prepare_data rule.") from exc
 
@@ -70,19 +74,14 @@ def identity_frame(
     stored = read_labels(dataset, split)
     positions = np.asarray(positions, np.int64)
     frame = pd.DataFrame({"position": positions, "id": [f"{split}:{p}" for p in positions]})
-    if split == "train":
-        holdout = stored.holdout if stored.holdout is not None else np.zeros(len(stored.labels), bool)
-        frame["split"] = np.where(holdout[positions], "holdout", "train")
-    else:
-        frame["split"] = "test"
+    held = stored.holdout[positions] if split == "train" and stored.holdout is not None else False
+    frame["split"] = np.where(held, "holdout", "train") if split == "train" else "test"
     for key, values in label_columns(stored.labels[positions], class_names(dataset)).items():
         frame[key] = values
-    groups = stored.group_of_each()
-    if groups is not None:
+    if (groups := stored.group_of_each()) is not None:
         frame["group"] = groups[positions]
-    texts = stored_strings(dataset, f"{split}/text")
-    if texts is not None:
-        frame["text"] = np.asarray(texts, dtype=object)[positions]
+    if (texts := stored_strings(dataset, f"{split}/text", positions)) is not None:  # these rows only
+        frame["text"] = np.asarray(texts, dtype=object)
     if thumbnails is not None:
         frame["image"] = SheetLayout.of(dataset).names(thumbnails, positions)
     if corrupted is not None:
