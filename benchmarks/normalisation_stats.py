@@ -55,7 +55,7 @@ def main() -> int:
         for a, b in zip(whole["std"] + whole["mean"], blocks["std"] + blocks["mean"], strict=True)
     )
     print(
-        f"N = {args.n:,}: blocks/whole memory {ratio:.3f}, time {blocks['seconds'] / whole['seconds']:.2f}x; "
+        f"N = {args.n:,}: blocks/whole memory {ratio:.3f}, time {blocks['seconds'] / whole['seconds']:.2f}x"
     )
     print(f"largest relative difference of the statistics {diff:.1e}")
     return 0
