@@ -117,9 +117,7 @@ class Dataset:
         if self.train_groups is not None:
             arrays += [self.train_groups, self.test_groups]
         for arr in arrays:
-            a = np.ascontiguousarray(arr)
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(a.tobytes())
+            update_hash(h, arr)
         if self.train_groups is not None:
             h.update(json.dumps(self.group_names).encode())
         return h.hexdigest()
@@ -149,6 +147,21 @@ class Dataset:
     def labels(self, split: str) -> np.ndarray:
         """Class ids (N,) int64, or regression targets (N,) / (N, D) in their stored dtype."""
         return self.train_labels if _check_split(split) == "train" else self.test_labels
+
+
+#: Bytes of the rows :func:`update_hash` copies at a time.
+HASH_BLOCK_BYTES = 16 << 20
+
+
+def update_hash(h: Any, array: np.ndarray) -> None:
+    """Feed ``array``'s dtype, shape and C-ordered bytes to the hash ``h``, a block of rows at a time:
+    the digest of the whole array's bytes without a copy of the whole array."""
+    array = np.asarray(array) if np.ndim(array) else np.ascontiguousarray(array)
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    row_bytes = max(1, array[:1].nbytes)
+    step = max(1, HASH_BLOCK_BYTES // row_bytes)
+    for lo in range(0, len(array), step):
+        h.update(np.ascontiguousarray(array[lo : lo + step]).tobytes())
 
 
 def check_targets(train: np.ndarray, test: np.ndarray, origin: str = "") -> tuple[np.ndarray, np.ndarray]:

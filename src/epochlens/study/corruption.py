@@ -52,7 +52,8 @@ def _pick(eligible: np.ndarray, fraction: float, rng: np.random.Generator, what:
 
 
 def _with_train(dataset: Dataset, images: np.ndarray | None, labels: np.ndarray, note: str) -> Dataset:
-    """A copy with new training labels (and images; None: a text data set, whose ids stay)."""
+    """A copy with new training labels (and images; None: the inputs stay, shared, not copied: a
+    corruption of labels or targets alone holds the images once)."""
     return dataclasses.replace(
         dataset,
         **({} if images is None else {"train_images": images}),
@@ -94,8 +95,7 @@ def flip_labels(
     new_labels = labels.copy()
     new_labels[idx] = active[(old + offset) % len(active)]
     note = f"label_flip(fraction={fraction}, seed={seed}, n={len(idx)})"
-    images = dataset.train_images.copy() if hasattr(dataset, "train_images") else None
-    return _with_train(dataset, images, new_labels, note), idx
+    return _with_train(dataset, None, new_labels, note), idx
 
 
 def trigger_value(dataset: Dataset) -> float:
@@ -187,7 +187,7 @@ def add_target_noise(
     noisy[idx] += rng.standard_normal((len(idx), flat.shape[1])) * noise_scale * sigma
     new_targets = noisy.reshape(targets.shape).astype(targets.dtype)
     note = f"target_noise(fraction={fraction}, noise_scale={noise_scale}, seed={seed}, n={len(idx)})"
-    return _with_train(dataset, dataset.train_images.copy(), new_targets, note), idx
+    return _with_train(dataset, None, new_targets, note), idx
 
 
 def corrupt(dataset: Dataset, spec: dict | None) -> tuple[Dataset, np.ndarray]:

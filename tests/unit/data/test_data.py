@@ -476,6 +476,32 @@ def test_content_hash_tracks_images_and_labels(tiny_dataset):
     assert Dataset(**{**vars(tiny_dataset), "mean": (0.0, 0.0, 0.0)}).content_hash == h
 
 
+def test_content_hash_is_the_digest_of_whole_arrays_without_copying_them():
+    """Hashed a block of rows at a time: the digest of each array's C-ordered bytes (views, a
+    transposed layout), while the memory it takes stays a block, not a copy of the images."""
+    import hashlib
+    import tracemalloc
+
+    from epochlens.data.dataset import HASH_BLOCK_BYTES, update_hash
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(50_000, 3, 32, 32), dtype=np.uint8)  # 154 MB
+    for array in (images, images[::3], images.transpose(0, 2, 3, 1), np.arange(7.0), np.zeros((0, 4))):
+        whole = np.ascontiguousarray(array)
+        expected = hashlib.sha256(f"{whole.dtype.str}{whole.shape}".encode() + whole.tobytes()).hexdigest()
+        h = hashlib.sha256()
+        update_hash(h, array)
+        assert h.hexdigest() == expected, array.shape
+    ds = Dataset(
+        "big", "test", images, np.arange(len(images)) % 10, images[:5], np.arange(5), 10, 1.0, (0.0,), (1.0,)
+    )
+    tracemalloc.start()
+    ds.content_hash
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2 * HASH_BLOCK_BYTES < images.nbytes / 4
+
+
 def test_write_read_round_trip(tmp_path, tiny_dataset):
     ds = tiny_dataset
     ds.holdout = holdout_mask(ds.train_labels, 1)

@@ -62,6 +62,7 @@ def test_flip_labels_changes_a_seeded_fraction_to_other_active_classes(ds: Datas
     np.testing.assert_array_equal(bad.train_labels[untouched], ds.train_labels[untouched])
     np.testing.assert_array_equal(bad.train_images, ds.train_images)
     assert bad.content_hash != ds.content_hash and ds.train_labels is not bad.train_labels
+    assert bad.train_images is ds.train_images  # labels flipped: the images held once, not copied
     again, idx2 = flip_labels(ds, 0.25, seed=3, active_classes=active)
     np.testing.assert_array_equal(idx, idx2)
     np.testing.assert_array_equal(again.train_labels, bad.train_labels)
