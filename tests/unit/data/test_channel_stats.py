@@ -21,6 +21,7 @@ def test_blocks_agree_with_the_whole_array(monkeypatch, dtype):
     )
     whole = channel_stats(images, 1 / 255)
     monkeypatch.setattr(stats, "WHOLE_VALUES", 700)
+    monkeypatch.setattr(stats, "BLOCK_VALUES", 700)
     blocks = channel_stats(images, 1 / 255)
     np.testing.assert_allclose(blocks, whole, rtol=1e-13)
     x = images.astype(np.float64) / 255
@@ -32,6 +33,7 @@ def test_a_constant_channel_has_unit_std_in_blocks_too(monkeypatch):
     images = np.full((50, 2, 3, 3), 7, np.uint8)
     images[:, 1] = np.arange(50, dtype=np.uint8)[:, None, None]
     monkeypatch.setattr(stats, "WHOLE_VALUES", 100)
+    monkeypatch.setattr(stats, "BLOCK_VALUES", 100)
     mean, std = channel_stats(images, 0.5)
     assert mean[0] == 3.5 and std[0] == 1.0
     assert mean[1] == pytest.approx(0.5 * 24.5) and std[1] == pytest.approx(0.5 * np.arange(50).std())
@@ -41,6 +43,7 @@ def test_memory_is_a_block_not_the_float64_of_the_whole(monkeypatch):
     """Images of 4,000 float64 blocks: numpy's allocations stay within a few blocks (the whole
     array in float64 at once, as before, takes 8 bytes a value)."""
     monkeypatch.setattr(stats, "WHOLE_VALUES", 1 << 16)
+    monkeypatch.setattr(stats, "BLOCK_VALUES", 1 << 16)
     images = np.random.default_rng(1).integers(0, 256, (4096, 3, 32, 32), dtype=np.uint8)
     tracemalloc.start()
     try:
@@ -48,7 +51,7 @@ def test_memory_is_a_block_not_the_float64_of_the_whole(monkeypatch):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 4 * 8 * stats.WHOLE_VALUES < images.size * 8 / 10
+    assert peak < 4 * 8 * stats.BLOCK_VALUES < images.size * 8 / 10
 
 
 @pytest.mark.parametrize("axes", [(2, 0, 1), (0, 1, 2), (1, 2, 0)])
