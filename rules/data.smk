@@ -20,7 +20,7 @@ rule prepare_data:
     envmodules:
         *config["envmodules"],
     resources:
-        mem_mb=get_mem_mb,
+        mem_mb=get_prepare_data_mem_mb,
     params:
         data=get_data_params,
         task=get_task_name,

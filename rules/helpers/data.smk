@@ -1,10 +1,8 @@
 # Helpers of rules/data.smk: input functions, params and targets.
 
 from epochlens.data import cifar100_files
-from epochlens.formats.folder_listing import folder_fingerprint
-
-#: Sources that may be a folder of files.
-FOLDER_SOURCES = ("imagefolder", "save_to_disk", "parquet", "jsonl", "csv")
+from epochlens.formats.folder_listing import FOLDER_SOURCES, folder_fingerprint
+from epochlens.memory import data_folder_bytes
 
 
 def get_data_source_files(wildcards):
@@ -37,6 +35,13 @@ def get_data_params(wildcards):
     if data["source"] in FOLDER_SOURCES and not os.path.isfile(data["path"]):
         return {**data, "folder_files": folder_fingerprint(data["path"])}
     return data
+
+
+def get_prepare_data_mem_mb(wildcards, input, attempt):
+    """get_mem_mb's memory, with what prepare_data holds of a data folder (not an input: its
+    images decoded, or its files; epochlens.memory.data_folder_bytes)."""
+    folder = data_folder_bytes(get_run(wildcards)["data"])
+    return job_mem_mb("prepare_data", input, attempt, folder_bytes=folder)
 
 
 def get_user_class_order(wildcards):

@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from epochlens.formats.folder_listing import FOLDER_SOURCES, folder_files
+
 #: Peak measured x HEADROOM: what the job asks for at its first attempt.
 HEADROOM = 1.5
 MB = 1e6
@@ -81,7 +83,7 @@ class Memory:
 #: Rules not named get :data:`DEFAULT` (the tables and figures: 190-290 MB there).
 DEFAULT = Memory(base_mb=250, per_sample=200)
 RULES: dict[str, Memory] = {
-    "prepare_data": Memory(base_mb=250, input_copies=2),
+    "prepare_data": Memory(base_mb=400, input_copies=1),
     "evaluate_checkpoint": Memory(base_mb=530, per_sample=200, model_copies=8),
     "features_epoch": Memory(base_mb=510, per_sample=1500, model_copies=8),
     "ablation_epoch": Memory(base_mb=780, per_sample=200, model_copies=8),
@@ -201,9 +203,49 @@ def _size(path: str) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
 
 
-def job_mem_mb(rule: str, inputs: Mapping[str, Any], attempt: int = 1) -> int:
-    """``mem_mb`` of a job of ``rule`` with these named inputs at its ``attempt``."""
-    return mem_mb(rule, job_shape(inputs), attempt)
+def job_mem_mb(rule: str, inputs: Mapping[str, Any], attempt: int = 1, folder_bytes: int = 0) -> int:
+    """``mem_mb`` of a job of ``rule`` with these named inputs at its ``attempt``; ``folder_bytes``:
+    what it reads whole of a data folder that is not among its inputs (:func:`data_folder_bytes`)."""
+    shape = job_shape(inputs)
+    return mem_mb(rule, replace(shape, input_bytes=shape.input_bytes + folder_bytes), attempt)
+
+
+def data_folder_bytes(data: Mapping[str, Any]) -> int:
+    """What ``prepare_data`` holds of a run's data folder (a ``data`` config section): an image
+    folder's images decoded (files x channels x height x width, the size ``images.size`` asks for
+    or else the first image's), another folder's files whole; 0 for a source that is not a folder
+    (its files are the job's inputs) or a folder not there yet."""
+    path = data.get("path")
+    if data.get("source") not in FOLDER_SOURCES or not path or not Path(path).is_dir():
+        return 0
+    files, total, first = _folder_files(str(path), Path(path).stat().st_mtime_ns)
+    if data["source"] != "imagefolder" or first is None:
+        return total
+    images = data.get("images") or {}
+    return files * (1 if images.get("channels") == "L" else 3) * _pixels(images.get("size"), first)
+
+
+@functools.lru_cache(maxsize=16)
+def _folder_files(folder: str, mtime_ns: int) -> tuple[int, int, str | None]:
+    """The files under ``folder`` (hidden ones left out), their bytes and the first one's path."""
+    count, total, first = 0, 0, None
+    for rel, size, _ in folder_files(folder):
+        count, total, first = count + 1, total + size, first or os.path.join(folder, rel)
+    return count, total, first
+
+
+def _pixels(size: Any, first: str) -> int:
+    """Height x width of the images: ``size`` (an int or [height, width]), else the first image's
+    (read from its header, not decoded); 0 if it is not an image."""
+    if size:
+        return size * size if isinstance(size, int) else math.prod(size)
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(first) as image:
+            return image.width * image.height
+    except (OSError, UnidentifiedImageError):
+        return 0
 
 
 def describe(rule: str) -> str:

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from epochlens.errors import DataError
 
+#: Data sources that may be a folder (their fingerprint is ``prepare_data``'s param, not its inputs).
+FOLDER_SOURCES = ("imagefolder", "save_to_disk", "parquet", "jsonl", "csv")
+
 
 def folder_fingerprint(folder: str | Path) -> str:
     """SHA-256 (hex) of the sorted (relative path, size, mtime in ns) of every file under
@@ -22,20 +25,21 @@ def folder_fingerprint(folder: str | Path) -> str:
     if not folder.is_dir():
         raise DataError(f"{folder}: data folder not found. Point data.path at the folder of your data set.")
     h = hashlib.sha256()
-    for rel, size, mtime in sorted(_files(str(folder), "")):
+    for rel, size, mtime in sorted(folder_files(str(folder))):
         h.update(f"{rel}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()
 
 
-def _files(top: str, prefix: str):
-    """(path relative to the root, size, mtime_ns) of each file under ``top``, hidden ones left out."""
+def folder_files(top: str, prefix: str = ""):
+    """(path relative to the root, size, mtime_ns) of each file under ``top``, hidden ones left out,
+    in the order the file system lists them."""
     with os.scandir(top) as entries:
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             rel = prefix + entry.name
             if entry.is_dir():
-                yield from _files(entry.path, rel + "/")
+                yield from folder_files(entry.path, rel + "/")
             else:
                 stat = entry.stat()
                 yield rel, stat.st_size, stat.st_mtime_ns

@@ -77,3 +77,27 @@ def test_prepare_data_grows_with_its_source_and_the_model_term_with_the_checkpoi
 def test_rules_not_listed_get_the_default():
     assert rule_memory("plot_accuracy") is memory.DEFAULT
     assert rule_memory("sample_outputs") is not memory.DEFAULT
+
+
+def test_a_data_folder_is_sized_by_what_prepare_data_holds_of_it(tmp_path):
+    """A data folder is a param of prepare_data, not its input: its memory counts an image folder's
+    images decoded (the size the config asks for, or the first image's) and another folder's files."""
+    from PIL import Image
+
+    from epochlens.memory import data_folder_bytes
+
+    for split, n in (("train", 6), ("test", 2)):
+        for i in range(n):
+            (tmp_path / "images" / split / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (20, 16), (i, 0, 0)).save(tmp_path / "images" / split / f"c{i % 2}" / f"{i}.png")
+    folder = {"source": "imagefolder", "path": str(tmp_path / "images")}
+    assert data_folder_bytes(folder) == 8 * 3 * 20 * 16  # decoded, not the PNGs' bytes
+    assert data_folder_bytes({**folder, "images": {"size": 8}}) == 8 * 3 * 64
+    assert data_folder_bytes({**folder, "images": {"size": [4, 5], "channels": "L"}}) == 8 * 20
+    (tmp_path / "table").mkdir()
+    (tmp_path / "table" / "train.parquet").write_bytes(b"x" * 1000)
+    assert data_folder_bytes({"source": "parquet", "path": str(tmp_path / "table")}) == 1000
+    assert data_folder_bytes({"source": "npz", "path": str(tmp_path / "d.npz")}) == 0  # an input
+    assert data_folder_bytes({"source": "imagefolder", "path": str(tmp_path / "not_yet")}) == 0
+    big = job_mem_mb("prepare_data", {}, folder_bytes=3_000_000_000)
+    assert big - job_mem_mb("prepare_data", {}) == pytest.approx(3000 * HEADROOM, abs=2)
