@@ -6,11 +6,10 @@ By hand, from the run's working directory: python scripts/sample_dossier.py run=
 
 from pathlib import Path
 
-import pyarrow.compute as pc
 from _helpers import run_script
 
 from epochlens.runner import log
-from epochlens.samples.dossier import DossierInputs, InfluenceScores, build_dossier, write_dossier
+from epochlens.samples.dossier import DossierInputs, InfluenceScores, write_dossier
 
 
 def dossier_inputs(snakemake) -> DossierInputs:
@@ -39,15 +38,13 @@ def dossier_inputs(snakemake) -> DossierInputs:
 
 
 def main(snakemake) -> None:
-    table = build_dossier(dossier_inputs(snakemake))
-    write_dossier(table, snakemake.output.dossier)
-    roles = {row["values"]: row["counts"] for row in pc.value_counts(table["role"]).to_pylist()}
+    written = write_dossier(dossier_inputs(snakemake), snakemake.output.dossier)
     log.info(
         "%s: %d training rows, %d query rows, %d columns",
         snakemake.output.dossier,
-        roles.get("train", 0),
-        roles.get("query", 0),
-        table.num_columns,
+        written.get("train", 0),
+        written.get("query", 0),
+        written["columns"],
     )
 
 

@@ -13,12 +13,13 @@ index.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from epochlens.data.labels import read_labels
 from epochlens.errors import DataError
@@ -27,6 +28,7 @@ from epochlens.samples import detectors, neighbours, summaries
 from epochlens.samples.arrow_columns import frame_table, row_range, series_arrays
 from epochlens.samples.columns import column_spec
 from epochlens.samples.identity import identity_frame, stored_strings
+from epochlens.samples.series_rows import NpzColumns, npy_rows
 from epochlens.samples.thumbnails import has_images
 
 FORMAT_VERSION = 1
@@ -82,18 +84,13 @@ def ground_truth(path: str | Path) -> np.ndarray | None:
     return positions.astype(np.int64) if len(positions) else None
 
 
-def load_series(inputs: DossierInputs, index: int, prefix: str) -> dict[str, np.ndarray]:
-    """Every series ``{prefix}_{key}`` of one index's ``sample_outputs.npz``, (m checkpoints, N)."""
+def series_file(inputs: DossierInputs, index: int) -> NpzColumns:
+    """One index's ``sample_outputs.npz``, read by samples; DataError when it is unreadable or of
+    other checkpoints than the run analyses."""
     path = inputs.outputs[index]
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            epochs = npz["epochs"].tolist()
-            keys = [
-                k
-                for k in npz.files
-                if k.startswith(prefix) and not k.removeprefix(prefix).startswith("trigger_")
-            ]
-            series = {k.removeprefix(prefix): npz[k] for k in keys}
+        npz = NpzColumns(path)
+        epochs = npz.whole("epochs").tolist()
     except (OSError, KeyError, ValueError) as exc:
         raise DataError(
             f"{path}: not a readable sample_outputs file ({exc}). Rerun its sample_outputs job."
@@ -103,25 +100,40 @@ def load_series(inputs: DossierInputs, index: int, prefix: str) -> dict[str, np.
             f"{path}: outputs of checkpoints {epochs}, the run analyses {list(inputs.epochs)}. "
             "Rerun its sample_outputs job."
         )
-    return series
+    return npz
 
 
-def load_curvature(inputs: DossierInputs, index: int, n: int) -> dict[str, np.ndarray]:
-    """curvature and grad_norm (m, N), NaN at the checkpoints without curvature; {} without any."""
+def series_keys(npz: NpzColumns, prefix: str) -> list[str]:
+    """The series ``{prefix}_{key}`` of an outputs file (a triggered split's apart)."""
+    names = [k for k in npz.files if k.startswith(prefix)]
+    return [k for k in names if not k.removeprefix(prefix).startswith("trigger_")]
+
+
+def load_series(inputs: DossierInputs, index: int, prefix: str) -> dict[str, np.ndarray]:
+    """Every series ``{prefix}_{key}`` of one index's ``sample_outputs.npz``, (m checkpoints, N)."""
+    npz = series_file(inputs, index)
+    return {k.removeprefix(prefix): npz.whole(k) for k in series_keys(npz, prefix)}
+
+
+def load_curvature(inputs: DossierInputs, index: int, n: int, lo: int = 0, hi: int | None = None) -> dict:
+    """curvature and grad_norm (m, hi - lo) of samples lo:hi, NaN at the checkpoints without
+    curvature; {} without any."""
     folders = [inputs.curvature.get((index, e)) for e in inputs.epochs]
     if not any(folders):
         return {}
-    out = {key: np.full((len(folders), n), np.nan, np.float32) for key in CURVATURE_SERIES}
+    hi = n if hi is None else min(n, hi)
+    out = {key: np.full((len(folders), hi - lo), np.nan, np.float32) for key in CURVATURE_SERIES}
     for row, folder in enumerate(folders):
         if folder is not None:
             for key in CURVATURE_SERIES:
-                values = np.load(Path(folder) / f"per_image_{key}.npy", allow_pickle=False)
-                if len(values) != n:
+                path = Path(folder) / f"per_image_{key}.npy"
+                stored = np.load(path, mmap_mode="r", allow_pickle=False).shape[0]
+                if stored != n:
                     raise DataError(
-                        f"{folder}: per_image_{key}.npy holds {len(values)} samples, the data set {n}: "
+                        f"{folder}: per_image_{key}.npy holds {stored} samples, the data set {n}: "
                         "the curvature is of other data. Rerun the run's curvature."
                     )
-                out[key][row] = values
+                out[key][row] = npy_rows(path, lo, hi)
     return out
 
 
@@ -169,35 +181,48 @@ def influence_train_columns(inputs: DossierInputs, index: int, n: int) -> tuple[
     return cols, transformed
 
 
-def train_table(inputs: DossierInputs, index: int, corrupted: np.ndarray | None) -> pa.Table:
-    """The training rows of one index: identity, series, summaries, influence, detectors; the
-    columns computed over every sample, the rows' identity and arrow columns :data:`ROWS` at a time."""
+def detector_columns_of(inputs: DossierInputs, index: int, npz: NpzColumns, n: int, trained) -> dict:
+    """The columns over every training sample at once: influence per method and the detectors'
+    scores and flags (Tukey's fence is of all trained samples), from the final loss, the AUM
+    (read a chunk of samples at a time) and the influence scores."""
+    influence, transformed = influence_train_columns(inputs, index, n)
+    keys = series_keys(npz, "train_")
+    final_loss = npz.columns("train_loss", 0, n)[-1]
+    whole = dict(influence)
+    if "train_margin" in keys:
+        whole["aum"] = np.concatenate(
+            [summaries.aum(npz.columns("train_margin", lo, lo + ROWS)) for lo in range(0, n, ROWS)]
+        )
+    methods = [job.method for job in last_influence(inputs, index)]
+    scores = detectors.detector_scores(whole, methods, final_loss, transformed)
+    return {**influence, **detectors.detector_columns(scores, trained)}
+
+
+def train_pieces(inputs: DossierInputs, index: int, corrupted: np.ndarray | None) -> Iterator[pa.Table]:
+    """The training rows of one index, :data:`ROWS` at a time (one table up to ROWS rows): identity,
+    series, summaries, influence, detectors. Only the columns over every sample (influence and
+    detectors) are held whole."""
     stored = read_labels(inputs.dataset, "train")
     n = len(stored.labels)
-    series = load_series(inputs, index, "train_")
-    if series["loss"].shape[1] != n:
+    npz = series_file(inputs, index)
+    if npz.shape("train_loss")[-1] != n:
         raise DataError(
-            f"{inputs.outputs[index]}: outputs of {series['loss'].shape[1]} samples for "
+            f"{inputs.outputs[index]}: outputs of {npz.shape('train_loss')[-1]} samples for "
             f"a data set of {n}: rerun the run's sample_outputs jobs."
         )
-    series.update(load_curvature(inputs, index, n))
-    cols = summary_columns(series, inputs.epochs, sample_classes(stored.labels))
-    influence, transformed = influence_train_columns(inputs, index, n)
-    cols.update(influence)
     trained = np.ones(n, bool) if stored.holdout is None else ~stored.holdout
-    methods = [job.method for job in last_influence(inputs, index)]
-    scores = detectors.detector_scores(cols, methods, series["loss"][-1], transformed)
-    cols.update(detectors.detector_columns(scores, trained))
-    columns = {**series_arrays(series, inputs.epochs), **cols}
+    whole = detector_columns_of(inputs, index, npz, n, trained)
+    classes = sample_classes(stored.labels)
     images = "train" if has_images(inputs.dataset) else None
-    parts = []
-    for lo in range(0, n, ROWS):  # one chunk (the table of before, byte for byte) up to ROWS rows
-        identity = identity_frame(
-            inputs.dataset, "train", np.arange(lo, min(n, lo + ROWS)), corrupted, images
-        )
+    for lo in range(0, n, ROWS):
+        hi = min(n, lo + ROWS)
+        series = {k.removeprefix("train_"): npz.columns(k, lo, hi) for k in series_keys(npz, "train_")}
+        series.update(load_curvature(inputs, index, n, lo, hi))
+        cols = summary_columns(series, inputs.epochs, classes[lo:hi])
+        cols.update({k: row_range(v, lo, hi) for k, v in whole.items()})
+        identity = identity_frame(inputs.dataset, "train", np.arange(lo, hi), corrupted, images)
         frame = identity.assign(index=np.int32(index), role="train")[["index", "role", *identity.columns]]
-        parts.append(frame_table(frame, {k: row_range(v, lo, lo + ROWS) for k, v in columns.items()}))
-    return pa.concat_tables(parts)
+        yield frame_table(frame, {**series_arrays(series, inputs.epochs), **cols})
 
 
 def query_table(inputs: DossierInputs, index: int) -> pa.Table | None:
@@ -247,18 +272,23 @@ def trigger_texts(dataset: str | Path) -> np.ndarray:
     return np.asarray(stored_strings(dataset, "test_trigger/text"), dtype=object)
 
 
-def build_dossier(inputs: DossierInputs) -> pa.Table:
-    """The dossier of a run: every index's training rows, then its query rows, with the
-    file-level metadata (``b"epochlens"``: JSON of :func:`dossier_metadata`)."""
+def dossier_pieces(inputs: DossierInputs) -> Iterator[list[pa.Table]]:
+    """The dossier in groups of tables of one schema each: every index's training rows (a table
+    per :data:`ROWS` rows), then its query rows."""
     if list(inputs.epochs) != sorted(set(inputs.epochs)) or not inputs.epochs:
         raise ValueError(f"epochs must be increasing and not empty, got {list(inputs.epochs)}")
     corrupted = ground_truth(inputs.corrupted)
-    tables = []
     for index in inputs.indices:
-        tables.append(train_table(inputs, index, corrupted))
+        yield train_pieces(inputs, index, corrupted)
         queries = query_table(inputs, index)
         if queries is not None:
-            tables.append(queries)
+            yield iter([queries])
+
+
+def build_dossier(inputs: DossierInputs) -> pa.Table:
+    """The dossier of a run as one table (in memory: :func:`write_dossier` writes a large one by
+    rows), with the file-level metadata (``b"epochlens"``: JSON of :func:`dossier_metadata`)."""
+    tables = [table for group in dossier_pieces(inputs) for table in group]
     table = pa.concat_tables(tables, promote_options="default")
     metadata = dossier_metadata(inputs, table.column_names)
     return table.replace_schema_metadata({b"epochlens": json.dumps(metadata).encode()})
@@ -281,10 +311,61 @@ def dossier_metadata(inputs: DossierInputs, columns: Sequence[str]) -> dict:
     }
 
 
-def write_dossier(table: pa.Table, path: str | Path) -> None:
-    """Write the dossier atomically as zstd-compressed parquet."""
+def write_dossier(inputs: DossierInputs, path: str | Path) -> dict[str, int]:
+    """Build the dossier and write it atomically as zstd-compressed parquet, a row group per
+    table of :func:`dossier_pieces`, never whole: each group is written to a part file first (its
+    own schema), then every part's row groups, given the columns of all (the others' null), into
+    the dossier. Returns its rows per role and its columns (``"columns"``)."""
     import pyarrow.parquet as pq
 
-    from epochlens.atomic import write_atomic
+    from epochlens.atomic import orphan_tag, write_atomic
 
-    write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts: list[Path] = []  # named as atomic's temporaries: a killed job's are removed by the next
+    try:
+        for k, group in enumerate(dossier_pieces(inputs)):
+            parts.append(path.with_name(f".{path.name}.{orphan_tag()}part{k}"))
+            if not write_part(parts[-1], group):
+                parts.pop()
+        schema = pa.unify_schemas([pq.read_schema(part) for part in parts], promote_options="default")
+        meta = json.dumps(dossier_metadata(inputs, schema.names)).encode()
+        schema = schema.with_metadata({b"epochlens": meta})
+        counts = {}
+        write_atomic(path, lambda tmp: counts.update(join_parts(parts, schema, tmp)))
+    finally:
+        for part in parts:
+            part.unlink(missing_ok=True)
+    return {**counts, "columns": len(schema)}
+
+
+def write_part(path: Path, tables: Iterator[pa.Table]) -> bool:
+    """Write tables of one schema as a parquet file, a row group each; False if there were none."""
+    import pyarrow.parquet as pq
+
+    writer = None
+    for table in tables:
+        writer = writer or pq.ParquetWriter(path, table.schema, compression="zstd")
+        writer.write_table(table, row_group_size=max(1, table.num_rows))
+    if writer is not None:
+        writer.close()
+    return writer is not None
+
+
+def join_parts(parts: list[Path], schema: pa.Schema, path: str | Path) -> dict[str, int]:
+    """The row groups of ``parts`` in order, each given ``schema``'s columns, as one parquet file;
+    returns the rows per role."""
+    import pyarrow.parquet as pq
+
+    counts: dict[str, int] = {}
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for part in parts:
+            file = pq.ParquetFile(part)
+            for group in range(file.num_row_groups):
+                table = file.read_row_group(group)
+                n, names = table.num_rows, table.column_names
+                columns = [table[f.name] if f.name in names else pa.nulls(n, f.type) for f in schema]
+                writer.write_table(pa.Table.from_arrays(columns, schema=schema), row_group_size=max(1, n))
+                for row in pc.value_counts(table["role"]).to_pylist():
+                    counts[row["values"]] = counts.get(row["values"], 0) + row["counts"]
+    return counts
