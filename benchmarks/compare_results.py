@@ -2,7 +2,10 @@
 
 Compares every table and array that both trees hold, and lists the files only one of them has:
 
-* ``.npy``, ``.csv``, ``.parquet``: byte for byte (their bytes are their values);
+* ``.npy``, ``.csv``: byte for byte (their bytes are their values);
+* ``.parquet``: byte for byte, else column for column (schema and its metadata, then each
+  column's values bit for bit, NaN equal to NaN): how rows are grouped in the file changes its
+  bytes, not its values;
 * ``.npz``: array for array (name, dtype, shape, values bit for bit): the zip container stamps each
   member with the time it was written; a member holding a JSON record is compared as JSON without
   the keys that record run time and code version (:data:`JSON_VOLATILE_KEYS`);
@@ -154,8 +157,39 @@ def _bits(t):
     return torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat).view(torch.uint8)
 
 
+def _parquet(a: Path, b: Path) -> list[str]:
+    if filecmp.cmp(a, b, shallow=False):
+        return []
+    import pyarrow.parquet as pq
+
+    x, y = pq.read_table(a), pq.read_table(b)
+    if not x.schema.equals(y.schema, check_metadata=True):
+        return ["schemas (or their metadata) differ"]
+    if x.num_rows != y.num_rows:
+        return [f"{x.num_rows} rows != {y.num_rows}"]
+    return [f"column {name!r} differs" for name in x.column_names if not _column_equal(x[name], y[name])]
+
+
+def _column_equal(x, y) -> bool:
+    """Two arrow columns of one type: nulls, list offsets and values the same (floats bit for bit)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    x, y = (v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v for v in (x, y))
+    if not pc.equal(pc.is_null(x), pc.is_null(y)).to_numpy(zero_copy_only=False).all():
+        return False
+    if pa.types.is_list(x.type) or pa.types.is_large_list(x.type):
+        lengths = (pc.fill_null(pc.list_value_length(v), -1).to_numpy() for v in (x, y))
+        return np.array_equal(*lengths) and _column_equal(pc.list_flatten(x), pc.list_flatten(y))
+    if pa.types.is_floating(x.type) or pa.types.is_integer(x.type) or pa.types.is_boolean(x.type):
+        return _arrays_equal(*(v.to_numpy(zero_copy_only=False) for v in (x, y)))
+    return x.equals(y)
+
+
 def compare_file(kind: str, a: Path, b: Path) -> list[str]:
     """What differs between two files of a kind ([] when equal)."""
+    if kind == "parquet":
+        return _parquet(a, b)
     if kind == "npz":
         return _npz(a, b)
     if kind == "h5":
