@@ -99,14 +99,15 @@ def _category(name: str, column: pa.ChunkedArray, limit: int | None) -> Scalar |
     return Scalar(name, "category", codes, [str(names[i]) for i in order])
 
 
-def series(name: str, column: pa.ChunkedArray, n_epochs: int) -> np.ndarray:
-    """An (n, E) float32 matrix of a list column aligned with ``epochs`` (NaN: null or no value)."""
-    array = column.combine_chunks()
+def series(name: str, column: pa.ChunkedArray | pa.Array, n_epochs: int, first: int = 0) -> np.ndarray:
+    """An (n, E) float32 matrix of a list column aligned with ``epochs`` (NaN: null or no value),
+    its first value the dossier's row ``first``."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
     if not np.isin(lengths, (0, n_epochs)).all():
         bad = int(np.flatnonzero(~np.isin(lengths, (0, n_epochs)))[0])
         raise DataError(
-            f"dossier column {name!r}: row {bad} holds {lengths[bad]} values for {n_epochs} epochs; "
+            f"dossier column {name!r}: row {first + bad} holds {lengths[bad]} values for {n_epochs} epochs; "
             "every series must be aligned with the column 'epochs' (rebuild the dossier)"
         )
     flat = pc.cast(array.flatten(), pa.float32()).to_numpy(zero_copy_only=False)
@@ -137,17 +138,18 @@ def row_lookup(index: np.ndarray, role: np.ndarray, position: np.ndarray) -> dic
     return lookup
 
 
-def neighbours(table: pa.Table, spec: tuple[str, str, str], lookup: dict, key: tuple) -> Neighbours:
-    """A neighbour list as row numbers of the dossier (the named role, of the row's own index)."""
+def neighbours(
+    table: pa.Table, spec: tuple[str, str, str], lookup: dict, index: np.ndarray, k: int
+) -> Neighbours:
+    """A neighbour list of ``table``'s rows as row numbers of the dossier (the named role, of the
+    row's own ``index``), ``k`` a row (the list's :func:`longest` over the dossier)."""
     name, scores_name, role = spec
     positions = table.column(name).combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(positions), 0).to_numpy(zero_copy_only=False)
-    k = int(lengths.max()) if len(lengths) else 0
     flat_pos = positions.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
     flat_scores = table.column(scores_name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
     row_of = np.repeat(np.arange(len(lengths)), lengths)
     slot = np.arange(len(flat_pos)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    index, _, _ = key
     targets = np.full(len(flat_pos), -1, dtype=np.int64)
     for idx in np.unique(index):
         table_of = lookup.get((int(idx), role))
@@ -164,7 +166,7 @@ def neighbours(table: pa.Table, spec: tuple[str, str, str], lookup: dict, key: t
     return Neighbours(name, scores_name, role, rows, values)
 
 
-def text_values(column: pa.ChunkedArray) -> list:
+def text_values(column: pa.ChunkedArray | pa.Array) -> list:
     """A string column's values; a value list's (:data:`VALUE_LISTS`) as text, ``0.5, -1.25``."""
     values = column.to_pylist()
     if not is_list(column.type):

@@ -156,3 +156,26 @@ def test_a_multi_output_regressions_target_is_text_not_a_series(tmp_path):
     assert "target" in m["strings"] and [s["name"] for s in m["layout"]["series"]] == ["loss"]
     strings = json.loads((out / "chunks/0.json").read_text())
     assert strings["target"] == ["0.5, -1.25, 2, 0", "1, 1, 1, 1"]
+
+
+def test_a_dossier_of_many_row_groups_gives_the_same_explorer(tmp_path):
+    """The explorer reads the dossier by columns and row groups: a file of row groups of 2 rows
+    gives the files of one written whole, and row chunks cut across the row groups."""
+    import filecmp
+
+    import pyarrow.parquet as pq
+
+    from epochlens.explorer.chunks import row_chunks
+
+    whole = write_tiny_dossier(tmp_path / "whole.parquet")
+    table = pq.read_table(whole)
+    pq.write_table(table, tmp_path / "groups.parquet", row_group_size=2)
+    assert pq.ParquetFile(tmp_path / "groups.parquet").num_row_groups == 3
+    a = build_explorer(whole, tmp_path / "a")
+    b = build_explorer(tmp_path / "groups.parquet", tmp_path / "b")
+    assert a == b
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert files and all(filecmp.cmp(tmp_path / "a" / f, tmp_path / "b" / f, shallow=False) for f in files)
+    chunks = list(row_chunks(pq.ParquetFile(tmp_path / "groups.parquet"), ["id", "loss"], 3))
+    assert [c.num_rows for c in chunks] == [3, 2]
+    assert [i for c in chunks for i in c["id"].to_pylist()] == table["id"].to_pylist()
