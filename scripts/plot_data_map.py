@@ -14,7 +14,7 @@ from epochlens.runner import log
 def main(snakemake) -> None:
     dossier, meta = read_dossier(snakemake.input.dossier)
     regression = meta["task"] == "regression"
-    fig = plot_data_map(dossier, snakemake.wildcards.run, regression)
+    fig = plot_data_map(dossier, snakemake.wildcards.run, len(meta["epochs"]), regression)
     save_figure(fig, [snakemake.output.png, snakemake.output.pdf])
     share = corrupted_share_by_region(dossier)
     if len(share):

@@ -10,24 +10,32 @@ checkpoint. Samples held out of training are left out (they were not learned fro
 
 from __future__ import annotations
 
+import json
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 #: Most points drawn per panel (the Cartography paper's plots subsample to 25k).
 MAX_POINTS = 25_000
 MAX_PANELS = 4
+DRAWN = ("index", "variability", "confidence", "correctness", "error_variability", "error_mean")
 
 
 def read_dossier(path) -> tuple[pd.DataFrame, dict]:
-    """A dossier's columns and metadata (:mod:`epochlens.samples.dossier` writes it; a figure
-    reads the file only, not that stage's code)."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
-    return table.to_pandas(), json.loads(table.schema.metadata[b"epochlens"])
+    """A dossier's training rows (``role`` and ``split`` train) in the columns the data map draws
+    (a regression's last absolute error as ``final_abs_error``; no series, neighbours or texts
+    read), and its metadata (a figure reads the file, not :mod:`epochlens.samples.dossier`)."""
+    schema = pq.read_schema(path)
+    meta = json.loads(schema.metadata[b"epochlens"])
+    names = [c for c in (*DRAWN, "is_corrupted", "abs_error") if c in schema.names]
+    table = pq.read_table(path, columns=names, filters=[("role", "=", "train"), ("split", "=", "train")])
+    if "abs_error" in names:
+        last = pc.list_element(table["abs_error"], max(0, len(meta["epochs"]) - 1))
+        table = table.drop_columns(["abs_error"]).append_column("final_abs_error", last)
+    return table.to_pandas(split_blocks=True, self_destruct=True), meta  # the table freed as it goes
 
 
 def _subsample(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
@@ -44,16 +52,15 @@ def _axes_of(regression: bool) -> tuple[str, str, str, str, str]:
 
 def _panel(ax: plt.Axes, frame: pd.DataFrame, regression: bool):
     xcol, ycol, xlabel, ylabel, clabel = _axes_of(regression)
-    colour = frame["abs_error"].map(lambda s: s[-1]) if regression else frame["correctness"]
+    colour = frame["final_abs_error"] if regression else frame["correctness"]
     points = ax.scatter(
         frame[xcol], frame[ycol], c=colour, cmap="viridis" if regression else "RdYlBu", s=8,
         alpha=0.7, linewidths=0, vmin=None if regression else 0.0, vmax=None if regression else 1.0,
     )  # fmt: skip
     if "is_corrupted" in frame and frame["is_corrupted"].any():
         bad = frame[frame["is_corrupted"].astype(bool)]
-        ax.scatter(
-            bad[xcol], bad[ycol], marker="x", c="k", s=22, linewidths=1.0, label=f"corrupted ({len(bad)})"
-        )
+        label = f"corrupted ({len(bad)})"
+        ax.scatter(bad[xcol], bad[ycol], marker="x", c="k", s=22, linewidths=1.0, label=label)
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -63,34 +70,27 @@ def _panel(ax: plt.Axes, frame: pd.DataFrame, regression: bool):
     return points, clabel
 
 
-def plot_data_map(dossier: pd.DataFrame, title: str, regression: bool = False) -> plt.Figure:
-    """The data map of a dossier's training rows (``role`` train, ``split`` train), a panel per
-    replicate index (the first :data:`MAX_PANELS`), at most :data:`MAX_POINTS` points each."""
-    rows = dossier[(dossier["role"] == "train") & (dossier["split"] == "train")]
+def plot_data_map(rows: pd.DataFrame, title: str, n_epochs: int, regression: bool = False) -> plt.Figure:
+    """The data map of a dossier's training rows (:func:`read_dossier`) over ``n_epochs`` checkpoints,
+    a panel per replicate index (the first :data:`MAX_PANELS`), at most :data:`MAX_POINTS` points each."""
     indices = sorted(rows["index"].unique())[:MAX_PANELS]
     fig, axes = plt.subplots(1, len(indices), figsize=(5.2 * len(indices), 4.6), squeeze=False)
     for ax, index in zip(axes[0], indices, strict=True):
         frame = rows[rows["index"] == index]
         shown = _subsample(frame, seed=int(index))
         points, clabel = _panel(ax, shown, regression)
-        note = (
-            f" ({len(shown):,} of {len(frame):,})"
-            if len(shown) < len(frame)
-            else f" ({len(frame):,} samples)"
-        )
-        ax.set_title(f"index {index}{note}", fontsize=9)
+        note = f"{len(shown):,} of {len(frame):,}" if len(shown) < len(frame) else f"{len(frame):,} samples"
+        ax.set_title(f"index {index} ({note})", fontsize=9)
         fig.colorbar(points, ax=ax, label=clabel)
-    n_epochs = len(rows["epochs"].iloc[0]) if len(rows) else 0
     kind = "data map, regression analogue" if regression else "data map"
     fig.suptitle(f"{title}: {kind} over {n_epochs} checkpoints")
     fig.tight_layout()
     return fig
 
 
-def corrupted_share_by_region(dossier: pd.DataFrame) -> pd.DataFrame:
-    """Share of corrupted samples among the hard-to-learn (confidence < 0.5) and the other
-    training samples of each index: what the data map shows of the ground truth, as numbers."""
-    rows = dossier[(dossier["role"] == "train") & (dossier["split"] == "train")]
+def corrupted_share_by_region(rows: pd.DataFrame) -> pd.DataFrame:
+    """Share of corrupted samples among the hard-to-learn (confidence < 0.5) and the other training
+    samples (:func:`read_dossier`) of each index: what the data map shows of the ground truth."""
     if "is_corrupted" not in rows or "confidence" not in rows:
         return pd.DataFrame(columns=["index", "region", "n", "corrupted"])
     region = np.where(rows["confidence"] < 0.5, "hard (confidence < 0.5)", "easy or ambiguous")
