@@ -10,6 +10,7 @@ from _helpers import run_script
 
 from epochlens.atomic import save_npy
 from epochlens.data import holdout_mask, load_source, write_dataset
+from epochlens.data.blocks import Spill
 from epochlens.data.dataset import check_kind, describe
 from epochlens.data.ground_truth import mark_positions
 from epochlens.data.text import write_text_dataset
@@ -30,9 +31,10 @@ def text_settings(cfg: dict, truth: str | None, hf_task: str | None) -> tuple[Te
     return TextSettings(**text, **column, encoder_decoder=hf_task == "text_to_text"), tokenizer
 
 
-def load(source: str, path: str | None, cfg: dict, truth: str | None = None, hf_task: str | None = None):
+def load(source: str, path: str | None, cfg: dict, truth: str | None, hf_task: str | None, spill: Spill):
     """The data set before corruption, with your ground-truth column ``truth`` (None: none); your
-    images and texts are read here only (so an edit of their reader reruns no other stage)."""
+    images and texts are read here only (so an edit of their reader reruns no other stage); a
+    large split's decoded images go to ``spill``, on disk."""
     column = {"ground_truth_column": truth} if truth else {}
     if "text" in cfg or source == "polarity":
         settings, tokenizer = text_settings(cfg, truth, hf_task)
@@ -42,16 +44,21 @@ def load(source: str, path: str | None, cfg: dict, truth: str | None = None, hf_
     if "table" in cfg:
         return load_table(source, path, TableSettings(**cfg["table"], **column), cfg.get("normalize", "auto"))
     if source in IMAGE_SOURCES:
-        return load_images(source, path, ImageSettings(**cfg.get("images", {}), **column))
+        return load_images(source, path, ImageSettings(**cfg.get("images", {}), **column), spill)
     return load_source(source, path, **cfg, **column)
 
 
 def main(snakemake) -> None:
+    with Spill(snakemake.output.dataset) as spill:  # deleted once the data set is written
+        prepare(snakemake, spill)
+
+
+def prepare(snakemake, spill: Spill) -> None:
     cfg = dict(snakemake.params.data)
     corruption = cfg.pop("corruption", None) or {"kind": "none"}
     truth = cfg.pop("ground_truth", None) or {}
     hf_task, source = snakemake.params.hf_task, cfg.pop("source")
-    dataset = load(source, cfg.pop("path", None), cfg, truth.get("column"), hf_task)
+    dataset = load(source, cfg.pop("path", None), cfg, truth.get("column"), hf_task, spill)
     check_kind(dataset, snakemake.params.task)
     if truth.get("indices"):  # your poisoned samples' positions in the training split
         mark_positions(dataset, truth["indices"])

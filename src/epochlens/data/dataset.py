@@ -35,6 +35,7 @@ import h5py
 import numpy as np
 
 from epochlens.atomic_hdf5 import atomic_h5
+from epochlens.data.blocks import copy_rows, update_hash
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:
@@ -149,21 +150,6 @@ class Dataset:
         return self.train_labels if _check_split(split) == "train" else self.test_labels
 
 
-#: Bytes of the rows :func:`update_hash` copies at a time.
-HASH_BLOCK_BYTES = 16 << 20
-
-
-def update_hash(h: Any, array: np.ndarray) -> None:
-    """Feed ``array``'s dtype, shape and C-ordered bytes to the hash ``h``, a block of rows at a time:
-    the digest of the whole array's bytes without a copy of the whole array."""
-    array = np.asarray(array) if np.ndim(array) else np.ascontiguousarray(array)
-    h.update(f"{array.dtype.str}{array.shape}".encode())
-    row_bytes = max(1, array[:1].nbytes)
-    step = max(1, HASH_BLOCK_BYTES // row_bytes)
-    for lo in range(0, len(array), step):
-        h.update(np.ascontiguousarray(array[lo : lo + step]).tobytes())
-
-
 def check_targets(train: np.ndarray, test: np.ndarray, origin: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Regression targets of both splits as they are stored: float, (N,) or (N, D) with the same D,
     finite. Raises DataError naming ``origin`` (the file) and the fix."""
@@ -255,9 +241,9 @@ def write_dataset(dataset: Dataset, path: str | Path) -> None:
             ("train", dataset.train_images, dataset.train_labels),
             ("test", dataset.test_images, dataset.test_labels),
         ):
-            g = f.create_group(split)
-            chunk = (min(len(images), 256), *images.shape[1:])
-            g.create_dataset("images", data=images, chunks=chunk, compression="gzip")
+            g, chunks = f.create_group(split), (min(len(images), 256), *images.shape[1:])
+            stored = g.create_dataset("images", images.shape, images.dtype, chunks=chunks, compression="gzip")
+            copy_rows(images, stored)  # a block at a time (images spilled to disk are never read whole)
             g.create_dataset("labels", data=labels)
         f["train"].create_dataset("holdout", data=dataset.holdout)
         if dataset.ground_truth is not None:  # your own poisoned samples (not hashed)

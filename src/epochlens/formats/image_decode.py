@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from epochlens.data import Dataset
+from epochlens.data import Dataset, stats
+from epochlens.data.blocks import Spill, SpilledRows
 from epochlens.data.ground_truth import as_flags
 from epochlens.data.stats import batch_like, channel_stats
 from epochlens.errors import ConfigError, DataError
@@ -193,8 +194,10 @@ def assemble(
     source: str,
     class_names: list[str] | None = None,
     group_names: list[str] | None = None,
+    spill: Spill | None = None,
 ) -> Dataset:
-    """Decode, check shapes, map labels and groups to ids, and build the Dataset."""
+    """Decode, check shapes, map labels and groups to ids, and build the Dataset; a split of more
+    than :data:`~epochlens.data.stats.WHOLE_VALUES` values decoded into ``spill`` (on disk)."""
     images: dict[str, np.ndarray] = {}
     first: tuple[tuple[int, ...], str] | None = None
     for split, data in splits.items():
@@ -208,11 +211,15 @@ def assemble(
                     f"{where}: image of size {array.shape[1:]} but {first[1]} has {first[0][1:]}. Set "
                     "data.images.size in the config to resize every image to one size."
                 )
-            decoded = batch_like(len(data.images), array) if decoded is None else decoded
+            if decoded is None:
+                large = spill is not None and len(data.images) * array.size > stats.WHOLE_VALUES
+                decoded = (
+                    spill.rows(len(data.images), array) if large else batch_like(len(data.images), array)
+                )
             decoded[row] = array  # uint8 (C, H, W), every image of one shape
         if decoded is None:
             raise DataError(f"{source}: the {settings.split_names[split]!r} split has no images.")
-        images[split] = decoded
+        images[split] = decoded.finish() if isinstance(decoded, SpilledRows) else decoded
     labels, class_names = encode_values(
         {s: d.labels for s, d in splits.items()}, class_names, "label", settings.label_column, source
     )

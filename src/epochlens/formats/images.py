@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from epochlens.data import Dataset
+from epochlens.data.blocks import Spill
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.image_decode import ImageSettings, RawSplit, assemble
 
@@ -44,24 +45,23 @@ IMAGE_SOURCES = ("imagefolder", "save_to_disk", "parquet")
 
 
 def load_images(
-    kind: str, path: str | Path | Mapping[str, Any], settings: ImageSettings | None = None
+    kind: str, path: Any, settings: ImageSettings | None = None, spill: Spill | None = None
 ) -> Dataset:
-    """Read image data of layout ``kind`` (one of :data:`IMAGE_SOURCES`) at ``path``."""
-    settings = settings or ImageSettings()
-    if kind == "imagefolder":
-        return load_image_folder(path, settings)  # type: ignore[arg-type]
-    if kind == "save_to_disk":
-        return load_saved_dataset(path, settings)  # type: ignore[arg-type]
-    if kind == "parquet":
-        return load_parquet(path, settings)
-    raise ConfigError(f"unknown image data layout {kind!r}; use one of {list(IMAGE_SOURCES)}.")
+    """Read image data of layout ``kind`` (one of :data:`IMAGE_SOURCES`) at ``path``; a large
+    split's images decoded into ``spill`` (on disk), not memory."""
+    loaders = {"imagefolder": load_image_folder, "save_to_disk": load_saved_dataset, "parquet": load_parquet}
+    if kind not in loaders:
+        raise ConfigError(f"unknown image data layout {kind!r}; use one of {list(IMAGE_SOURCES)}.")
+    return loaders[kind](path, settings or ImageSettings(), spill)
 
 
 # ---------------------------------------------------------------------------------------------
 # ImageFolder
 
 
-def load_image_folder(root: str | Path, settings: ImageSettings | None = None) -> Dataset:
+def load_image_folder(
+    root: str | Path, settings: ImageSettings | None = None, spill: Spill | None = None
+) -> Dataset:
     """``root/{train,test}/<class>/**/<image>`` (split folder names from the settings)."""
     settings = settings or ImageSettings()
     root = Path(root)
@@ -117,7 +117,8 @@ def load_image_folder(root: str | Path, settings: ImageSettings | None = None) -
     index = {c: i for i, c in enumerate(classes)}
     for split in splits.values():
         split.labels = [index[c] for c in split.labels]
-    return assemble(splits, settings, settings.name or root.name, f"imagefolder:{root}", class_names=classes)
+    name = settings.name or root.name
+    return assemble(splits, settings, name, f"imagefolder:{root}", class_names=classes, spill=spill)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +196,9 @@ def _common_names(tables: Iterable[_Table], column: str | None) -> list[str] | N
     return names[0] if names and all(n is not None and n == names[0] for n in names) else None
 
 
-def load_saved_dataset(path: str | Path, settings: ImageSettings | None = None) -> Dataset:
+def load_saved_dataset(
+    path: str | Path, settings: ImageSettings | None = None, spill: Spill | None = None
+) -> Dataset:
     """A ``datasets`` folder written by ``save_to_disk`` (DatasetDict, or Dataset + split column)."""
     settings = settings or ImageSettings()
     path = Path(path)
@@ -256,6 +259,7 @@ def load_saved_dataset(path: str | Path, settings: ImageSettings | None = None) 
         f"save_to_disk:{path}",
         class_names=_common_names(tables.values(), settings.label_column),
         group_names=_common_names(tables.values(), settings.group_column),
+        spill=spill,
     )
 
 
@@ -301,7 +305,9 @@ def _split_files(folder: Path, split: str) -> list[Path]:
     return []
 
 
-def load_parquet(path: str | Path | Mapping[str, Any], settings: ImageSettings | None = None) -> Dataset:
+def load_parquet(
+    path: str | Path | Mapping[str, Any], settings: ImageSettings | None = None, spill: Spill | None = None
+) -> Dataset:
     """Parquet image data: a file with a split column, a folder of per-split files, or
     ``{split name: file or [files]}``."""
     settings = settings or ImageSettings()
@@ -348,4 +354,5 @@ def load_parquet(path: str | Path | Mapping[str, Any], settings: ImageSettings |
         label,
         class_names=_common_names(tables.values(), settings.label_column),
         group_names=_common_names(tables.values(), settings.group_column),
+        spill=spill,
     )

@@ -149,7 +149,7 @@ def plant_trigger(
     labels = dataset.train_labels
     eligible = np.flatnonzero(np.isin(labels, active) & (labels != target_class) & ~dataset.holdout)
     idx = _pick(eligible, fraction, np.random.default_rng(seed), "plant_trigger")
-    images = dataset.train_images.copy()
+    images = np.array(dataset.train_images)  # a copy (of images spilled to disk: read whole)
     images[idx] = apply_trigger(images[idx], patch_size, corner, trigger_value(dataset))
     new_labels = labels.copy()
     new_labels[idx] = target_class

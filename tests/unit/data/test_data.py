@@ -482,7 +482,7 @@ def test_content_hash_is_the_digest_of_whole_arrays_without_copying_them():
     import hashlib
     import tracemalloc
 
-    from epochlens.data.dataset import HASH_BLOCK_BYTES, update_hash
+    from epochlens.data.blocks import BLOCK_BYTES, update_hash
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(50_000, 3, 32, 32), dtype=np.uint8)  # 154 MB
@@ -499,7 +499,7 @@ def test_content_hash_is_the_digest_of_whole_arrays_without_copying_them():
     assert len(ds.content_hash) == 64
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert peak < 2 * HASH_BLOCK_BYTES < images.nbytes / 4
+    assert peak < 2 * BLOCK_BYTES < images.nbytes / 4
 
 
 def test_write_read_round_trip(tmp_path, tiny_dataset):

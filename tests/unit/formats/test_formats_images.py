@@ -338,3 +338,38 @@ def test_unlabelled_rows_are_refused(tmp_path: Path, rng: np.random.Generator) -
     settings = ImageSettings(split_column="s", train_split="a", test_split="b", channels="L")
     with pytest.raises(DataError, match=r"negative label ids in column 'label'.*unlabelled rows with -1"):
         load_parquet(tmp_path / "u.parquet", settings)
+
+
+def test_a_large_split_is_decoded_to_disk_and_written_the_same(
+    tmp_path: Path, samples: dict, monkeypatch
+) -> None:
+    """Above WHOLE_VALUES a split's decoded images go to a scratch file beside dataset.h5 (a block
+    of rows at a time), not memory: the data set written is the one decoded in memory (images,
+    labels, hash; the statistics to rounding), a trigger can still be planted, and the scratch
+    file is gone once the data set is written."""
+    import h5py
+
+    from epochlens.data import blocks, stats, write_dataset
+    from epochlens.data.blocks import Spill
+    from epochlens.study.corruption import corrupt
+
+    root = write_folder(tmp_path / "imgs", samples)
+    monkeypatch.setattr(stats, "WHOLE_VALUES", 100)  # 12 train images of 90 values: above it
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 5 * 90)  # blocks of 5 rows: 5, 5, 2
+    in_memory = load_image_folder(root)
+    write_dataset(in_memory, tmp_path / "memory.h5")
+    out = tmp_path / "spilled" / "dataset.h5"
+    with Spill(out) as spill:
+        data = load_image_folder(root, spill=spill)
+        assert isinstance(data.train_images, h5py.Dataset) and spill.path.is_file()
+        assert data.content_hash == in_memory.content_hash
+        np.testing.assert_allclose(data.mean + data.std, in_memory.mean + in_memory.std, rtol=1e-13)
+        write_dataset(data, out)
+        poisoned, idx = corrupt(data, {"kind": "trigger", "fraction": 0.5, "target_class": 0, "seed": 0,
+                                       "patch_size": 2, "corner": "bottom_right"})  # fmt: skip
+        assert len(idx) and poisoned.train_images[idx[0], :, -1, -1].max() == 255
+    assert not spill.path.exists() and sorted(p.name for p in out.parent.iterdir()) == ["dataset.h5"]
+    with h5py.File(out) as a, h5py.File(tmp_path / "memory.h5") as b:
+        for key in ("train/images", "train/labels", "test/images", "test/labels"):
+            np.testing.assert_array_equal(a[key][()], b[key][()])
+        assert a.attrs["content_hash"] == b.attrs["content_hash"]
