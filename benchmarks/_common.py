@@ -313,6 +313,36 @@ def write_cifar100(folder: Path, n_train: int, n_test: int) -> Path:
     return folder
 
 
+def write_image_folder(folder: Path, n_train: int, n_test: int) -> Path:
+    """An ImageFolder tree (``{train,test}/class_{c:03d}/{i}.png``) of random 32 x 32 RGB pixels, the
+    100 classes in turn, as :func:`write_cifar100` draws them; returns it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("test", n_test)):
+        labels = rng.permutation(np.arange(n) % 100)
+        for c in range(100):
+            (folder / split / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
+        for lo in range(0, n, 10_000):
+            pixels = rng.integers(0, 256, size=(min(n, lo + 10_000) - lo, 32, 32, 3), dtype=np.uint8)
+            for i, image in enumerate(pixels, start=lo):
+                Image.fromarray(image).save(folder / split / f"class_{labels[i]:03d}" / f"{i}.png")
+    return folder
+
+
+def write_npz(path: Path, n_train: int, n_test: int) -> Path:
+    """An ``.npz`` of x_train (N, 3, 32, 32) uint8, y_train, x_test, y_test: random pixels, the 100
+    classes in turn; returns it."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        arrays[f"y_{split}"] = rng.permutation(np.arange(n) % 100)
+        arrays[f"x_{split}"] = rng.integers(0, 256, size=(n, 3, 32, 32), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)
+    return path
+
+
 def lop_config(cifar: Path, lop: Path) -> dict:
     """config/cifar100_lop.yaml with its data at ``cifar``, its class orders and checkpoints in the
     original experiment's layout under ``lop`` (class_order/, model_parameters/)."""

@@ -7,8 +7,10 @@ the built-in small CNN in its place: the data's share of each job's memory and t
 
 ``--stages thumbnails`` (the default) builds the run's data set and its thumbnails only;
 ``--stages samples`` the per-sample stages (evaluation, sample outputs, dossier, thumbnails,
-explorer; curvature, features, probes and ablation off): a ResNet-18 on every image, an hour at
-N = 50,000 on two CPU cores; ``--stages all`` every stage, influence (EK-FAC) too. Peaks and
+explorer; curvature, features, probes and ablation off): a ResNet-18 on every image (36 s of
+forward passes at N = 50,000 on two CPU cores); ``--stages all`` every stage, influence (EK-FAC)
+too. ``--source imagefolder`` or ``npz``: random pixels as well, in an image folder of PNGs or
+an ``.npz``, normalised from the training images. Peaks and
 seconds are Snakemake's ``benchmark:`` files (``max_rss``: sampled from 0.5 s on), one row per
 rule; ``growth`` is the ratio of the largest N's peak to the smallest's; ``asked_mb`` the
 ``mem_mb`` the workflow gave the rule's jobs from the run's shapes (``epochlens.memory``), and
@@ -16,6 +18,7 @@ the jobs whose peak passed it are listed; ``own_peak_mb`` each job's own high-wa
 (``ru_maxrss``, written as it exits: benchmarks/_peak), which the sampling misses on short jobs.
 
     .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples|all] [--model small_cnn]
+        [--source imagefolder|npz]
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from epochlens.models.networks import MODELS, build_model
 
 RUN, EPOCH = "cifar100_lop", 200
 OFF = {"enabled": False}
+SOURCES = ("cifar100", "imagefolder", "npz")
 
 
 def options() -> argparse.ArgumentParser:
@@ -43,6 +47,12 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000], help="training images (x100)")
     p.add_argument("--stages", choices=["thumbnails", "samples", "all"], default="thumbnails")
     p.add_argument("--model", choices=sorted(MODELS), default="resnet18_lop", help="the checkpoint's network")
+    p.add_argument(
+        "--source",
+        choices=SOURCES,
+        default="cifar100",
+        help="the data: CIFAR-100 pickles, an image folder, an npz",
+    )
     p.add_argument("--cores", type=int, default=2)
     p.add_argument(
         "--keep", type=Path, help="build the projects here and keep them (default: a temporary folder)"
@@ -51,9 +61,16 @@ def options() -> argparse.ArgumentParser:
     return p
 
 
-def write_project(work: Path, n_train: int, model: str = "resnet18_lop", stages: str = "samples") -> Path:
-    """The study's inputs and its config (paths into ``work``); returns the config file."""
-    cfg = _common.lop_config(_common.write_cifar100(work / "cifar-100-python", n_train, 10_000), work / "lop")
+def write_project(
+    work: Path, n_train: int, model: str = "resnet18_lop", stages: str = "samples", source: str = "cifar100"
+) -> Path:
+    """The study's inputs and its config (paths into ``work``); returns the config file. ``source``
+    other than cifar100: random pixels as well, in an image folder or an npz, normalised from them."""
+    writers = {"cifar100": _common.write_cifar100, "imagefolder": _common.write_image_folder}
+    where = {"cifar100": "cifar-100-python", "imagefolder": "images", "npz": "data.npz"}[source]
+    data = writers.get(source, _common.write_npz)(work / where, n_train, 10_000)
+    cfg = _common.lop_config(data, work / "lop")
+    cfg["runs"][RUN]["data"]["source"] = source
     (work / "lop/class_order").mkdir(parents=True, exist_ok=True)
     np.save(work / "lop/class_order/index-0.npy", np.random.default_rng(100).permutation(100))
     (work / "lop/model_parameters").mkdir(parents=True, exist_ok=True)
@@ -72,9 +89,9 @@ def write_project(work: Path, n_train: int, model: str = "resnet18_lop", stages:
     return work / "config.yaml"
 
 
-def measure(work: Path, n_train: int, stages: str, cores: int, model: str) -> list[dict]:
+def measure(work: Path, n_train: int, stages: str, cores: int, model: str, source: str) -> list[dict]:
     """Build and run one project; a row per rule: peak MB, seconds, seconds per 1,000 samples."""
-    config = write_project(work, n_train, model, stages)
+    config = write_project(work, n_train, model, stages, source)
     targets = [f"results/{RUN}/samples/thumbs"] if stages == "thumbnails" else []
     _, output = run_snakemake(work, config, cores, *targets, peaks=work / "peaks")
     own = job_peaks(work / "peaks")
@@ -97,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             work = (args.keep or Path(tmp)) / f"n{n}"
-            rows += measure(work, n, args.stages, args.cores, args.model)
+            rows += measure(work, n, args.stages, args.cores, args.model, args.source)
     table = pd.DataFrame(rows)
     peaks = table.pivot(index="rule", columns="n", values="own_peak_mb")
     peaks["growth"] = peaks[max(args.sizes)] / peaks[min(args.sizes)]
