@@ -11,13 +11,16 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 from pathlib import Path
 
 import numpy as np
 
+from epochlens.data import stats
 from epochlens.data.dataset import Dataset, check_targets
 from epochlens.data.stats import channel_stats
+from epochlens.data.stored_npz import Member, StoredRows, stored_members
 from epochlens.errors import DataError
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -137,12 +140,17 @@ def _to_nchw(x: np.ndarray, layout: str, path: Path, key: str) -> np.ndarray:
     if x.ndim == 2:  # vectors (N, D)
         return x
     if x.ndim == 3:
-        return x[:, None]
+        return _each_block(x, lambda rows: rows[:, None])
     if x.ndim != 4:
         raise DataError(
             f"{path}: '{key}' must be vectors (N, D) or images (N, H, W) / (N, C, H, W), got shape {x.shape}."
         )
-    return np.transpose(x, (0, 3, 1, 2)) if layout == "nhwc" else x
+    return _each_block(x, lambda rows: np.transpose(rows, (0, 3, 1, 2))) if layout == "nhwc" else x
+
+
+def _each_block(x: np.ndarray | StoredRows, block) -> np.ndarray | StoredRows:
+    """``block(x)``; of an array read by rows, the rows with ``block`` applied as they are read."""
+    return x.mapped(block) if isinstance(x, StoredRows) else block(x)
 
 
 NORMALIZE = ("auto", "per_channel", "none")
@@ -174,7 +182,8 @@ def load_npz(
     path = Path(path)
     archive = _open_npz(path)
     keys = ("x_train", "y_train", "x_test", "y_test")
-    x_train, y_train, x_test, y_test = (_array(archive, key, path) for key in keys)
+    stored = stored_members(path)  # a large array stored as is: read by rows, never whole
+    x_train, y_train, x_test, y_test = (_array(archive, key, path, stored.get(key)) for key in keys)
     x_train = _to_nchw(x_train, layout, path, "x_train")
     x_test = _to_nchw(x_test, layout, path, "x_test")
     for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
@@ -254,22 +263,33 @@ def _npz_ground_truth(archive: np.lib.npyio.NpzFile, column: str, path: Path, n_
     return ground_truth
 
 
-def _array(archive: np.lib.npyio.NpzFile, key: str, path: Path) -> np.ndarray:
-    """``archive[key]``, numeric and finite, or DataError naming the file, the array and the fix."""
+def _array(archive: np.lib.npyio.NpzFile, key: str, path: Path, stored: Member | None = None):
+    """``archive[key]``, numeric and finite, or DataError naming the file, the array and the fix; an
+    array of more than :data:`~epochlens.data.stats.WHOLE_VALUES` values ``stored`` as is: read by
+    rows (:class:`StoredRows`)."""
     try:
-        x = archive[key]
+        large = stored is not None and math.prod(stored[2]) > stats.WHOLE_VALUES and len(stored[2]) > 1
+        x = StoredRows(path, stored) if large else archive[key]
     except ValueError as exc:  # an object array: pickled Python objects
         raise DataError(
             f"{path}: '{key}' holds Python objects ({exc}); store numbers, e.g. "
             f"np.savez(path, {key}=np.asarray(values, dtype=np.float32))."
         ) from None
-    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
-        rows = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
+    rows = _nonfinite_rows(x) if np.issubdtype(x.dtype, np.floating) else []
+    if len(rows):
         raise DataError(
             f"{path}: '{key}' holds NaN or Inf values in {len(rows)} sample(s) (positions "
             f"{rows[:5].tolist()}...); repair or remove them before analysing."
         )
     return x
+
+
+def _nonfinite_rows(x) -> np.ndarray:
+    """The rows of ``x`` (N, ...) holding NaN or Inf, a block of rows at a time."""
+    step = max(1, (16 << 20) // max(1, x[:1].nbytes))
+    bad = [lo + np.flatnonzero(~np.isfinite(x[lo : lo + step].reshape(-1, math.prod(x.shape[1:]))).all(1))
+           for lo in range(0, len(x), step)]  # fmt: skip
+    return np.concatenate(bad) if bad else np.zeros(0, np.int64)
 
 
 def _class_ids(y_train: np.ndarray, y_test: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -5,11 +5,12 @@ per-image arrays (:func:`npy_rows`). A dossier of a million samples and 21 check
 
 from __future__ import annotations
 
-import struct
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from epochlens.data.stored_npz import stored_members
 
 
 class NpzColumns:
@@ -24,12 +25,10 @@ class NpzColumns:
         self._stored: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
         self._loaded: dict[str, np.ndarray] = {}
         try:
-            with zipfile.ZipFile(self.path) as archive, open(self.path, "rb") as f:
+            self._stored = {k: m for k, m in stored_members(self.path).items() if len(m[2]) <= 2}
+            with zipfile.ZipFile(self.path) as archive:
                 for info in archive.infolist():
-                    name = info.filename.removesuffix(".npy")
-                    if info.compress_type == zipfile.ZIP_STORED:
-                        self._stored[name] = _member_array(f, info.header_offset)
-                    else:
+                    if (name := info.filename.removesuffix(".npy")) not in self._stored:
                         self._loaded[name] = np.load(archive.open(info), allow_pickle=False)
         except zipfile.BadZipFile as exc:
             raise ValueError(f"not an npz archive ({exc})") from exc
@@ -58,23 +57,6 @@ class NpzColumns:
                 f.seek(offset + (row * n + lo) * dtype.itemsize)
                 f.readinto(memoryview(out[row]).cast("B"))
         return out if len(shape) == 2 else out[0]
-
-
-def _member_array(f, header_offset: int) -> tuple[int, np.dtype, tuple[int, ...]]:
-    """(offset of the data, dtype, shape) of the stored ``.npy`` member whose local header is at
-    ``header_offset``; ValueError for what :meth:`NpzColumns.columns` cannot seek in."""
-    f.seek(header_offset)
-    local = f.read(30)
-    if len(local) < 30 or local[:4] != b"PK\x03\x04":
-        raise ValueError("a damaged zip member header")
-    name_length, extra_length = struct.unpack("<HH", local[26:30])
-    f.seek(header_offset + 30 + name_length + extra_length)
-    version = np.lib.format.read_magic(f)
-    header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, fortran, dtype = header(f)
-    if fortran and len(shape) > 1 or dtype.hasobject or len(shape) > 2:
-        raise ValueError(f"an array of shape {shape} ({dtype}, Fortran order {fortran}) is not a series")
-    return f.tell(), dtype, shape
 
 
 def npy_rows(path: str | Path, lo: int, hi: int) -> np.ndarray:
