@@ -94,6 +94,8 @@ rule plot_data_map:
         pdf=layout.figure("data_map", "pdf"),
     log:
         layout.log("plot_data_map"),
+    benchmark:
+        layout.benchmark("plot_data_map")
     conda:
         "../envs/plots.yaml"
     envmodules:
