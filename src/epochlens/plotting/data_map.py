@@ -1,12 +1,8 @@
 """The data map (Dataset Cartography, Swayamdipta et al. 2020) of a run's dossier: each training
 sample's variability (x) against its confidence (y) over the analysed checkpoints, coloured by its
-correctness, the known corrupted samples marked; one panel per replicate index.
-
-A regression has no probability of a label: its analogue puts the std over checkpoints of the
-absolute error (x) against its mean (y, lower = easier, so the axis is inverted to keep easy
-samples at the top, as in the classification map), coloured by the absolute error at the last
-checkpoint. Samples held out of training are left out (they were not learned from).
-"""
+correctness, the known corrupted samples marked; one panel per replicate index. A regression's
+analogue puts the std over checkpoints of the absolute error (x) against its mean (y, inverted:
+easy samples at the top) coloured by the last absolute error. The holdout is left out (not learned)."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -28,20 +25,22 @@ def read_dossier(path) -> tuple[pd.DataFrame, dict]:
     """A dossier's training rows (``role`` and ``split`` train) in the columns the data map draws
     (a regression's last absolute error as ``final_abs_error``; no series, neighbours or texts
     read), and its metadata (a figure reads the file, not :mod:`epochlens.samples.dossier`)."""
-    schema = pq.read_schema(path)
-    meta = json.loads(schema.metadata[b"epochlens"])
-    names = [c for c in (*DRAWN, "is_corrupted", "abs_error") if c in schema.names]
-    table = pq.read_table(path, columns=names, filters=[("role", "=", "train"), ("split", "=", "train")])
-    if "abs_error" in names:
-        last = pc.list_element(table["abs_error"], max(0, len(meta["epochs"]) - 1))
-        table = table.drop_columns(["abs_error"]).append_column("final_abs_error", last)
-    return table.to_pandas(split_blocks=True, self_destruct=True), meta  # the table freed as it goes
+    file = pq.ParquetFile(path)
+    meta, names = json.loads(file.schema_arrow.metadata[b"epochlens"]), file.schema_arrow.names
+    drawn = [c for c in (*DRAWN, "is_corrupted", "abs_error") if c in names]
+    parts = []
+    for group in range(file.num_row_groups):  # a row group at a time: its training rows kept
+        rows = file.read_row_group(group, columns=[*drawn, "role", "split"])
+        rows = rows.filter(pc.and_(pc.equal(rows["role"], "train"), pc.equal(rows["split"], "train")))
+        if "abs_error" in drawn:
+            last = pc.list_element(rows["abs_error"], max(0, len(meta["epochs"]) - 1))
+            rows = rows.append_column("final_abs_error", last).drop_columns(["abs_error"])
+        parts.append(rows.drop_columns(["role", "split"]))
+    return pa.concat_tables(parts).to_pandas(split_blocks=True, self_destruct=True), meta
 
 
 def _subsample(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    if len(frame) <= MAX_POINTS:
-        return frame
-    return frame.sample(MAX_POINTS, random_state=seed).sort_index()
+    return frame if len(frame) <= MAX_POINTS else frame.sample(MAX_POINTS, random_state=seed).sort_index()
 
 
 def _axes_of(regression: bool) -> tuple[str, str, str, str, str]:
@@ -73,10 +72,11 @@ def _panel(ax: plt.Axes, frame: pd.DataFrame, regression: bool):
 def plot_data_map(rows: pd.DataFrame, title: str, n_epochs: int, regression: bool = False) -> plt.Figure:
     """The data map of a dossier's training rows (:func:`read_dossier`) over ``n_epochs`` checkpoints,
     a panel per replicate index (the first :data:`MAX_PANELS`), at most :data:`MAX_POINTS` points each."""
-    indices = sorted(rows["index"].unique())[:MAX_PANELS]
+    every = sorted(rows["index"].unique())
+    indices = every[:MAX_PANELS]
     fig, axes = plt.subplots(1, len(indices), figsize=(5.2 * len(indices), 4.6), squeeze=False)
     for ax, index in zip(axes[0], indices, strict=True):
-        frame = rows[rows["index"] == index]
+        frame = rows if len(every) == 1 else rows[rows["index"] == index]  # one index: no copy
         shown = _subsample(frame, seed=int(index))
         points, clabel = _panel(ax, shown, regression)
         note = f"{len(shown):,} of {len(frame):,}" if len(shown) < len(frame) else f"{len(frame):,} samples"
