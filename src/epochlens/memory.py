@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -192,8 +193,29 @@ def job_shape(inputs: Mapping[str, Any]) -> RunShape:
     return replace(
         data,
         model_bytes=max((model_bytes(p) for p in checkpoints), default=0),
-        input_bytes=sum(_size(p) for key in SIZED_INPUTS for p in _files(inputs.get(key))),
+        input_bytes=sum(
+            _held(p) if key == "source" else _size(p) for key in SIZED_INPUTS for p in _files(inputs.get(key))
+        ),
     )
+
+
+def _held(path: str) -> int:
+    """The bytes of a data source file that ``prepare_data`` holds: an ``.npz``'s arrays but those
+    it reads by rows (stored as is, above ``WHOLE_VALUES`` values: epochlens.data.stored_npz), any
+    other file whole."""
+    from epochlens.data.stats import WHOLE_VALUES
+    from epochlens.data.stored_npz import stored_members
+
+    if not path.endswith(".npz") or not Path(path).is_file():
+        return _size(path)
+    try:
+        members = stored_members(path).values()
+    except (OSError, zipfile.BadZipFile):  # damaged: the job's own read says so
+        return _size(path)
+    by_rows = [
+        (dtype, shape) for _, dtype, shape in members if len(shape) > 1 and math.prod(shape) > WHOLE_VALUES
+    ]
+    return max(0, _size(path) - sum(dtype.itemsize * math.prod(shape) for dtype, shape in by_rows))
 
 
 def _size(path: str) -> int:

@@ -101,3 +101,20 @@ def test_a_data_folder_is_sized_by_what_prepare_data_holds_of_it(tmp_path):
     assert data_folder_bytes({"source": "imagefolder", "path": str(tmp_path / "not_yet")}) == 0
     big = job_mem_mb("prepare_data", {}, folder_bytes=3_000_000_000)
     assert big - job_mem_mb("prepare_data", {}) == pytest.approx(3000 * HEADROOM, abs=2)
+
+
+def test_an_npz_source_counts_the_arrays_prepare_data_reads_whole(tmp_path, monkeypatch):
+    """A large array np.savez stored is read by rows (epochlens.data.stored_npz): prepare_data's
+    memory leaves it out; a compressed one, read whole, counts whole."""
+    from epochlens.data import stats
+
+    monkeypatch.setattr(stats, "WHOLE_VALUES", 1000)
+    arrays = {"x_train": np.zeros((100, 3, 4, 4), np.uint8), "y_train": np.zeros(100, np.int64)}
+    arrays.update(x_test=np.zeros((10, 3, 4, 4), np.uint8), y_test=np.zeros(10, np.int64))
+    np.savez(tmp_path / "stored.npz", **arrays)
+    np.savez_compressed(tmp_path / "packed.npz", **arrays)
+    size = (tmp_path / "stored.npz").stat().st_size
+    assert job_shape({"source": [str(tmp_path / "stored.npz")]}).input_bytes == size - 100 * 48
+    packed = tmp_path / "packed.npz"
+    assert job_shape({"source": [str(packed)]}).input_bytes == packed.stat().st_size
+    assert job_shape({"shards": [str(tmp_path / "stored.npz")]}).input_bytes == size  # a merge reads all
