@@ -14,34 +14,34 @@ from epochlens.runner import log
 from epochlens.samples.outputs import checkpoint_outputs, stack_outputs, write_outputs
 
 
-def main(snakemake) -> None:
+def epoch_outputs(snakemake, epoch: int, checkpoint: str) -> dict:
+    """The outputs of one checkpoint (logged as it is done)."""
     inp, run = snakemake.input, snakemake.params.run
-    per_epoch = []
-    for epoch, checkpoint in zip(snakemake.params.epochs, inp.checkpoints, strict=True):
-        job = load_checkpoint_job(
-            dataset=inp.dataset,
-            checkpoint=checkpoint,
-            model=snakemake.params.model,
-            epoch=epoch,
-            device=snakemake.config["device"],
-            class_order=inp.class_order,
-            schedule=run["schedule"],
-            resources=job_resources(snakemake),
-        )
-        arrays = checkpoint_outputs(
-            job,
-            run["evaluation"]["batch_size"],
-            regression_reduction(run.get("task")),
-            trigger=run["data"].get("corruption"),
-        )
-        per_epoch.append(arrays)
-        log.info(
-            "epoch %d: outputs of %d training and %d test samples",
-            epoch,
-            len(arrays["train_loss"]),
-            len(arrays["test_loss"]),
-        )
-    write_outputs(snakemake.output.outputs, stack_outputs(per_epoch))
+    job = load_checkpoint_job(
+        dataset=inp.dataset,
+        checkpoint=checkpoint,
+        model=snakemake.params.model,
+        epoch=epoch,
+        device=snakemake.config["device"],
+        class_order=inp.class_order,
+        schedule=run["schedule"],
+        resources=job_resources(snakemake),
+    )
+    arrays = checkpoint_outputs(
+        job,
+        run["evaluation"]["batch_size"],
+        regression_reduction(run.get("task")),
+        run["data"].get("corruption"),
+    )
+    n_train, n_test = len(arrays["train_loss"]), len(arrays["test_loss"])
+    log.info("epoch %d: outputs of %d training and %d test samples", epoch, n_train, n_test)
+    return arrays
+
+
+def main(snakemake) -> None:
+    epochs, checkpoints = snakemake.params.epochs, snakemake.input.checkpoints
+    per_epoch = (epoch_outputs(snakemake, e, c) for e, c in zip(epochs, checkpoints, strict=True))
+    write_outputs(snakemake.output.outputs, stack_outputs(per_epoch, len(epochs)))
 
 
 if __name__ == "__main__":

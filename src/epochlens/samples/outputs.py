@@ -20,7 +20,7 @@ checkpoints, (m, N).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -111,17 +111,13 @@ def sequence_outputs(model: nn.Module, inputs, labels: np.ndarray, batch_size: i
     from epochlens.tasks import call_model
 
     model.eval().to(device)
-    targets, parts = torch.as_tensor(np.asarray(labels)), []
-    with torch.no_grad():
+    targets = torch.as_tensor(np.asarray(labels))
+    out = {"loss": np.zeros(len(targets)), "correct": np.zeros(len(targets), bool)}
+    with torch.no_grad():  # each batch's outcome into the arrays: no list of batches to join
         for rows, xb in _batches(inputs, len(targets), batch_size, device):
             hit, loss = sequence_outcome(call_model(model, xb), targets[rows].to(device), shift=shifts(xb))
-            parts.append((loss.double().cpu(), hit.cpu()))
-    if not parts:
-        return {"loss": np.zeros(0), "correct": np.zeros(0, bool)}
-    return {
-        "loss": torch.cat([p[0] for p in parts]).numpy(),
-        "correct": torch.cat([p[1] for p in parts]).numpy().astype(bool),
-    }
+            out["loss"][rows], out["correct"][rows] = loss.double().cpu().numpy(), hit.cpu().numpy()
+    return out
 
 
 def split_outputs(
@@ -176,13 +172,17 @@ def triggered(job: CheckpointJob, trigger: Mapping) -> CheckpointJob:
     return stamped
 
 
-def stack_outputs(per_epoch: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Checkpoints' outputs (:func:`checkpoint_outputs`, in epoch order) as one run's file:
-    ``epochs`` (m,) and every series (m, N)."""
-    keys = [k for k in per_epoch[0] if k != "epoch"]
-    arrays = {"epochs": np.asarray([int(e["epoch"]) for e in per_epoch], np.int64)}
-    arrays.update({key: np.stack([e[key] for e in per_epoch]) for key in keys})
-    return arrays
+def stack_outputs(per_epoch: Iterable[Mapping[str, np.ndarray]], m: int) -> dict[str, np.ndarray]:
+    """``m`` checkpoints' outputs (:func:`checkpoint_outputs`, in epoch order) as one run's file, each
+    row filled as it comes (the series held once): ``epochs`` (m,) and every series (m, N)."""
+    epochs, arrays = np.zeros(m, np.int64), None
+    for row, outputs in enumerate(per_epoch):
+        series = {k: np.asarray(v) for k, v in outputs.items() if k != "epoch"}
+        arrays = arrays or {k: np.empty((m, *v.shape), v.dtype) for k, v in series.items()}
+        epochs[row] = int(outputs["epoch"])
+        for key, values in series.items():
+            arrays[key][row] = values
+    return {"epochs": epochs, **(arrays or {})}
 
 
 def write_outputs(path, arrays: Mapping[str, np.ndarray]) -> None:
