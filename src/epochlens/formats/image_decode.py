@@ -125,7 +125,7 @@ class RawSplit:
     images: Sequence[Any]  # bytes, {bytes, path} dicts, paths, PIL images or arrays
     labels: Sequence[Any]  # ints or names
     groups: Sequence[Any] | None
-    where: list[str]  # where each sample comes from, for errors (file, or file#row)
+    where: Sequence[str]  # where each sample comes from, for errors (file, or file#row)
     base: Path | None = None  # folder that relative image paths are relative to
     flags: Sequence[Any] | None = None  # the ground-truth column's values (data.ground_truth)
 
@@ -202,7 +202,12 @@ def assemble(
     first: tuple[tuple[int, ...], str] | None = None
     for split, data in splits.items():
         decoded: np.ndarray | None = None  # filled in place: the split's images held once
-        for row, (item, where) in enumerate(zip(data.images, data.where, strict=True)):
+        pairs = (
+            ((i, i) for i in data.images)
+            if data.where is data.images
+            else zip(data.images, data.where, strict=True)
+        )
+        for row, (item, where) in enumerate(pairs):  # where: the item itself for a folder's files
             array = _decode(item, settings, where, data.base)
             if first is None:
                 first = (array.shape, where)

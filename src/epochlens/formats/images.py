@@ -1,11 +1,7 @@
 """Image data in the layouts users have, read into :class:`epochlens.data.Dataset`.
 
-* ``imagefolder``: torchvision's ImageFolder layout, one tree per split::
-
-      root/train/<class name>/**/*.png|jpg|...    root/test/<class name>/...
-
-  Classes are the sorted folder names of the train split (as torchvision sorts them); files are
-  taken in torchvision's order (``os.walk`` sorted, then sorted file names). Read with Pillow.
+* ``imagefolder``: torchvision's ImageFolder layout, one tree per split
+  (:mod:`epochlens.formats.image_folder`).
 * ``save_to_disk``: a Hugging Face ``datasets`` folder written by ``save_to_disk``: a ``DatasetDict``
   with the splits, or a single ``Dataset`` with a split column.
 * ``parquet``: one file with a split column, a folder with one file (or shards) per split named
@@ -25,7 +21,6 @@ arrays (uint8, N x C x H x W) are what reaches the model and ``Dataset.content_h
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +32,9 @@ from epochlens.data import Dataset
 from epochlens.data.blocks import Spill
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.image_decode import ImageSettings, RawSplit, assemble
+from epochlens.formats.image_folder import load_image_folder
 
 SPLITS = ("train", "test")
-# torchvision.datasets.folder.IMG_EXTENSIONS
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGE_SOURCES = ("imagefolder", "save_to_disk", "parquet")
 
 
@@ -53,72 +47,6 @@ def load_images(
     if kind not in loaders:
         raise ConfigError(f"unknown image data layout {kind!r}; use one of {list(IMAGE_SOURCES)}.")
     return loaders[kind](path, settings or ImageSettings(), spill)
-
-
-# ---------------------------------------------------------------------------------------------
-# ImageFolder
-
-
-def load_image_folder(
-    root: str | Path, settings: ImageSettings | None = None, spill: Spill | None = None
-) -> Dataset:
-    """``root/{train,test}/<class>/**/<image>`` (split folder names from the settings)."""
-    settings = settings or ImageSettings()
-    root = Path(root)
-    if not root.is_dir():
-        raise DataError(f"{root}: no such folder. Set data.path to the folder holding train/ and test/.")
-    folders = {s: root / n for s, n in settings.split_names.items()}
-    missing = [str(p.name) for p in folders.values() if not p.is_dir()]
-    if missing:
-        found = sorted(p.name for p in root.iterdir() if p.is_dir())[:15]
-        raise DataError(
-            f"{root}: no split folder(s) {missing} (found folders {found}). Expected the ImageFolder "
-            f"layout {root}/{settings.train_split}/<class>/<image> and "
-            f"{root}/{settings.test_split}/<class>/<image>; "
-            "set data.images.train_split / data.images.test_split to the folder names."
-        )
-    classes = sorted(e.name for e in os.scandir(folders["train"]) if e.is_dir())
-    if not classes:
-        raise DataError(
-            f"{folders['train']}: no class folders; put each class's images in a folder named after it."
-        )
-    splits = {}
-    for split, folder in folders.items():
-        split_classes = sorted(e.name for e in os.scandir(folder) if e.is_dir())
-        extra = [c for c in split_classes if c not in classes]
-        if extra:
-            raise DataError(
-                f"{folder}: class folders {extra} are not in {folders['train']}; every test class must "
-                "have training images."
-            )
-        files, labels = [], []
-        for cls in classes:
-            if cls not in split_classes:
-                continue
-            found = [
-                Path(r) / f
-                for r, _, names in sorted(os.walk(folder / cls, followlinks=True))
-                for f in sorted(names)
-                if f.lower().endswith(IMG_EXTENSIONS)
-            ]
-            if split == "train" and not found:
-                raise DataError(
-                    f"{folder / cls}: no images (extensions {list(IMG_EXTENSIONS)}); add them or remove "
-                    "the folder."
-                )
-            files += found
-            labels += [cls] * len(found)
-        splits[split] = RawSplit(files, labels, None, [str(f) for f in files])
-    if settings.group_column is not None:
-        raise ConfigError(
-            f"data.images.group_column={settings.group_column!r}: an image folder has no columns; use a "
-            "save_to_disk or parquet data set for groups, or remove data.group_column."
-        )
-    index = {c: i for i, c in enumerate(classes)}
-    for split in splits.values():
-        split.labels = [index[c] for c in split.labels]
-    name = settings.name or root.name
-    return assemble(splits, settings, name, f"imagefolder:{root}", class_names=classes, spill=spill)
 
 
 # ---------------------------------------------------------------------------------------------
