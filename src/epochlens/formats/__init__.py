@@ -11,6 +11,7 @@ Modules (import each directly; this package imports nothing, so the torch-free o
   (``checkpoint-{step}/``), their weight files and the step -> epoch table.
 * :mod:`epochlens.formats.weights` (torch): loading a state_dict from any supported checkpoint
   layout and fitting it to a model with a diagnosis of keys that do not fit.
-* :mod:`epochlens.formats.images`: image data as ImageFolder trees, ``datasets`` folders written by
-  ``save_to_disk`` and parquet files, read into :class:`epochlens.data.Dataset`.
+* :mod:`epochlens.formats.images`: image data as ImageFolder trees (read by
+  :mod:`epochlens.formats.image_folder`), ``datasets`` folders written by ``save_to_disk`` and
+  parquet files, read into :class:`epochlens.data.Dataset`.
 """
