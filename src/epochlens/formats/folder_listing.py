@@ -25,21 +25,21 @@ def folder_fingerprint(folder: str | Path) -> str:
     if not folder.is_dir():
         raise DataError(f"{folder}: data folder not found. Point data.path at the folder of your data set.")
     h = hashlib.sha256()
-    for rel, size, mtime in sorted(folder_files(str(folder))):
+    for rel, size, mtime in folder_files(str(folder), ordered=True):
         h.update(f"{rel}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()
 
 
-def folder_files(top: str, prefix: str = ""):
+def folder_files(top: str, prefix: str = "", ordered: bool = False):
     """(path relative to the root, size, mtime_ns) of each file under ``top``, hidden ones left out,
-    in the order the file system lists them."""
-    with os.scandir(top) as entries:
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            rel = prefix + entry.name
-            if entry.is_dir():
-                yield from folder_files(entry.path, rel + "/")
-            else:
-                stat = entry.stat()
-                yield rel, stat.st_size, stat.st_mtime_ns
+    a folder's entries at a time: in the order the file system lists them, or ``ordered`` by their
+    relative paths (a folder sorted as its name + "/": the order of sorting every path at once,
+    without holding a million of them)."""
+    with os.scandir(top) as scanned:
+        entries = [(e.name + "/" if e.is_dir() else e.name, e) for e in scanned if not e.name.startswith(".")]
+    for key, entry in sorted(entries, key=lambda pair: pair[0]) if ordered else entries:
+        if key.endswith("/"):
+            yield from folder_files(entry.path, prefix + key, ordered)
+        else:
+            stat = entry.stat()
+            yield prefix + entry.name, stat.st_size, stat.st_mtime_ns

@@ -37,3 +37,33 @@ def test_every_change_of_a_file_changes_the_fingerprint(tmp_path):
     assert folder_fingerprint(tmp_path) == seen[2]  # the listing of before the file came
     with pytest.raises(DataError, match="nothere: data folder not found. Point data.path"):
         folder_fingerprint(tmp_path / "nothere")
+
+
+def test_the_fingerprint_hashes_paths_in_sorted_order_without_holding_them(tmp_path):
+    """Folders are listed one at a time, a folder sorted as its name + "/": the order (and so the
+    digest) of sorting every relative path at once, on names where the two could differ."""
+    import hashlib
+
+    from epochlens.formats.folder_listing import folder_files
+
+    for rel in (
+        "a.txt",
+        "a/b/c",
+        "a/b.txt",
+        "ab/d",
+        "a-b",
+        "a b/c",
+        "é/f",
+        "z/y/x/w",
+        "Z",
+        ".hidden",
+        "a/.h",
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    listed = sorted(folder_files(str(tmp_path)))
+    assert [rel for rel, _, _ in folder_files(str(tmp_path), ordered=True)] == [rel for rel, _, _ in listed]
+    h = hashlib.sha256()
+    for rel, size, mtime in listed:
+        h.update(f"{rel}\0{size}\0{mtime}\n".encode())
+    assert folder_fingerprint(tmp_path) == h.hexdigest()
