@@ -235,8 +235,11 @@ def job_mem_mb(rule: str, inputs: Mapping[str, Any], attempt: int = 1, folder_by
 def data_folder_bytes(data: Mapping[str, Any]) -> int:
     """What ``prepare_data`` holds of a run's data folder (a ``data`` config section): an image
     folder's images decoded (files x channels x height x width, the size ``images.size`` asks for
-    or else the first image's), another folder's files whole; 0 for a source that is not a folder
-    (its files are the job's inputs) or a folder not there yet."""
+    or else the first image's) up to what it keeps in memory (a split above ``WHOLE_VALUES`` values
+    goes to disk: epochlens.data.blocks), another folder's files whole; 0 for a source that is not
+    a folder (its files are the job's inputs) or a folder not there yet."""
+    from epochlens.data.stats import WHOLE_VALUES
+
     path = data.get("path")
     if data.get("source") not in FOLDER_SOURCES or not path or not Path(path).is_dir():
         return 0
@@ -244,7 +247,8 @@ def data_folder_bytes(data: Mapping[str, Any]) -> int:
     if data["source"] != "imagefolder" or first is None:
         return total
     images = data.get("images") or {}
-    return files * (1 if images.get("channels") == "L" else 3) * _pixels(images.get("size"), first)
+    decoded = files * (1 if images.get("channels") == "L" else 3) * _pixels(images.get("size"), first)
+    return min(decoded, 2 * WHOLE_VALUES)  # uint8: a value a byte, train and test
 
 
 @functools.lru_cache(maxsize=16)

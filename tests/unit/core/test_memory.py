@@ -79,11 +79,12 @@ def test_rules_not_listed_get_the_default():
     assert rule_memory("sample_outputs") is not memory.DEFAULT
 
 
-def test_a_data_folder_is_sized_by_what_prepare_data_holds_of_it(tmp_path):
+def test_a_data_folder_is_sized_by_what_prepare_data_holds_of_it(tmp_path, monkeypatch):
     """A data folder is a param of prepare_data, not its input: its memory counts an image folder's
     images decoded (the size the config asks for, or the first image's) and another folder's files."""
     from PIL import Image
 
+    from epochlens.data import stats
     from epochlens.memory import data_folder_bytes
 
     for split, n in (("train", 6), ("test", 2)):
@@ -92,6 +93,9 @@ def test_a_data_folder_is_sized_by_what_prepare_data_holds_of_it(tmp_path):
             Image.new("RGB", (20, 16), (i, 0, 0)).save(tmp_path / "images" / split / f"c{i % 2}" / f"{i}.png")
     folder = {"source": "imagefolder", "path": str(tmp_path / "images")}
     assert data_folder_bytes(folder) == 8 * 3 * 20 * 16  # decoded, not the PNGs' bytes
+    monkeypatch.setattr(stats, "WHOLE_VALUES", 1000)
+    assert data_folder_bytes(folder) == 2000  # more goes to disk, not memory (epochlens.data.blocks)
+    monkeypatch.undo()
     assert data_folder_bytes({**folder, "images": {"size": 8}}) == 8 * 3 * 64
     assert data_folder_bytes({**folder, "images": {"size": [4, 5], "channels": "L"}}) == 8 * 20
     (tmp_path / "table").mkdir()
