@@ -5,7 +5,7 @@ For each size (``--sizes``), from a synthetic run's cached results (benchmarks/_
 random numbers shaped like a 10-class run's, ``--queries`` EK-FAC influence queries), written first
 and not timed:
 
-* ``dossier``: seconds of :func:`epochlens.samples.dossier.write_dossier`
+* ``dossier``: seconds of :func:`epochlens.samples.dossier_file.write_dossier`
   (what rule sample_dossier does) and the parquet's size (best of ``--build-repeats``; the machine's
   load average after them is reported, as timings on a shared machine depend on it);
 * ``explorer``: seconds of :func:`epochlens.explorer.build.build_explorer` and the folder's size;
@@ -39,7 +39,7 @@ from _synthetic_run import write_synthetic_run  # noqa: E402
 
 from epochlens.explorer.build import build_explorer  # noqa: E402
 from epochlens.explorer.serve import address, make_server  # noqa: E402
-from epochlens.samples.dossier import write_dossier  # noqa: E402
+from epochlens.samples.dossier_file import write_dossier  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 

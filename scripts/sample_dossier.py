@@ -9,7 +9,8 @@ from pathlib import Path
 from _helpers import run_script
 
 from epochlens.runner import log
-from epochlens.samples.dossier import DossierInputs, InfluenceScores, write_dossier
+from epochlens.samples.dossier import DossierInputs, InfluenceScores
+from epochlens.samples.dossier_file import write_dossier
 
 
 def dossier_inputs(snakemake) -> DossierInputs:

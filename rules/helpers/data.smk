@@ -2,7 +2,7 @@
 
 from epochlens.data import cifar100_files
 from epochlens.formats.folder_listing import FOLDER_SOURCES, folder_fingerprint
-from epochlens.memory import data_folder_bytes
+from epochlens.memory_sources import data_folder_bytes
 
 
 def get_data_source_files(wildcards):
@@ -39,7 +39,7 @@ def get_data_params(wildcards):
 
 def get_prepare_data_mem_mb(wildcards, input, attempt):
     """get_mem_mb's memory, with what prepare_data holds of a data folder (not an input: its
-    images decoded, or its files; epochlens.memory.data_folder_bytes)."""
+    images decoded, or its files; epochlens.memory_sources.data_folder_bytes)."""
     folder = data_folder_bytes(get_run(wildcards)["data"])
     return job_mem_mb("prepare_data", input, attempt, folder_bytes=folder)
 

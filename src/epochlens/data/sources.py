@@ -20,7 +20,7 @@ import numpy as np
 from epochlens.data import stats
 from epochlens.data.dataset import Dataset, check_targets
 from epochlens.data.stats import channel_stats
-from epochlens.data.stored_npz import Member, StoredRows, stored_members
+from epochlens.data.stored_npz import Member, StoredRows, each_block, nonfinite_rows, stored_members
 from epochlens.errors import DataError
 
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -140,17 +140,12 @@ def _to_nchw(x: np.ndarray, layout: str, path: Path, key: str) -> np.ndarray:
     if x.ndim == 2:  # vectors (N, D)
         return x
     if x.ndim == 3:
-        return _each_block(x, lambda rows: rows[:, None])
+        return each_block(x, lambda rows: rows[:, None])
     if x.ndim != 4:
         raise DataError(
             f"{path}: '{key}' must be vectors (N, D) or images (N, H, W) / (N, C, H, W), got shape {x.shape}."
         )
-    return _each_block(x, lambda rows: np.transpose(rows, (0, 3, 1, 2))) if layout == "nhwc" else x
-
-
-def _each_block(x: np.ndarray | StoredRows, block) -> np.ndarray | StoredRows:
-    """``block(x)``; of an array read by rows, the rows with ``block`` applied as they are read."""
-    return x.mapped(block) if isinstance(x, StoredRows) else block(x)
+    return each_block(x, lambda rows: np.transpose(rows, (0, 3, 1, 2))) if layout == "nhwc" else x
 
 
 NORMALIZE = ("auto", "per_channel", "none")
@@ -275,21 +270,13 @@ def _array(archive: np.lib.npyio.NpzFile, key: str, path: Path, stored: Member |
             f"{path}: '{key}' holds Python objects ({exc}); store numbers, e.g. "
             f"np.savez(path, {key}=np.asarray(values, dtype=np.float32))."
         ) from None
-    rows = _nonfinite_rows(x) if np.issubdtype(x.dtype, np.floating) else []
+    rows = nonfinite_rows(x) if np.issubdtype(x.dtype, np.floating) else []
     if len(rows):
         raise DataError(
             f"{path}: '{key}' holds NaN or Inf values in {len(rows)} sample(s) (positions "
             f"{rows[:5].tolist()}...); repair or remove them before analysing."
         )
     return x
-
-
-def _nonfinite_rows(x) -> np.ndarray:
-    """The rows of ``x`` (N, ...) holding NaN or Inf, a block of rows at a time."""
-    step = max(1, (16 << 20) // max(1, x[:1].nbytes))
-    bad = [lo + np.flatnonzero(~np.isfinite(x[lo : lo + step].reshape(-1, math.prod(x.shape[1:]))).all(1))
-           for lo in range(0, len(x), step)]  # fmt: skip
-    return np.concatenate(bad) if bad else np.zeros(0, np.int64)
 
 
 def _class_ids(y_train: np.ndarray, y_test: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray]:

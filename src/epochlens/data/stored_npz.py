@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 Member = tuple[int, np.dtype, tuple[int, ...]]
+#: Bytes of the rows checked at a time.
+BLOCK_BYTES = 16 << 20
 Block = Callable[[np.ndarray], np.ndarray]
 
 
@@ -93,3 +95,16 @@ class StoredRows:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         whole = self.rows(0, len(self))
         return whole if dtype is None else whole.astype(dtype)
+
+
+def each_block(x: np.ndarray | StoredRows, block) -> np.ndarray | StoredRows:
+    """``block(x)``; of an array read by rows, the rows with ``block`` applied as they are read."""
+    return x.mapped(block) if isinstance(x, StoredRows) else block(x)
+
+
+def nonfinite_rows(x) -> np.ndarray:
+    """The rows of ``x`` (N, ...) holding NaN or Inf, a block of rows at a time."""
+    step = max(1, BLOCK_BYTES // max(1, x[:1].nbytes))
+    bad = [lo + np.flatnonzero(~np.isfinite(x[lo : lo + step].reshape(-1, math.prod(x.shape[1:]))).all(1))
+           for lo in range(0, len(x), step)]  # fmt: skip
+    return np.concatenate(bad) if bad else np.zeros(0, np.int64)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from epochlens.data.labels import read_labels
 from epochlens.errors import DataError
@@ -28,14 +27,13 @@ from epochlens.samples import detectors, neighbours, summaries
 from epochlens.samples.arrow_columns import frame_table, row_range, series_arrays
 from epochlens.samples.columns import column_spec
 from epochlens.samples.identity import identity_frame, stored_strings
-from epochlens.samples.series_rows import NpzColumns, npy_rows
+from epochlens.samples.series_rows import NpzColumns, load_curvature, series_file, series_keys
 from epochlens.samples.thumbnails import has_images
 
 FORMAT_VERSION = 1
 #: Training rows whose identity and arrow columns are built at a time (a million rows' Python
 #: strings and column copies at once took 1 GB more than the table).
 ROWS = 1 << 16
-CURVATURE_SERIES = ("curvature", "grad_norm")
 
 
 @dataclass
@@ -82,59 +80,6 @@ def ground_truth(path: str | Path) -> np.ndarray | None:
     """The corrupted training positions, or None when none are known (no column then)."""
     positions = np.load(path, allow_pickle=False)
     return positions.astype(np.int64) if len(positions) else None
-
-
-def series_file(inputs: DossierInputs, index: int) -> NpzColumns:
-    """One index's ``sample_outputs.npz``, read by samples; DataError when it is unreadable or of
-    other checkpoints than the run analyses."""
-    path = inputs.outputs[index]
-    try:
-        npz = NpzColumns(path)
-        epochs = npz.whole("epochs").tolist()
-    except (OSError, KeyError, ValueError) as exc:
-        raise DataError(
-            f"{path}: not a readable sample_outputs file ({exc}). Rerun its sample_outputs job."
-        ) from exc
-    if epochs != [int(e) for e in inputs.epochs]:
-        raise DataError(
-            f"{path}: outputs of checkpoints {epochs}, the run analyses {list(inputs.epochs)}. "
-            "Rerun its sample_outputs job."
-        )
-    return npz
-
-
-def series_keys(npz: NpzColumns, prefix: str) -> list[str]:
-    """The series ``{prefix}_{key}`` of an outputs file (a triggered split's apart)."""
-    names = [k for k in npz.files if k.startswith(prefix)]
-    return [k for k in names if not k.removeprefix(prefix).startswith("trigger_")]
-
-
-def load_series(inputs: DossierInputs, index: int, prefix: str) -> dict[str, np.ndarray]:
-    """Every series ``{prefix}_{key}`` of one index's ``sample_outputs.npz``, (m checkpoints, N)."""
-    npz = series_file(inputs, index)
-    return {k.removeprefix(prefix): npz.whole(k) for k in series_keys(npz, prefix)}
-
-
-def load_curvature(inputs: DossierInputs, index: int, n: int, lo: int = 0, hi: int | None = None) -> dict:
-    """curvature and grad_norm (m, hi - lo) of samples lo:hi, NaN at the checkpoints without
-    curvature; {} without any."""
-    folders = [inputs.curvature.get((index, e)) for e in inputs.epochs]
-    if not any(folders):
-        return {}
-    hi = n if hi is None else min(n, hi)
-    out = {key: np.full((len(folders), hi - lo), np.nan, np.float32) for key in CURVATURE_SERIES}
-    for row, folder in enumerate(folders):
-        if folder is not None:
-            for key in CURVATURE_SERIES:
-                path = Path(folder) / f"per_image_{key}.npy"
-                stored = np.load(path, mmap_mode="r", allow_pickle=False).shape[0]
-                if stored != n:
-                    raise DataError(
-                        f"{folder}: per_image_{key}.npy holds {stored} samples, the data set {n}: "
-                        "the curvature is of other data. Rerun the run's curvature."
-                    )
-                out[key][row] = npy_rows(path, lo, hi)
-    return out
 
 
 def summary_columns(series: Mapping[str, np.ndarray], epochs: Sequence[int], labels: np.ndarray) -> dict:
@@ -204,7 +149,7 @@ def train_pieces(inputs: DossierInputs, index: int, corrupted: np.ndarray | None
     detectors) are held whole."""
     stored = read_labels(inputs.dataset, "train")
     n = len(stored.labels)
-    npz = series_file(inputs, index)
+    npz = series_file(inputs.outputs[index], inputs.epochs)
     if npz.shape("train_loss")[-1] != n:
         raise DataError(
             f"{inputs.outputs[index]}: outputs of {npz.shape('train_loss')[-1]} samples for "
@@ -217,7 +162,7 @@ def train_pieces(inputs: DossierInputs, index: int, corrupted: np.ndarray | None
     for lo in range(0, n, ROWS):
         hi = min(n, lo + ROWS)
         series = {k.removeprefix("train_"): npz.columns(k, lo, hi) for k in series_keys(npz, "train_")}
-        series.update(load_curvature(inputs, index, n, lo, hi))
+        series.update(load_curvature([inputs.curvature.get((index, e)) for e in inputs.epochs], n, lo, hi))
         cols = summary_columns(series, inputs.epochs, classes[lo:hi])
         cols.update({k: row_range(v, lo, hi) for k, v in whole.items()})
         identity = identity_frame(inputs.dataset, "train", np.arange(lo, hi), corrupted, images)
@@ -240,7 +185,8 @@ def query_table(inputs: DossierInputs, index: int) -> pa.Table | None:
     if len(tests) == 0:
         return None
     triggered = queries_triggered(jobs[0])
-    series = load_series(inputs, index, "test_trigger_" if triggered else "test_")
+    npz, prefix = series_file(inputs.outputs[index], inputs.epochs), "test_trigger_" if triggered else "test_"
+    series = {k.removeprefix(prefix): npz.whole(k) for k in series_keys(npz, prefix)}
     if not series:
         raise DataError(
             f"{inputs.outputs[index]}: no outputs of the triggered test samples that are "
@@ -286,8 +232,8 @@ def dossier_pieces(inputs: DossierInputs) -> Iterator[list[pa.Table]]:
 
 
 def build_dossier(inputs: DossierInputs) -> pa.Table:
-    """The dossier of a run as one table (in memory: :func:`write_dossier` writes a large one by
-    rows), with the file-level metadata (``b"epochlens"``: JSON of :func:`dossier_metadata`)."""
+    """The dossier of a run as one table, in memory (``dossier_file.write_dossier`` writes one by
+    row groups), with the file-level metadata (``b"epochlens"``: JSON of :func:`dossier_metadata`)."""
     tables = [table for group in dossier_pieces(inputs) for table in group]
     table = pa.concat_tables(tables, promote_options="default")
     metadata = dossier_metadata(inputs, table.column_names)
@@ -309,63 +255,3 @@ def dossier_metadata(inputs: DossierInputs, columns: Sequence[str]) -> dict:
         "detectors": [c.removeprefix("is_") for c in columns if c.startswith("is_") and c != "is_corrupted"],
         "columns": {name: column_spec(name)[1] for name in columns},
     }
-
-
-def write_dossier(inputs: DossierInputs, path: str | Path) -> dict[str, int]:
-    """Build the dossier and write it atomically as zstd-compressed parquet, a row group per
-    table of :func:`dossier_pieces`, never whole: each group is written to a part file first (its
-    own schema), then every part's row groups, given the columns of all (the others' null), into
-    the dossier. Returns its rows per role and its columns (``"columns"``)."""
-    import pyarrow.parquet as pq
-
-    from epochlens.atomic import orphan_tag, write_atomic
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    parts: list[Path] = []  # named as atomic's temporaries: a killed job's are removed by the next
-    try:
-        for k, group in enumerate(dossier_pieces(inputs)):
-            parts.append(path.with_name(f".{path.name}.{orphan_tag()}part{k}"))
-            if not write_part(parts[-1], group):
-                parts.pop()
-        schema = pa.unify_schemas([pq.read_schema(part) for part in parts], promote_options="default")
-        meta = json.dumps(dossier_metadata(inputs, schema.names)).encode()
-        schema = schema.with_metadata({b"epochlens": meta})
-        counts = {}
-        write_atomic(path, lambda tmp: counts.update(join_parts(parts, schema, tmp)))
-    finally:
-        for part in parts:
-            part.unlink(missing_ok=True)
-    return {**counts, "columns": len(schema)}
-
-
-def write_part(path: Path, tables: Iterator[pa.Table]) -> bool:
-    """Write tables of one schema as a parquet file, a row group each; False if there were none."""
-    import pyarrow.parquet as pq
-
-    writer = None
-    for table in tables:
-        writer = writer or pq.ParquetWriter(path, table.schema, compression="zstd")
-        writer.write_table(table, row_group_size=max(1, table.num_rows))
-    if writer is not None:
-        writer.close()
-    return writer is not None
-
-
-def join_parts(parts: list[Path], schema: pa.Schema, path: str | Path) -> dict[str, int]:
-    """The row groups of ``parts`` in order, each given ``schema``'s columns, as one parquet file;
-    returns the rows per role."""
-    import pyarrow.parquet as pq
-
-    counts: dict[str, int] = {}
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
-        for part in parts:
-            file = pq.ParquetFile(part)
-            for group in range(file.num_row_groups):
-                table = file.read_row_group(group)
-                n, names = table.num_rows, table.column_names
-                columns = [table[f.name] if f.name in names else pa.nulls(n, f.type) for f in schema]
-                writer.write_table(pa.Table.from_arrays(columns, schema=schema), row_group_size=max(1, n))
-                for row in pc.value_counts(table["role"]).to_pylist():
-                    counts[row["values"]] = counts.get(row["values"], 0) + row["counts"]
-    return counts

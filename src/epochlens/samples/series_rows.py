@@ -1,16 +1,19 @@
 """A run's per-sample series read a range of samples at a time, never whole: the (m checkpoints,
-N samples) arrays of ``sample_outputs.npz`` (:class:`NpzColumns`) and a curvature folder's
-per-image arrays (:func:`npy_rows`). A dossier of a million samples and 21 checkpoints reads
-65,536 samples' values at a time instead of 840 MB of float64 series at once."""
+N samples) arrays of ``sample_outputs.npz`` (:class:`NpzColumns`, :func:`series_file`) and the
+curvature folders' per-image arrays (:func:`npy_rows`, :func:`load_curvature`). A dossier of a
+million samples and 21 checkpoints reads 65,536 samples' values at a time instead of 840 MB of
+float64 series at once."""
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from epochlens.data.stored_npz import stored_members
+from epochlens.errors import DataError
 
 
 class NpzColumns:
@@ -66,3 +69,50 @@ def npy_rows(path: str | Path, lo: int, hi: int) -> np.ndarray:
         return np.array(values[lo:hi])
     finally:
         del values
+
+
+#: The curvature stage's per-sample arrays the dossier shows as series.
+CURVATURE_SERIES = ("curvature", "grad_norm")
+
+
+def series_file(path: str | Path, epochs: Sequence[int]) -> NpzColumns:
+    """An index's ``sample_outputs.npz``, read by samples; DataError when it is unreadable or of
+    other checkpoints than the run's ``epochs``."""
+    try:
+        npz = NpzColumns(path)
+        stored = npz.whole("epochs").tolist()
+    except (OSError, KeyError, ValueError) as exc:
+        raise DataError(
+            f"{path}: not a readable sample_outputs file ({exc}). Rerun its sample_outputs job."
+        ) from exc
+    if stored != [int(e) for e in epochs]:
+        raise DataError(
+            f"{path}: outputs of checkpoints {stored}, the run analyses {list(epochs)}. "
+            "Rerun its sample_outputs job."
+        )
+    return npz
+
+
+def series_keys(npz: NpzColumns, prefix: str) -> list[str]:
+    """The series ``{prefix}_{key}`` of an outputs file (a triggered split's apart)."""
+    names = [k for k in npz.files if k.startswith(prefix)]
+    return [k for k in names if not k.removeprefix(prefix).startswith("trigger_")]
+
+
+def load_curvature(folders: Sequence[str | Path | None], n: int, lo: int = 0, hi: int | None = None) -> dict:
+    """curvature and grad_norm (m, hi - lo) of samples lo:hi from each checkpoint's curvature
+    folder (None: NaN, not computed there); {} without any."""
+    if not any(folders):
+        return {}
+    hi = n if hi is None else min(n, hi)
+    out = {key: np.full((len(folders), hi - lo), np.nan, np.float32) for key in CURVATURE_SERIES}
+    for row, folder in enumerate(folders):
+        for key in CURVATURE_SERIES if folder is not None else ():
+            path = Path(folder) / f"per_image_{key}.npy"
+            if (stored := np.load(path, mmap_mode="r", allow_pickle=False).shape[0]) != n:
+                raise DataError(
+                    f"{folder}: per_image_{key}.npy holds {stored} samples, the data set {n}: "
+                    "the curvature is of other data. Rerun the run's curvature."
+                )
+            out[key][row] = npy_rows(path, lo, hi)
+    return out

@@ -85,7 +85,7 @@ def test_a_data_folder_is_sized_by_what_prepare_data_holds_of_it(tmp_path, monke
     from PIL import Image
 
     from epochlens.data import stats
-    from epochlens.memory import data_folder_bytes
+    from epochlens.memory_sources import data_folder_bytes
 
     for split, n in (("train", 6), ("test", 2)):
         for i in range(n):

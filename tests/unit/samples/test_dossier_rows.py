@@ -52,7 +52,7 @@ def test_written_by_row_groups_equals_the_table_built_at_once(tmp_path, tiny_dat
     file is left, and a killed writer's part is removed by the next write."""
     import pyarrow.parquet as pq
 
-    from epochlens.samples.dossier import write_dossier
+    from epochlens.samples.dossier_file import write_dossier
 
     inputs = _inputs(tmp_path, tiny_dataset)
     inputs.outputs = {0: tmp_path / "outputs.npz", 3: tmp_path / "outputs.npz"}

@@ -1,0 +1,85 @@
+"""What ``prepare_data`` holds of its data source, for its memory (:mod:`epochlens.memory`; torch-
+free, imported by no job): a source file whole but for the ``.npz`` arrays it reads by rows
+(:func:`held_bytes`), a data folder (a param of the rule, not its input) by its files, an image
+folder's images decoded up to what it keeps in memory (:func:`data_folder_bytes`)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from epochlens.formats.folder_listing import FOLDER_SOURCES, folder_files
+
+
+def size(path: str) -> int:
+    """The bytes of a file, or of every file under a folder (0: not there yet)."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+
+def held_bytes(path: str) -> int:
+    """The bytes of a data source file that ``prepare_data`` holds: an ``.npz``'s arrays but those
+    it reads by rows (stored as is, above ``WHOLE_VALUES`` values: epochlens.data.stored_npz), any
+    other file whole."""
+    from epochlens.data.stats import WHOLE_VALUES
+    from epochlens.data.stored_npz import stored_members
+
+    if not path.endswith(".npz") or not Path(path).is_file():
+        return size(path)
+    try:
+        members = stored_members(path).values()
+    except (OSError, zipfile.BadZipFile):  # damaged: the job's own read says so
+        return size(path)
+    by_rows = [
+        (dtype, shape) for _, dtype, shape in members if len(shape) > 1 and math.prod(shape) > WHOLE_VALUES
+    ]
+    return max(0, size(path) - sum(dtype.itemsize * math.prod(shape) for dtype, shape in by_rows))
+
+
+def data_folder_bytes(data: Mapping[str, Any]) -> int:
+    """What ``prepare_data`` holds of a run's data folder (a ``data`` config section): an image
+    folder's images decoded (files x channels x height x width, the size ``images.size`` asks for
+    or else the first image's) up to what it keeps in memory (a split above ``WHOLE_VALUES`` values
+    goes to disk: epochlens.data.blocks), another folder's files whole; 0 for a source that is not
+    a folder (its files are the job's inputs) or a folder not there yet."""
+    from epochlens.data.stats import WHOLE_VALUES
+
+    path = data.get("path")
+    if data.get("source") not in FOLDER_SOURCES or not path or not Path(path).is_dir():
+        return 0
+    files, total, first = _folder_files(str(path), Path(path).stat().st_mtime_ns)
+    if data["source"] != "imagefolder" or first is None:
+        return total
+    images = data.get("images") or {}
+    decoded = files * (1 if images.get("channels") == "L" else 3) * _pixels(images.get("size"), first)
+    return min(decoded, 2 * WHOLE_VALUES)  # uint8: a value a byte, train and test
+
+
+@functools.lru_cache(maxsize=16)
+def _folder_files(folder: str, mtime_ns: int) -> tuple[int, int, str | None]:
+    """The files under ``folder`` (hidden ones left out), their bytes and the first one's path."""
+    count, total, first = 0, 0, None
+    for rel, nbytes, _ in folder_files(folder):
+        count, total, first = count + 1, total + nbytes, first or os.path.join(folder, rel)
+    return count, total, first
+
+
+def _pixels(size: Any, first: str) -> int:
+    """Height x width of the images: ``size`` (an int or [height, width]), else the first image's
+    (read from its header, not decoded); 0 if it is not an image."""
+    if size:
+        return size * size if isinstance(size, int) else math.prod(size)
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(first) as image:
+            return image.width * image.height
+    except (OSError, UnidentifiedImageError):
+        return 0
