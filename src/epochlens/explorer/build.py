@@ -115,17 +115,28 @@ def _copy_thumbs(out: Path, dossier: Path, sheets: set[str]) -> None:
 
 
 def _rocs(file: pq.ParquetFile, scalars: list[dict]) -> dict:
+    """The detectors' ROCs: without ground truth none (nothing read); else the truth and the
+    trained rows a row group at a time (a byte a row), each detector's scores a column at a time."""
     names = set(file.schema_arrow.names)
+    if "is_corrupted" not in names:
+        return detector_rocs({}, None, np.zeros(0, bool))
+    truth, train = [], []
+    for group in range(file.num_row_groups):
+        rows = file.read_row_group(
+            group, columns=[c for c in ("is_corrupted", "role", "split") if c in names]
+        )
+        truth.append(pc.fill_null(pc.cast(rows["is_corrupted"], pa.int8()), -1).to_numpy())
+        trained = pc.equal(rows["role"], "train").to_numpy(zero_copy_only=False)
+        if "split" in names:  # the holdout is not trained on
+            trained &= pc.fill_null(pc.equal(rows["split"], "train"), False).to_numpy(zero_copy_only=False)
+        train.append(trained)
     detectors = detector_columns([s["name"] for s in scalars if s["kind"] == "number"])
-    table = file.read(columns=[*detectors, *[c for c in ("is_corrupted", "role", "split") if c in names]])
-    scores = {n: pc.cast(table.column(n), pa.float64()).to_numpy(zero_copy_only=False) for n in detectors}
-    truth = None
-    if "is_corrupted" in names:
-        truth = pc.fill_null(pc.cast(table.column("is_corrupted"), pa.int8()), -1).to_numpy()
-    train = pc.equal(table.column("role"), "train").to_numpy(zero_copy_only=False)
-    if "split" in names:  # the holdout is not trained on
-        train &= pc.fill_null(pc.equal(table.column("split"), "train"), False).to_numpy(zero_copy_only=False)
-    return detector_rocs(scores, truth, np.asarray(train, bool))
+    scores = {
+        n: pc.cast(file.read(columns=[n])[n], pa.float64()).to_numpy(zero_copy_only=False) for n in detectors
+    }
+    if not truth:  # a dossier of no rows
+        return detector_rocs(scores, np.zeros(0, np.int8), np.zeros(0, bool))
+    return detector_rocs(scores, np.concatenate(truth), np.asarray(np.concatenate(train), bool))
 
 
 def _class_names(file: pq.ParquetFile) -> dict[str, str]:
