@@ -148,7 +148,7 @@ def _class_names(file: pq.ParquetFile) -> dict[str, str]:
         rows = file.read_row_group(group, columns=["label", "label_name"])
         pairs = rows.group_by(["label", "label_name"]).aggregate([])
         found.update(zip(pairs["label"].to_pylist(), pairs["label_name"].to_pylist(), strict=True))
-    return {str(k): v for k, v in found.items() if k is not None}
+    return {str(k): found[k] for k in sorted(k for k in found if k is not None)}  # in label order
 
 
 def _default_view(scalars: list[dict]) -> dict:
