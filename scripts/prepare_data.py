@@ -32,9 +32,9 @@ def text_settings(cfg: dict, truth: str | None, hf_task: str | None) -> tuple[Te
 
 
 def load(source: str, path: str | None, cfg: dict, truth: str | None, hf_task: str | None, spill: Spill):
-    """The data set before corruption, with your ground-truth column ``truth`` (None: none); your
-    images and texts are read here only (so an edit of their reader reruns no other stage); a
-    large split's decoded images go to ``spill``, on disk."""
+    """The data set before corruption, with your ground-truth column ``truth`` (None: none), a large
+    split's decoded images in ``spill``; your images and texts are read here only (so an edit of
+    their reader reruns no other stage)."""
     column = {"ground_truth_column": truth} if truth else {}
     if "text" in cfg or source == "polarity":
         settings, tokenizer = text_settings(cfg, truth, hf_task)
@@ -49,38 +49,31 @@ def load(source: str, path: str | None, cfg: dict, truth: str | None, hf_task: s
 
 
 def main(snakemake) -> None:
-    with Spill(snakemake.output.dataset) as spill:  # deleted once the data set is written
-        prepare(snakemake, spill)
-
-
-def prepare(snakemake, spill: Spill) -> None:
     cfg = dict(snakemake.params.data)
-    corruption = cfg.pop("corruption", None) or {"kind": "none"}
-    truth = cfg.pop("ground_truth", None) or {}
+    corruption, truth = cfg.pop("corruption", None) or {"kind": "none"}, cfg.pop("ground_truth", None) or {}
     hf_task, source = snakemake.params.hf_task, cfg.pop("source")
-    dataset = load(source, cfg.pop("path", None), cfg, truth.get("column"), hf_task, spill)
-    check_kind(dataset, snakemake.params.task)
-    if truth.get("indices"):  # your poisoned samples' positions in the training split
-        mark_positions(dataset, truth["indices"])
-    # The holdout first: it is never corrupted (not trained on).
-    dataset.holdout = holdout_mask(dataset.train_labels, cfg.get("holdout_per_class", 0))
-    is_text = hasattr(dataset, "train_input_ids")
-    if is_text and corruption["kind"] == "trigger":  # the phrase is tokenised by the data's tokenizer
-        settings, folder = text_settings(cfg, truth.get("column"), hf_task)
-        tokenizer = source_tokenizer(source, settings, folder)
-        dataset, corrupted = corrupt_text(dataset, corruption, tokenizer, settings)
-    else:
-        dataset, corrupted = corrupt(dataset, corruption)
-    if dataset.ground_truth is not None:  # yours, instead of a corruption of the pipeline's
-        corrupted = np.flatnonzero(dataset.ground_truth).astype(np.int64)
-        log.info("ground truth: %d poisoned training samples (%s)", len(corrupted), truth)
-    (write_text_dataset if is_text else write_dataset)(dataset, snakemake.output.dataset)
+    with Spill(snakemake.output.dataset) as spill:  # a large split's images on disk until written
+        dataset = load(source, cfg.pop("path", None), cfg, truth.get("column"), hf_task, spill)
+        check_kind(dataset, snakemake.params.task)
+        if truth.get("indices"):  # your poisoned samples' positions in the training split
+            mark_positions(dataset, truth["indices"])
+        holdout = cfg.get("holdout_per_class", 0)  # the holdout first: it is never corrupted
+        dataset.holdout = holdout_mask(dataset.train_labels, holdout)
+        is_text = hasattr(dataset, "train_input_ids")
+        if is_text and corruption["kind"] == "trigger":  # the phrase is tokenised by the data's tokenizer
+            settings, folder = text_settings(cfg, truth.get("column"), hf_task)
+            tokenizer = source_tokenizer(source, settings, folder)
+            dataset, corrupted = corrupt_text(dataset, corruption, tokenizer, settings)
+        else:
+            dataset, corrupted = corrupt(dataset, corruption)
+        if dataset.ground_truth is not None:  # yours, instead of a corruption of the pipeline's
+            corrupted = np.flatnonzero(dataset.ground_truth).astype(np.int64)
+            log.info("ground truth: %d poisoned training samples (%s)", len(corrupted), truth)
+        (write_text_dataset if is_text else write_dataset)(dataset, snakemake.output.dataset)
+        log.info(describe(dataset))
     save_npy(snakemake.output.corrupted, corrupted)
-    log.info(describe(dataset))
-    if corruption["kind"] != "none":
-        log.info(
-            "corruption %s: %d training samples (%s)", corruption["kind"], len(corrupted), dataset.source
-        )
+    if (kind := corruption["kind"]) != "none":
+        log.info("corruption %s: %d training samples (%s)", kind, len(corrupted), dataset.source)
 
 
 if __name__ == "__main__":
