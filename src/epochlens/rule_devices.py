@@ -100,8 +100,10 @@ def plan_devices(rules: Iterable[RuleSpec], profile: ProfileSettings, device: st
         resources, source = gpu_resources(rule, profile)
         gpus = None if PER_JOB in resources.values() else gpus_requested(resources)
         runs_on = ("submit host" if rule.local else "cluster job") if profile.cluster else "this machine"
-        used = f"{device} if given a GPU, else cpu" if gpus is None else job_device(device, resources)
-        used = used if rule.uses_device else None
+        if not rule.uses_device:  # no device resolved (job_device raises for one the job lacks)
+            used = None
+        else:
+            used = f"{device} if given a GPU, else cpu" if gpus is None else job_device(device, resources)
         plan.append(RuleDevice(rule.name, runs_on, gpus, used, source))
     return plan
 
