@@ -25,14 +25,13 @@ from typing import TYPE_CHECKING
 import h5py
 import numpy as np
 
+from epochlens.data.blocks import BLOCK_BYTES  # a block read at a time: five thousand CIFAR images
 from epochlens.data.dataset import Dataset
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:
     import torch
 
-#: Bytes of one block read at a time (five thousand CIFAR images).
-BLOCK_BYTES = 16 << 20
 #: HDF5's chunk cache per open array: consecutive batches that share a chunk decompress it once.
 CHUNK_CACHE_BYTES = 32 << 20
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from epochlens.data.blocks import BLOCK_BYTES
+
 Member = tuple[int, np.dtype, tuple[int, ...]]
-#: Bytes of the rows checked at a time.
-BLOCK_BYTES = 16 << 20
 Block = Callable[[np.ndarray], np.ndarray]
 
 
@@ -57,9 +57,7 @@ class StoredRows:
     read those rows (a NumPy array), ``np.asarray(rows)`` the whole; ``mapped(f)`` the same rows
     with ``f`` applied to each block read (a layout's transposition)."""
 
-    def __init__(
-        self, path: str | Path, member: Member, block: Callable[[np.ndarray], np.ndarray] | None = None
-    ):
+    def __init__(self, path: str | Path, member: Member, block: Block | None = None):
         self.path, self.member, self._block = Path(path), member, block or (lambda rows: rows)
         offset, dtype, shape = member
         self.dtype = dtype
@@ -97,7 +95,7 @@ class StoredRows:
         return whole if dtype is None else whole.astype(dtype)
 
 
-def each_block(x: np.ndarray | StoredRows, block) -> np.ndarray | StoredRows:
+def each_block(x: np.ndarray | StoredRows, block: Block) -> np.ndarray | StoredRows:
     """``block(x)``; of an array read by rows, the rows with ``block`` applied as they are read."""
     return x.mapped(block) if isinstance(x, StoredRows) else block(x)
 
