@@ -132,7 +132,7 @@ def detector_columns_of(inputs: DossierInputs, index: int, npz: NpzColumns, n: i
     (read a chunk of samples at a time) and the influence scores."""
     influence, transformed = influence_train_columns(inputs, index, n)
     keys = series_keys(npz, "train_")
-    final_loss = npz.columns("train_loss", 0, n)[-1]
+    final_loss = npz.row("train_loss", -1)  # the last checkpoint's only
     whole = dict(influence)
     if "train_margin" in keys:
         whole["aum"] = np.concatenate(
@@ -165,7 +165,7 @@ def train_pieces(inputs: DossierInputs, index: int, corrupted: np.ndarray | None
         series.update(load_curvature([inputs.curvature.get((index, e)) for e in inputs.epochs], n, lo, hi))
         cols = summary_columns(series, inputs.epochs, classes[lo:hi])
         cols.update({k: row_range(v, lo, hi) for k, v in whole.items()})
-        identity = identity_frame(inputs.dataset, "train", np.arange(lo, hi), corrupted, images)
+        identity = identity_frame(inputs.dataset, "train", np.arange(lo, hi), corrupted, images, stored)
         frame = identity.assign(index=np.int32(index), role="train")[["index", "role", *identity.columns]]
         yield frame_table(frame, {**series_arrays(series, inputs.epochs), **cols})
 

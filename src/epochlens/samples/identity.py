@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from epochlens.data.labels import read_labels
+from epochlens.data.labels import SplitLabels, read_labels
 from epochlens.errors import DataError
 from epochlens.samples.sheets import SheetLayout
 
@@ -64,14 +64,16 @@ def identity_frame(
     positions: np.ndarray,
     corrupted: np.ndarray | None,
     thumbnails: str | None = None,
+    stored: SplitLabels | None = None,
 ) -> pd.DataFrame:
     """Identity columns of the samples at ``positions`` of ``split`` (``train`` or ``test``).
 
     ``corrupted``: the corrupted training positions (None: no ground truth known, no column).
     ``thumbnails``: the thumbnails' split name (train, test, test_trigger) of an image run, whose
     ``image`` column names them in their sheets (:mod:`epochlens.samples.sheets`); None: no column.
+    ``stored``: the split's labels when the caller has read them (:func:`read_labels`).
     """
-    stored = read_labels(dataset, split)
+    stored = stored or read_labels(dataset, split)  # given: read once for every chunk of rows
     positions = np.asarray(positions, np.int64)
     frame = pd.DataFrame({"position": positions, "id": [f"{split}:{p}" for p in positions]})
     held = stored.holdout[positions] if split == "train" and stored.holdout is not None else False

@@ -46,6 +46,17 @@ class NpzColumns:
     def whole(self, key: str) -> np.ndarray:
         return self.columns(key, 0, self.shape(key)[-1]) if key in self._stored else self._loaded[key]
 
+    def row(self, key: str, r: int) -> np.ndarray:
+        """Row ``r`` of a 2-D array (-1: the last), the other rows not read."""
+        if key not in self._stored:
+            return self._loaded[key][r]
+        offset, dtype, (m, n) = self._stored[key]
+        out = np.empty(n, dtype)
+        with open(self.path, "rb") as f:
+            f.seek(offset + (r % m) * n * dtype.itemsize)
+            f.readinto(memoryview(out).cast("B"))
+        return out
+
     def columns(self, key: str, lo: int, hi: int) -> np.ndarray:
         """``array[..., lo:hi]`` of a 1-D or 2-D array (a 2-D one: every row's columns lo:hi)."""
         if key not in self._stored:

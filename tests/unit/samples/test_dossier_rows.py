@@ -89,3 +89,15 @@ def test_series_read_by_columns_equal_the_arrays(tmp_path):
             np.testing.assert_array_equal(npz.whole(key), values)
             np.testing.assert_array_equal(npz.columns(key, 5, 900), values[..., 5:900])
             np.testing.assert_array_equal(npz.columns(key, 990, 2000), values[..., 990:])
+
+
+def test_a_row_of_a_series_is_read_alone(tmp_path):
+    """NpzColumns.row reads one checkpoint's values (the dossier's final loss), stored or compressed."""
+    from epochlens.samples.series_rows import NpzColumns
+
+    loss = np.random.default_rng(2).random((4, 300))
+    for save in (np.savez, np.savez_compressed):
+        save(tmp_path / "a.npz", loss=loss)
+        npz = NpzColumns(tmp_path / "a.npz")
+        np.testing.assert_array_equal(npz.row("loss", -1), loss[-1])
+        np.testing.assert_array_equal(npz.row("loss", 1), loss[1])
