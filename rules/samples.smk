@@ -1,5 +1,6 @@
-# Every per-sample result of a run in one table: sample_outputs (per index: what each analysed
-# checkpoint predicts for every training and test sample, the one model pass of this stage) -> sample_dossier
+# Every per-sample result of a run in one table: sample_outputs_shard (per index and shard: what
+# each analysed checkpoint predicts for the shard's training and test samples, the one model pass
+# of this stage; samples.shards jobs) -> sample_outputs (per index, the shards merged) -> sample_dossier
 # (the run's samples/dossier.parquet, from cached results only) -> plot_data_map; sample_thumbnails
 # (per run, from its data set: the images the dossier's image column names). A light CPU job
 # reads the curvature arrays and influence scores the run already has: adding the dossier to a
@@ -9,12 +10,36 @@
 include: "helpers/samples.smk"
 
 
-rule sample_outputs:
+rule sample_outputs_shard:
     input:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoints=get_index_checkpoints,
         model_code=get_model_code,
+        code=get_code("sample_outputs_shard.py"),
+    output:
+        shard=layout.sample_outputs_shard(),
+    log:
+        layout.log("sample_outputs", index="{index}", name=shard_name()),
+    benchmark:
+        layout.benchmark("sample_outputs", index="{index}", name=shard_name())
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
+    params:
+        run=get_eval_params,
+        model=get_model_param,
+        epochs=get_run_epochs,
+    script:
+        "../scripts/sample_outputs_shard.py"
+
+
+rule sample_outputs:
+    input:
+        shards=get_sample_output_shards,
         code=get_code("sample_outputs.py"),
     output:
         outputs=layout.sample_outputs(),
@@ -27,11 +52,7 @@ rule sample_outputs:
     envmodules:
         *config["envmodules"],
     resources:
-        **get_gpu_resources(),
-    params:
-        run=get_eval_params,
-        model=get_model_param,
-        epochs=get_run_epochs,
+        mem_mb=get_mem_mb,
     script:
         "../scripts/sample_outputs.py"
 

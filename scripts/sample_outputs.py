@@ -1,47 +1,20 @@
-"""Rule sample_outputs: what each analysed checkpoint of one replicate index predicts for every
-training and test sample (loss, probability of the label, margin, correctness; a regression's
-absolute error), the dossier's per-checkpoint series that no other stage caches.
+"""Rule sample_outputs: one replicate index's sample-output shards merged into its
+``sample_outputs.npz`` (every checkpoint's series over every training and test sample).
 
 By hand, from the run's working directory:
     python scripts/sample_outputs.py run=digits index=0
 """
 
-from _helpers import job_resources, run_script
+from _helpers import run_script
 
-from epochlens.job import load_checkpoint_job
-from epochlens.outcome import regression_reduction
 from epochlens.runner import log
-from epochlens.samples.outputs import checkpoint_outputs, stack_outputs, write_outputs
-
-
-def epoch_outputs(snakemake, epoch: int, checkpoint: str) -> dict:
-    """The outputs of one checkpoint (logged as it is done)."""
-    inp, run = snakemake.input, snakemake.params.run
-    job = load_checkpoint_job(
-        dataset=inp.dataset,
-        checkpoint=checkpoint,
-        model=snakemake.params.model,
-        epoch=epoch,
-        device=snakemake.config["device"],
-        class_order=inp.class_order,
-        schedule=run["schedule"],
-        resources=job_resources(snakemake),
-    )
-    arrays = checkpoint_outputs(
-        job,
-        run["evaluation"]["batch_size"],
-        regression_reduction(run.get("task")),
-        run["data"].get("corruption"),
-    )
-    n_train, n_test = len(arrays["train_loss"]), len(arrays["test_loss"])
-    log.info("epoch %d: outputs of %d training and %d test samples", epoch, n_train, n_test)
-    return arrays
+from epochlens.samples.output_files import merge_outputs
 
 
 def main(snakemake) -> None:
-    epochs, checkpoints = snakemake.params.epochs, snakemake.input.checkpoints
-    per_epoch = (epoch_outputs(snakemake, e, c) for e, c in zip(epochs, checkpoints, strict=True))
-    write_outputs(snakemake.output.outputs, stack_outputs(per_epoch, len(epochs)))
+    shards = snakemake.input.shards
+    merge_outputs(shards, snakemake.output.outputs)
+    log.info("merged %d shard(s) into %s", len(shards), snakemake.output.outputs)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 # Helpers of rules/samples.smk: input functions, params and targets.
 
 from epochlens.config.run_kinds import is_text_run, is_text_to_text_run
+from epochlens.layout import shard_name
 
 #: The tasks whose checkpoints give a dossier its series (a user's own task callable has no
 #: probability of a label nor absolute error that epochlens knows how to read).
@@ -73,6 +74,15 @@ def get_index_checkpoints(wildcards):
             SimpleNamespace(run=wildcards.run, index=wildcards.index, epoch=f"{e:04d}")
         )
         for e in get_epochs(wildcards.run)
+    ]
+
+
+def get_sample_output_shards(wildcards):
+    """The shard files that sample_outputs merges for (run, index), in shard order."""
+    nshards = get_run(wildcards)["samples"]["shards"]
+    return [
+        layout.sample_outputs_shard(wildcards.run, wildcards.index, k, nshards)
+        for k in range(nshards)
     ]
 
 

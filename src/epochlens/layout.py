@@ -7,6 +7,7 @@
       index-{index}/
         class_order.npy, train_log.csv, train_metadata.json
         sample_outputs.npz                        what each checkpoint predicts for every sample
+        sample_outputs/shard_{k}-of-{S}.npz       its shards (samples.shards jobs)
         checkpoints/epoch_{E}.pt                  when the pipeline trains (or runs your command)
         train_output/                             what your training command wrote besides them
         .resume/train/, .resume/output/           resume state of a training job (not outputs)
@@ -61,7 +62,7 @@ def index_name(index: Val) -> str:
 
 
 def shard_name(shard: Val = "{shard}", nshards: Val = "{nshards}") -> str:
-    """``shard_{k}-of-{S}``: shard k of S of one epoch's curvature."""
+    """``shard_{k}-of-{S}``: shard k of S of one epoch's curvature or of an index's sample outputs."""
     return f"shard_{shard}-of-{nshards}"
 
 
@@ -184,6 +185,12 @@ class Layout:
         """What every analysed checkpoint predicts for every training and test sample (loss,
         probability of the label, margin, correctness; :mod:`epochlens.samples.outputs`)."""
         return f"{self.index_dir(run, index)}/sample_outputs.npz"
+
+    def sample_outputs_shard(
+        self, run: str = "{run}", index: Val = "{index}", shard: Val = "{shard}", nshards: Val = "{nshards}"
+    ) -> str:
+        """One shard (a contiguous range of each split's samples) of the sample outputs."""
+        return f"{self.index_dir(run, index)}/sample_outputs/{shard_name(shard, nshards)}.npz"
 
     def train_log(self, run: str = "{run}", index: Val = "{index}") -> str:
         return f"{self.index_dir(run, index)}/train_log.csv"

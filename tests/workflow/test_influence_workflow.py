@@ -54,9 +54,10 @@ def influence_config(tmp_path, influence=None, corruption=None, **run) -> dict:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """(workflow copy, workdir, config dict, configfile) after the tiny study's `influence` target
-    (no evaluation, accuracy tables or their figures: not needed here)."""
+    (no evaluation, accuracy tables or their figures: not needed here). Its sample outputs in two
+    shards: the dossier's test checks them against the evaluation and the influence job."""
     root = tmp_path_factory.mktemp("influence")
-    cfg = influence_config(root, influence={"lds": LDS})
+    cfg = influence_config(root, influence={"lds": LDS}, samples={"shards": 2})
     run = make_tiny_run(root, cfg, "influence", name="influence")
     return run.wf, run.work, cfg, run.cfg
 
@@ -337,6 +338,9 @@ def test_the_dossier_is_the_runs_arrays_and_tables(tiny_run):
     queries = dossier[dossier["role"] == "query"]
     with np.load(paths.sample_outputs("tiny", 0)) as npz:
         test_loss = npz["test_loss"]
+        assert "test_rows" not in npz.files  # the shards' rows are not in the merged file
+    shards = sorted((work / RESULTS.sample_outputs("tiny", 0)).with_suffix("").iterdir())
+    assert [p.name for p in shards] == ["shard_0-of-2.npz", "shard_1-of-2.npz"]
     tests = [int(i.split(":")[1]) for i in queries["id"]]
     np.testing.assert_array_equal(
         np.stack(queries["loss"].to_numpy()), test_loss[:, tests].T.astype(np.float32)

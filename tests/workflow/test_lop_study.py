@@ -75,6 +75,7 @@ def test_full_study_dry_run_lists_every_checkpoint(tmp_path):
         "plot_ablation": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
+        "sample_outputs_shard": 3,
         "sample_outputs": 3,
         "sample_dossier": 1,
         "sample_thumbnails": 1,

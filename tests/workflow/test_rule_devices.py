@@ -32,7 +32,7 @@ GPU_RULES = {
     "influence_score_shard",
     "influence_scores",
     "lds_retrain",
-    "sample_outputs",
+    "sample_outputs_shard",
 }
 
 
@@ -76,8 +76,8 @@ def test_memory_plan_under_the_slurm_profile(rules, tmp_path, monkeypatch, tiny_
     settings = profile_settings(REPO / "profiles/slurm", REPO / "Snakefile")
     lines = {line.split()[0]: line for line in _memory_plan(rules, settings, config).splitlines()[2:]}
     shape = memory.dataset_shape(RESULTS.dataset("digits"))
-    asked = memory.mem_mb("sample_outputs", shape)
-    assert lines["sample_outputs"].split()[1:4] == ["the", "run", str(asked)]
+    asked = memory.mem_mb("sample_outputs_shard", shape)
+    assert lines["sample_outputs_shard"].split()[1:4] == ["the", "run", str(asked)]
     assert "16000 (profile)" in lines["lds_retrain"] and "16000 (workflow)" in lines["train_digits"]
     assert "4000 (profile default)" in lines["class_order"]
     assert "- (submit host)" in lines["plot_accuracy"]

@@ -179,6 +179,7 @@ RETRAINED = {
     "lds_retrain": 1,  # the command's retrainings run the edited script too
     "lds_tables": 1,
     "plot_lds": 1,
+    "sample_outputs_shard": 3,
     "sample_outputs": 3,
     "sample_dossier": 1,
     "plot_data_map": 1,

@@ -87,6 +87,7 @@ def test_user_configfile_is_the_whole_config(tmp_path, from_repo_root):
         "curvature_epoch": 4,
         "curvature_tables": 1,
         "plot_curvature": 1,
+        "sample_outputs_shard": 1,
         "sample_outputs": 1,
         "sample_dossier": 1,
         "sample_thumbnails": 1,

@@ -36,6 +36,7 @@ EPOCHS = TINY_EPOCHS
 OFF = {"enabled": False}
 ONE_EPOCH_AND_AGGREGATES = {
     "evaluate_checkpoint": 1,
+    "sample_outputs_shard": 1,
     "sample_outputs": 1,
     "sample_dossier": 1,
     "plot_data_map": 1,
@@ -112,7 +113,8 @@ def test_default_config_job_list(tmp_path):
         "plot_training": 3,
         "comparison_tables": 1,
         "plot_comparisons": 1,
-        "sample_outputs": 2 + 2 + 1,  # one per index of every run
+        "sample_outputs_shard": 2 + 2 + 1,  # one per index of every run (samples.shards: 1)
+        "sample_outputs": 2 + 2 + 1,  # its merge
         "sample_dossier": 3,
         "sample_thumbnails": 2,  # digits and digits_noisy: images (polarity: texts)
         "plot_data_map": 3,
@@ -286,7 +288,8 @@ def test_with_keep_going_the_missing_checkpoints_fail_alone(tmp_path):
         "evaluate_checkpoint": 1,
         "accuracy_tables": 1,
         "plot_accuracy": 1,
-        "sample_outputs": 1,  # every checkpoint of the index (it failed without epoch 4's)
+        "sample_outputs_shard": 1,  # every checkpoint of the index (it failed without epoch 4's)
+        "sample_outputs": 1,
         "sample_dossier": 1,
         "plot_data_map": 1,
         "sample_explorer": 1,

@@ -21,7 +21,6 @@ _EXPORTS = {
     "full_fp32_precision": "estimator",
     "parallel_curvature": "distributed",
     "curvature_shard": "distributed",
-    "shard_range": "io",
     "write_shard": "io",
     "read_shard": "io",
     "merge_shards": "io",

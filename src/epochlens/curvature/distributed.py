@@ -1,7 +1,7 @@
 """Several processes on one node computing per-sample curvature together (torch.distributed).
 
 A curvature shard job may use P processes: rank r takes the r-th contiguous block of the shard's
-samples (:func:`epochlens.curvature.io.shard_range`), computes it with
+samples (:func:`epochlens.shards.shard_range`), computes it with
 :func:`epochlens.curvature.estimator.per_sample_curvature` and the blocks are gathered on rank 0. Directions
 are keyed by global sample index, so the result is the same for any P (tested for P = 1, 2).
 
@@ -32,12 +32,12 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from epochlens.curvature.estimator import per_sample_curvature, regression_threshold
-from epochlens.curvature.io import shard_range
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.data.rows import NormalizedRows
 from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError, EpochlensError
 from epochlens.outcome import sample_classes
+from epochlens.shards import shard_range
 
 if TYPE_CHECKING:
     from epochlens.job import CheckpointJob

@@ -1,10 +1,10 @@
 """Curvature results on disk: shard files and the merged per-epoch files of DESIGN.md.
 
 One (run, index, epoch) is computed in S shards; shard k of S covers the contiguous range of
-training-sample indices :func:`shard_range` gives. A shard is one ``.npz`` holding its range, the
-per-sample results of that range and a JSON header (estimator, device, timing, input hashes).
-:func:`merge_shards` checks that the shards tile ``0..N`` and agree on everything but timing, then
-writes, atomically, into the epoch folder:
+training-sample indices :func:`epochlens.shards.shard_range` gives. A shard is one ``.npz``
+holding its range, the per-sample results of that range and a JSON header (estimator, device,
+timing, input hashes). :func:`merge_shards` checks that the shards tile ``0..N`` and agree on
+everything but timing, then writes, atomically, into the epoch folder:
 
     per_image_curvature.npy, per_image_directional_eig.npy,
     per_image_loss.npy, per_image_grad_norm.npy   float32 (N_train,), NaN for inactive classes
@@ -40,15 +40,6 @@ ARRAY_DTYPES = {
 }
 #: Header fields every shard of one epoch must agree on.
 _SHARED_HEADER = ("epoch", "allowed_classes", "estimator", "n_samples", "nshards", "inputs")
-
-
-def shard_range(n_samples: int, shard: int, nshards: int) -> tuple[int, int]:
-    """Sample range [lo, hi) of shard ``shard`` (0-based) of ``nshards``: contiguous, sizes differ by ≤ 1."""
-    if nshards < 1 or not 0 <= shard < nshards:
-        raise ValueError(f"shard {shard} of {nshards}: need 0 <= shard < nshards")
-    base, extra = divmod(n_samples, nshards)
-    lo = shard * base + min(shard, extra)
-    return lo, lo + base + (shard < extra)
 
 
 def merged_names() -> dict[str, str]:

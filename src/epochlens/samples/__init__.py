@@ -2,7 +2,8 @@
 
 * :mod:`.outputs`    what a checkpoint predicts for every training and test sample (loss,
   probability of the label, margin, correctness; a regression's absolute error): the one model
-  pass of this stage, one job per replicate index (``index-{i}/sample_outputs.npz``);
+  pass of this stage, in ``samples.shards`` jobs per replicate index;
+* :mod:`.output_files` their shard files, merged into ``index-{i}/sample_outputs.npz``;
 * :mod:`.summaries`  per-sample summaries over checkpoints: the data map's confidence,
   variability and correctness (Dataset Cartography), the area under the margin (AUM);
 * :mod:`.identity`   who each row is: position, id, split, label, group, text, ground truth;

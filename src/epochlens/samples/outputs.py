@@ -20,12 +20,10 @@ checkpoints, (m, N).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from epochlens.atomic import write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -121,18 +119,25 @@ def sequence_outputs(model: nn.Module, inputs, labels: np.ndarray, batch_size: i
 
 
 def split_outputs(
-    job: CheckpointJob, split: str, batch_size: int, reduction: str = "mean"
+    job: CheckpointJob, split: str, batch_size: int, reduction: str = "mean", rows: tuple | None = None
 ) -> dict[str, np.ndarray]:
-    """The series of every sample of ``split`` (train: every training sample, the holdout too)
-    at the job's checkpoint: :data:`CLASSIFIER_KEYS`, :data:`REGRESSION_KEYS` or
-    :data:`SEQUENCE_KEYS` by the run's data."""
+    """The series of the samples of ``split`` at positions ``rows`` = [lo, hi) (all of them by
+    default; train: every training sample, the holdout too) at the job's checkpoint, read a batch
+    at a time: :data:`CLASSIFIER_KEYS`, :data:`REGRESSION_KEYS` or :data:`SEQUENCE_KEYS` by the
+    run's data."""
     from epochlens.data.rows import NormalizedRows
     from epochlens.data.text import TextDataset
 
-    data, labels = job.data, job.data.labels(split)
-    if isinstance(data, TextDataset) and data.token_labels:
-        return sequence_outputs(job.model, data.inputs(split), labels, batch_size, job.device)
-    inputs = data.inputs(split) if isinstance(data, TextDataset) else NormalizedRows(data, split)
+    data, labels = job.data, np.asarray(job.data.labels(split))
+    lo, hi = rows or (0, len(labels))
+    labels = labels[lo:hi]
+    if isinstance(data, TextDataset):
+        inputs = data.inputs(split)
+        inputs = {k: v[lo:hi] for k, v in inputs.items()} if isinstance(inputs, Mapping) else inputs[lo:hi]
+        if data.token_labels:
+            return sequence_outputs(job.model, inputs, labels, batch_size, job.device)
+    else:
+        inputs = NormalizedRows(data, split, np.arange(lo, hi))
     if getattr(data, "is_regression", False):
         from epochlens.tasks.regression import predict_regression
 
@@ -140,23 +145,34 @@ def split_outputs(
         error = np.abs(pred - np.asarray(labels, np.float64).reshape(len(labels), -1)).mean(1)
         return {"loss": loss, "abs_error": error}
     assert job.active is not None, "a classifier's outputs need its class schedule"
-    return classifier_outputs(job.model, inputs, np.asarray(labels), job.active, batch_size, job.device)
+    return classifier_outputs(job.model, inputs, labels, job.active, batch_size, job.device)
 
 
 def checkpoint_outputs(
-    job: CheckpointJob, batch_size: int, reduction: str = "mean", trigger: Mapping | None = None
+    job: CheckpointJob,
+    batch_size: int,
+    reduction: str = "mean",
+    trigger: Mapping | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, np.ndarray]:
     """Both splits' series at the job's checkpoint, keyed ``{split}_{series}`` (``train_loss``,
-    ``test_p_label``, ...), and ``epoch``. ``trigger``: a backdoor's
-    ``data.corruption`` (kind trigger), whose queries are the test samples with the trigger: their
-    series too, as ``test_trigger_{series}``."""
+    ``test_p_label``, ...), ``epoch`` and each split's ``[lo, hi, n]`` as ``{split}_rows``: the
+    samples of ``shard`` = (k, S), shard k of S of each split (:func:`epochlens.shards.shard_range`).
+    ``trigger``: a backdoor's ``data.corruption`` (kind trigger), whose queries are the test samples
+    with the trigger: their series too, as ``test_trigger_{series}``."""
+    from epochlens.shards import shard_range
+
     arrays: dict[str, np.ndarray] = {"epoch": np.int64(job.epoch)}
     for split in SPLITS:
-        for key, values in split_outputs(job, split, batch_size, reduction).items():
+        n = len(job.data.labels(split))
+        rows = shard_range(n, *shard)
+        arrays[f"{split}_rows"] = np.array([*rows, n], np.int64)
+        for key, values in split_outputs(job, split, batch_size, reduction, rows).items():
             arrays[f"{split}_{key}"] = values
-    if trigger is not None and trigger.get("kind") == "trigger":
-        for key, values in split_outputs(triggered(job, trigger), "test", batch_size, reduction).items():
-            arrays[f"test_trigger_{key}"] = values
+        if split == "test" and trigger is not None and trigger.get("kind") == "trigger":
+            stamped = triggered(job, trigger)
+            for key, values in split_outputs(stamped, "test", batch_size, reduction, rows).items():
+                arrays[f"test_trigger_{key}"] = values
     return arrays
 
 
@@ -170,26 +186,3 @@ def triggered(job: CheckpointJob, trigger: Mapping) -> CheckpointJob:
     stamped = dataclasses.replace(job, data=_stamped(job.data, trigger))
     stamped.__dict__["model"] = job.model  # the same model (a cached property), not loaded again
     return stamped
-
-
-def stack_outputs(per_epoch: Iterable[Mapping[str, np.ndarray]], m: int) -> dict[str, np.ndarray]:
-    """``m`` checkpoints' outputs (:func:`checkpoint_outputs`, in epoch order) as one run's file, each
-    row filled as it comes (the series held once): ``epochs`` (m,) and every series (m, N)."""
-    epochs, arrays = np.zeros(m, np.int64), None
-    for row, outputs in enumerate(per_epoch):
-        series = {k: np.asarray(v) for k, v in outputs.items() if k != "epoch"}
-        arrays = arrays or {k: np.empty((m, *v.shape), v.dtype) for k, v in series.items()}
-        epochs[row] = int(outputs["epoch"])
-        for key, values in series.items():
-            arrays[key][row] = values
-    return {"epochs": epochs, **(arrays or {})}
-
-
-def write_outputs(path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write an index's outputs (:func:`stack_outputs`) atomically (``sample_outputs.npz``)."""
-
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-
-    write_atomic(path, write)

@@ -44,10 +44,11 @@ def test_files_not_made_yet_count_as_empty(tmp_path):
     """Planning: the dataset and checkpoints do not exist yet (the job is asked again later)."""
     shape = job_shape({"dataset": str(tmp_path / "no.h5"), "checkpoints": [str(tmp_path / "no.pt")]})
     assert shape == RunShape()
-    assert mem_mb("sample_outputs", shape) == round(rule_memory("sample_outputs").base_mb * HEADROOM)
+    rule = "sample_outputs_shard"
+    assert mem_mb(rule, shape) == round(rule_memory(rule).base_mb * HEADROOM)
 
 
-PER_SAMPLE = ["sample_outputs", "sample_dossier", "sample_explorer", "evaluate_checkpoint"]
+PER_SAMPLE = ["sample_outputs_shard", "sample_dossier", "sample_explorer", "evaluate_checkpoint"]
 
 
 @pytest.mark.parametrize("rule", PER_SAMPLE)

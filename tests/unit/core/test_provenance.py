@@ -108,7 +108,8 @@ OWN = {
     "lds_retrain": set(),  # retrains with the run's recipe or its command; no influence code
     "lds_tables": set(),  # reads the scores' files, not the influence package
     "evaluate_checkpoint": set(),
-    "sample_outputs": {"samples"},  # the one model pass of the dossier's stage
+    "sample_outputs_shard": {"samples"},  # the one model pass of the dossier's stage
+    "sample_outputs": {"samples"},  # its merge, torch-free
     "sample_thumbnails": {"samples"},
     # the dossier reads every stage's cached results: CSL and learning time as the curvature stage
     # defines them (curvature.dynamics), query influence as the detection table reduces it

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from epochlens.curvature.io import ARRAY_DTYPES, merge_shards, merged_names, shard_range, write_shard
+from epochlens.curvature.io import ARRAY_DTYPES, merge_shards, merged_names, write_shard
 from epochlens.errors import EpochlensError
+from epochlens.shards import shard_range
 
 
 @pytest.mark.parametrize("n, nshards", [(10, 1), (10, 3), (1347, 2), (5, 5), (3, 4)])
