@@ -24,6 +24,7 @@ from epochlens.errors import EpochlensError
 from epochlens.formats.factory import FactorySpec, factory_sources
 from epochlens.layout import RESULTS as layout
 from epochlens.provenance import PACKAGE_DIR, module_sources
+from epochlens.job_time import job_runtime
 from epochlens.memory import job_mem_mb
 from epochlens.resources import gpu_request
 
@@ -178,12 +179,23 @@ def get_mem_mb(wildcards, input, attempt, rulename):
     return job_mem_mb(rulename, input, attempt)
 
 
+def get_runtime(wildcards, input, attempt, rulename):
+    """A model job's wall time (minutes) from its run's shapes: samples, checkpoints, the model's
+    bytes, its shard's share, x the attempt (epochlens.job_time)."""
+    return job_runtime(rulename, input, wildcards, attempt)
+
+
 def get_gpu_resources():
     """Resources of the rules that compute on a GPU when there is one. One GPU (none with
     device: cpu). Its jobs use the config's device; every other job computes on the CPU
-    (epochlens.resources). Memory from the run (get_mem_mb); a profile sets CPUs and time.
+    (epochlens.resources). Memory and time from the run (get_mem_mb, get_runtime); a profile
+    sets CPUs.
     """
-    return {"gpu": gpu_request(config["device"]), "mem_mb": get_mem_mb}
+    return {
+        "gpu": gpu_request(config["device"]),
+        "mem_mb": get_mem_mb,
+        "runtime": get_runtime,
+    }
 
 
 def per_index(run, path, **kwargs):

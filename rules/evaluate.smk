@@ -23,6 +23,7 @@ rule evaluate_checkpoint:
         *config["envmodules"],
     resources:
         mem_mb=get_mem_mb,
+        runtime=get_runtime,
     params:
         run=get_eval_params,
         model=get_model_param,

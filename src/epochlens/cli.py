@@ -43,13 +43,14 @@ def _device_plan(args: argparse.Namespace) -> dict:
     from dataclasses import asdict
 
     from epochlens import rule_devices
+    from epochlens.resource_plan import memory_plan, time_plan
 
     rules, config = rule_devices.workflow_rules(args.snakefile, args.configfile)
     profile = rule_devices.profile_settings(args.profile, args.snakefile)
     device = args.device or config.get("device", "auto")
     plan = rule_devices.plan_devices(rules, profile, device)
     table = rule_devices.format_plan(plan, profile, device)
-    table += "\n\n" + _memory_plan(rules, profile, config)
+    table += "\n\n" + memory_plan(rules, profile, config) + "\n\n" + time_plan(rules, profile, config)
     if profile.cluster:
         table += (
             "\nThe checks below are of this machine, not of the nodes: to check a GPU node, run "
@@ -62,22 +63,6 @@ def _device_plan(args: argparse.Namespace) -> dict:
         "checks": rule_devices.plan_checks(plan, profile, device),
         "rules": [asdict(r) for r in plan],
     }
-
-
-def _memory_plan(rules, profile, config) -> str:
-    """Where each rule's mem_mb comes from under ``profile``, and what the rules that size it
-    from the run ask for at the runs prepared in this folder (epochlens.memory)."""
-    from epochlens import memory
-    from epochlens.rule_devices import PER_JOB, resource
-
-    names = {"set-resources": "profile", "default-resources": "profile default", None: "none"}
-    sources = {}
-    for rule in rules:
-        value, source = (
-            ("-", "submit host") if rule.local and profile.cluster else resource(rule, profile, "mem_mb")
-        )
-        sources[rule.name] = (None if value == PER_JOB else value or "unset", names.get(source, source))
-    return memory.format_memory(sources, memory.run_shapes(config))
 
 
 def _explore(args: argparse.Namespace) -> int:

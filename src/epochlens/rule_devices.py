@@ -180,7 +180,8 @@ def _raw(value: Any) -> Any:
         if not is_evaluable():
             return value.value
         try:
-            return value.evaluate(attempt=1, threads=1, wildcards={}, input=[], output=[]).value
+            context = {"wildcards": {}, "input": [], "output": [], "rulename": "", "async_run": None}
+            return value.evaluate(attempt=1, threads=1, **context).value
         except Exception:  # noqa: BLE001 - any function of the job's context
             return PER_JOB
     return value

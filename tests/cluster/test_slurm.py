@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from wfutil import REPO, copy_workflow, write_config
 
-from epochlens import memory
+from epochlens import job_time, memory
 from epochlens.layout import Layout
 
 pytestmark = [pytest.mark.cluster, pytest.mark.workflow, pytest.mark.slow]
@@ -33,7 +33,7 @@ RUN = "slurmtiny"
 # Rules that compute on a GPU when there is one: the workflow asks for one (rules/common.smk:
 # get_gpu_resources), profiles/slurm/config.yaml sizes them.
 GPU_RULES = re.compile(
-    r"train_.+|curvature_shard|features_epoch|ablation_epoch|influence_factors|influence_scores|sample_outputs"
+    r"train_.+|curvature_shard|features_epoch|ablation_epoch|influence_factors|influence_scores|sample_outputs_shard"
 )
 # Local rules (Snakefile: localrules): they must never reach SLURM.
 LOCAL_RULES = re.compile(r"(all|figures|accuracy_tables|plot_.+)")
@@ -129,7 +129,8 @@ def rule_of(job: dict) -> str:
 
 def check_request(rule: str, job: dict, shape: memory.RunShape) -> None:
     """A job finished and asked SLURM for what the profile and the workflow say: a GPU with 4 CPU
-    cores and 4 h for the GPU rules, 1 h for the others; memory: training's own request, the
+    cores for the GPU rules; time: the rules sized from the run what their run gives, training and
+    the other GPU rules 4 h, the others 1 h; memory: training's own request, the
     rules sized from the run what their inputs give (evaluated when the job was ready: the data
     set and checkpoints existed), the rest the profile's fall-back."""
     where = f"{rule} (job {job['JobID']}): {job}"
@@ -138,10 +139,13 @@ def check_request(rule: str, job: dict, shape: memory.RunShape) -> None:
         assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], where
         # cpus_per_gpu: 4 (sacct records --cpus-per-gpu in the allocation, not the request)
         assert "cpu=4" in job["AllocTRES"].split(","), where
-        assert job["Timelimit"] == "04:00:00", where
     else:
         assert "gres/gpu" not in job["ReqTRES"] + job["AllocTRES"], where
-        assert job["Timelimit"] == "01:00:00", where
+    if rule in job_time.RULES:  # time from the run: the tiny run's jobs take the floor
+        assert job_time.minutes(rule, shape) == job_time.MIN_MINUTES
+        assert job["Timelimit"] == "00:15:00", where
+    else:  # training's own request, the profile's for the other GPU rules, its fall-back
+        assert job["Timelimit"] == ("04:00:00" if GPU_RULES.fullmatch(rule) else "01:00:00"), where
     if rule.startswith("train_"):
         assert job["ReqMem"] == "16000M", where
     elif rule in ("evaluate_checkpoint", "curvature_shard"):

@@ -61,26 +61,31 @@ def test_gpu_rules_get_the_device_and_the_others_the_cpu(rules, profile):
         assert all(plan[name].runs_on == "submit host" for name in tables_and_plots)
 
 
-def test_memory_plan_under_the_slurm_profile(rules, tmp_path, monkeypatch, tiny_dataset):
-    """doctor --profile's memory table: the sized rules' MB at a prepared run's shape (from its
+def test_memory_and_time_plans_under_the_slurm_profile(rules, tmp_path, monkeypatch, tiny_dataset):
+    """doctor --profile's memory and time tables: the sized rules' MB at a prepared run's shape (from its
     dataset.h5 in the folder doctor runs in), the profile's and the workflow's fixed requests, and
     no request for the submit host's rules."""
-    from epochlens import memory
-    from epochlens.cli import _memory_plan
+    from epochlens import job_time, memory
     from epochlens.data import write_dataset
+    from epochlens.resource_plan import memory_plan, time_plan
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results/digits/data").mkdir(parents=True)
     write_dataset(tiny_dataset, RESULTS.dataset("digits"))
     config = {"runs": {"digits": {"indices": [0], "epochs": [], "checkpoints": {"source": "train"}}}}
     settings = profile_settings(REPO / "profiles/slurm", REPO / "Snakefile")
-    lines = {line.split()[0]: line for line in _memory_plan(rules, settings, config).splitlines()[2:]}
+    lines = {line.split()[0]: line for line in memory_plan(rules, settings, config).splitlines()[2:]}
     shape = memory.dataset_shape(RESULTS.dataset("digits"))
     asked = memory.mem_mb("sample_outputs_shard", shape)
     assert lines["sample_outputs_shard"].split()[1:4] == ["the", "run", str(asked)]
     assert "16000 (profile)" in lines["lds_retrain"] and "16000 (workflow)" in lines["train_digits"]
     assert "4000 (profile default)" in lines["class_order"]
     assert "- (submit host)" in lines["plot_accuracy"]
+    times = {line.split()[0]: line for line in time_plan(rules, settings, config).splitlines()[2:]}
+    for rule in job_time.RULES:  # computed from the run; the profile sets no time for them
+        assert times[rule].split()[1:4] == ["the", "run", str(job_time.minutes(rule, shape))], rule
+    assert "240 (profile)" in times["influence_eigenbasis"] and "480 (profile)" in times["lds_retrain"]
+    assert "240 (workflow)" in times["train_digits"] and "60 (profile default)" in times["class_order"]
 
 
 def test_device_cpu_asks_for_no_gpu(tmp_path):
