@@ -210,17 +210,19 @@ def step_epoch_table(folder: str | Path, steps_per_epoch: float | None = None):
     )
 
 
-def training_epochs(checkpoint_template: str, index: int, steps: list[int]) -> dict[int, float] | None:
+def training_epochs(
+    checkpoint_template: str, index: int, steps: list[int], steps_per_epoch: float | None = None
+) -> dict[int, float] | None:
     """``{step: training epoch}`` of the analysed checkpoints of a run whose ``checkpoints.path`` is a
-    Trainer folder (``.../checkpoint-{epoch}``: the ``{epoch}`` wildcard holds the step); None for
-    any other checkpoint layout (files, or folders without the Trainer's names)."""
+    Trainer folder (``.../checkpoint-{epoch}``: the ``{epoch}`` wildcard holds the step; its states,
+    else ``steps_per_epoch``); None for any other checkpoint layout."""
     paths = [Path(checkpoint_template.format(index=index, epoch=step)) for step in steps]
     if not paths or not all(p.is_dir() and CHECKPOINT_DIR_RE.fullmatch(p.name) for p in paths):
         return None
     parents = {p.parent for p in paths}
     if len(parents) != 1:
         return None
-    epochs = {row.step: row.epoch for row in trainer_step_epochs(parents.pop())}
+    epochs = {row.step: row.epoch for row in trainer_step_epochs(parents.pop(), steps_per_epoch)}
     return {step: epochs[step] for step in steps}
 
 
@@ -232,7 +234,11 @@ def insert_training_epochs(table: Any, checkpoints: Mapping[str, Any]) -> bool:
     if checkpoints.get("source") != "folder" or table.empty:
         return False
     steps = sorted({int(e) for e in table["epoch"]})
-    epochs = {int(i): training_epochs(checkpoints["path"], int(i), steps) for i in table["index"].unique()}
+    per_epoch = checkpoints.get("steps_per_epoch")
+    epochs = {
+        int(i): training_epochs(checkpoints["path"], int(i), steps, per_epoch)
+        for i in table["index"].unique()
+    }
     if not all(epochs.values()):
         return False
     train_epoch = [epochs[int(i)][int(e)] for i, e in zip(table["index"], table["epoch"], strict=True)]

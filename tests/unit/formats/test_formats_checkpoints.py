@@ -7,13 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from epochlens.config import validate
 from epochlens.errors import CheckpointError
 from epochlens.formats.trainer_folders import (
+    insert_training_epochs,
     list_trainer_checkpoints,
     step_epoch_table,
     trainer_step_epochs,
@@ -255,6 +258,22 @@ def test_trainer_listing_and_step_epochs(tmp_path: Path, state: dict) -> None:
         CheckpointError, match=r"checkpoint-5: no trainer_state.json.*checkpoints.steps_per_epoch"
     ):
         trainer_step_epochs(out)
+    # the tables' train_epoch column from the config's checkpoints.steps_per_epoch (a key the
+    # schema takes: the error above names it)
+    checkpoints = {"source": "folder", "path": str(out / "checkpoint-{epoch}")}
+    table = pd.DataFrame({"index": [0, 0], "epoch": [10, 100]})
+    with pytest.raises(CheckpointError, match=r"checkpoints.steps_per_epoch"):
+        insert_training_epochs(table.copy(), checkpoints)
+    assert insert_training_epochs(table, {**checkpoints, "steps_per_epoch": 5})
+    assert table["train_epoch"].tolist() == [2, 20]
+    run = {
+        "data": {"source": "digits"},
+        "schedule": "none",
+        "model": {"name": "small_cnn"},
+        "checkpoints": {**checkpoints, "steps_per_epoch": 5},
+    }
+    checked = validate({"runs": {"r": run}}, Path(__file__).parents[3] / "config" / "schema.yaml")
+    assert checked["runs"]["r"]["checkpoints"]["steps_per_epoch"] == 5
     (out / "checkpoint-10" / "trainer_state.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=r"checkpoint-10/trainer_state.json: unreadable"):
         trainer_step_epochs(out)
