@@ -10,7 +10,8 @@ the built-in small CNN in its place: the data's share of each job's memory and t
 explorer; curvature, features, probes and ablation off): a ResNet-18 on every image (36 s of
 forward passes at N = 50,000 on two CPU cores); ``--stages all`` every stage, influence (EK-FAC)
 too. ``--source imagefolder`` or ``npz``: random pixels as well, in an image folder of PNGs or
-an ``.npz``, normalised from the training images. Peaks and
+an ``.npz``, normalised from the training images; ``text``: N sentences and a tiny BERT in the
+formats of config/examples/text_classifier.yaml (benchmarks/_text_project.py). Peaks and
 seconds are Snakemake's ``benchmark:`` files (``max_rss``: sampled from 0.5 s on), one row per
 rule; ``growth`` is the ratio of the largest N's peak to the smallest's; ``asked_mb`` the
 ``mem_mb`` the workflow gave the rule's jobs from the run's shapes (``epochlens.memory``), and
@@ -18,7 +19,7 @@ the jobs whose peak passed it are listed; ``own_peak_mb`` each job's own high-wa
 (``ru_maxrss``, written as it exits: benchmarks/_peak), which the sampling misses on short jobs.
 
     .venv/bin/python benchmarks/scale.py --sizes 10000 50000 [--stages samples|all] [--model small_cnn]
-        [--source imagefolder|npz]
+        [--source imagefolder|npz|text]
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ import pandas as pd
 import torch
 import yaml
 from _probes_pipeline import job_benchmarks, job_peaks, run_snakemake
+from _text_project import write_text_project
 
 from epochlens.models.networks import MODELS, build_model
 
 RUN, EPOCH = "cifar100_lop", 200
 OFF = {"enabled": False}
-SOURCES = ("cifar100", "imagefolder", "npz")
+SOURCES = ("cifar100", "imagefolder", "npz", "text")
 
 
 def options() -> argparse.ArgumentParser:
@@ -51,7 +53,7 @@ def options() -> argparse.ArgumentParser:
         "--source",
         choices=SOURCES,
         default="cifar100",
-        help="the data: CIFAR-100 pickles, an image folder, an npz",
+        help="the data: CIFAR-100 pickles, an image folder, an npz, sentences (a tiny BERT; --model unused)",
     )
     p.add_argument("--cores", type=int, default=2)
     p.add_argument(
@@ -91,7 +93,10 @@ def write_project(
 
 def measure(work: Path, n_train: int, stages: str, cores: int, model: str, source: str) -> list[dict]:
     """Build and run one project; a row per rule: peak MB, seconds, seconds per 1,000 samples."""
-    config = write_project(work, n_train, model, stages, source)
+    if source == "text":
+        config = write_text_project(work, n_train, stages)
+    else:
+        config = write_project(work, n_train, model, stages, source)
     targets = [f"results/{RUN}/samples/thumbs"] if stages == "thumbnails" else []
     _, output = run_snakemake(work, config, cores, *targets, peaks=work / "peaks")
     own = job_peaks(work / "peaks")
@@ -110,6 +115,8 @@ def measure(work: Path, n_train: int, stages: str, cores: int, model: str, sourc
 
 def main(argv: list[str] | None = None) -> int:
     args = options().parse_args(argv)
+    if args.source == "text" and args.stages == "thumbnails":
+        raise SystemExit("scale.py: a text run has no thumbnails: --stages samples or all")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
