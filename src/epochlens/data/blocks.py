@@ -20,16 +20,19 @@ from epochlens.atomic import orphan_tag
 BLOCK_BYTES = 16 << 20
 
 
-def update_hash(h, array) -> None:
+def update_hash(h, array, seen=None) -> None:
     """Feed ``array``'s dtype, shape and C-ordered bytes to the hash ``h``, a block of rows at a time:
     the digest of the whole array's bytes without a copy of the whole array (nor a read of one on
-    disk)."""
+    disk); ``seen(block)`` is called with each block read."""
     if not hasattr(array, "shape") or not np.ndim(array):
         array = np.ascontiguousarray(array)
     h.update(f"{array.dtype.str}{array.shape}".encode())
     step = max(1, BLOCK_BYTES // max(1, array[:1].nbytes))
     for lo in range(0, len(array), step):
-        h.update(np.ascontiguousarray(array[lo : lo + step]).tobytes())
+        block = np.ascontiguousarray(array[lo : lo + step])
+        h.update(block.tobytes())
+        if seen is not None:
+            seen(block)
 
 
 class Spill:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING
 import h5py
 import numpy as np
 
-from epochlens.data.blocks import BLOCK_BYTES  # a block read at a time: five thousand CIFAR images
+from epochlens.data.blocks import BLOCK_BYTES, update_hash  # a block: five thousand CIFAR images
 from epochlens.data.dataset import Dataset
 from epochlens.errors import DataError
 
@@ -208,18 +207,6 @@ class StoredImages:
     def __exit__(self, *exc) -> None:
         self._file.close()
 
-    def blocks(self, key: str) -> Iterator[np.ndarray]:
-        """The rows of the array ``key`` (e.g. ``train/images``) in consecutive blocks of at most
-        :data:`BLOCK_BYTES` (or one row)."""
-        array = self._file[key]
-        row_bytes = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
-        step = max(1, BLOCK_BYTES // row_bytes)
-        try:
-            for lo in range(0, len(array), step):
-                yield array[lo : lo + step]
-        except OSError as exc:
-            raise self._incomplete(exc) from exc
-
     def content_hash(self) -> str:
         """SHA-256 of images, labels (and groups) of both splits, read block by block: equal to
         :attr:`epochlens.data.dataset.Dataset.content_hash` of the whole data set."""
@@ -240,16 +227,20 @@ class StoredImages:
         keys = ["train/images", "train/labels", "test/images", "test/labels"]
         groups = "groups" in f["train"]
         keys += ["train/groups", "test/groups"] if groups else []
-        low, high = np.inf, -np.inf
-        for key in keys:
-            h.update(f"{f[key].dtype.str}{f[key].shape}".encode())
-            for block in self.blocks(key):
-                h.update(np.ascontiguousarray(block).tobytes())
-                if key.endswith("/images") and block.size:
-                    low, high = min(low, float(block.min())), max(high, float(block.max()))
+        extremes = [np.inf, -np.inf]
+
+        def seen(block: np.ndarray) -> None:  # the images' range, in the hash's pass
+            if block.size:
+                extremes[:] = min(extremes[0], float(block.min())), max(extremes[1], float(block.max()))
+
+        try:
+            for key in keys:
+                update_hash(h, f[key], seen if key.endswith("/images") else None)
+        except OSError as exc:
+            raise self._incomplete(exc) from exc
         if groups:
             h.update(json.dumps(json.loads(f.attrs.get("group_names", "[]"))).encode())
-        return h.hexdigest(), low, high
+        return h.hexdigest(), *extremes
 
     def _incomplete(self, exc: Exception) -> DataError:
         what = f"{self.path}: not a complete epochlens dataset.h5 ({exc})."

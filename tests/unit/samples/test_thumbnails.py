@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from epochlens.data import rows
+from epochlens.data import blocks, rows
 from epochlens.data.dataset import Dataset, read_dataset, write_dataset
 from epochlens.errors import DataError
 from epochlens.samples.identity import identity_frame
@@ -86,7 +86,7 @@ def test_the_job_reads_a_block_at_a_time(tmp_path, monkeypatch):
     images_dataset(tmp_path / "small.h5", 10, 1, (1, 32, 32))
     write_thumbnails(tmp_path / "small.h5", tmp_path / "small")  # what it imports: not measured
     images_dataset(tmp_path / "dataset.h5", 40_000, 100, (1, 32, 32))
-    monkeypatch.setattr(rows, "BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 1 << 20)
     tracemalloc.start()
     try:
         write_thumbnails(tmp_path / "dataset.h5", tmp_path / "thumbs")
@@ -99,7 +99,7 @@ def test_the_job_reads_a_block_at_a_time(tmp_path, monkeypatch):
 @pytest.mark.parametrize("groups", [False, True])
 def test_the_streamed_hash_is_the_data_sets_and_a_corrupt_file_is_refused(tmp_path, monkeypatch, groups):
     data = images_dataset(tmp_path / "dataset.h5", 300, 20, groups=groups)
-    monkeypatch.setattr(rows, "BLOCK_BYTES", 1000)  # many blocks
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 1000)  # many blocks
     with rows.StoredImages(tmp_path / "dataset.h5") as stored:
         assert (
             stored.content_hash() == data.content_hash == read_dataset(tmp_path / "dataset.h5").content_hash
