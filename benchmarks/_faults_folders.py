@@ -24,7 +24,7 @@ def hf_loaded(folder: Path) -> Callable[[], None]:
 
 def tokenizer_loaded(folder: Path) -> Callable[[], None]:
     def check() -> None:
-        from epochlens.formats.text import load_tokenizer
+        from epochlens.formats.tokens import load_tokenizer
 
         load_tokenizer(folder)
 

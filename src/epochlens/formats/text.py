@@ -19,32 +19,28 @@ not add it), is the decoder's labels (N, T), padded with -100 as transformers' c
 Tokenisation: the tokenizer of a local folder (``tokenizer.json`` / vocab files, as
 ``save_pretrained`` writes them; nothing is downloaded), truncation to ``max_length`` (a causal
 LM's prompt is cut from the left, its target kept whole), padding on the tokenizer's side to the
-longest sample of both splits (``padding: longest``) or to ``max_length``. The tokenizer's files
-are fingerprinted into the data set's content hash.
+longest sample of both splits (``padding: longest``) or to ``max_length``; a classifier's texts a
+chunk at a time (:mod:`epochlens.formats.tokens`). The tokenizer's files are fingerprinted into
+the data set's content hash.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
 
-from epochlens.data.text import IGNORE_INDEX, TextDataset
-from epochlens.errors import ConfigError, DataError
+from epochlens.data.text import TextDataset
+from epochlens.errors import ConfigError
 from epochlens.formats.image_decode import encode_values
 from epochlens.formats.tables import TABLE_SOURCES, flags_of, read_tables
+from epochlens.formats.tokens import load_tokenizer, tokenize_splits, tokenizer_fingerprint
 
 TEXT_SOURCES = TABLE_SOURCES
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "vocab.txt",
-    "merges.txt", "tokenizer.model", "spiece.model", "added_tokens.json",
-)  # fmt: skip
 
 
 @dataclass
@@ -113,151 +109,6 @@ class TextSettings:
         else:
             cols = [self.text_column, self.label_column]
         return [c for c in [*cols, self.group_column, self.ground_truth_column] if c]
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenising
-
-
-def tokenizer_fingerprint(folder: str | Path) -> str:
-    """``<folder name> sha256:<digest>`` of the tokenizer files in ``folder``."""
-    folder = Path(folder)
-    h = hashlib.sha256()
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            h.update(name.encode())
-            h.update((folder / name).read_bytes())
-    return f"{folder.name} sha256:{h.hexdigest()}"
-
-
-def load_tokenizer(folder: str | Path, pad_token: str | None = None) -> Any:
-    """The tokenizer saved in ``folder`` (``AutoTokenizer``, local files only), with a pad token."""
-    from transformers import AutoTokenizer
-
-    folder = Path(folder)
-    if not folder.is_dir() or not any((folder / n).is_file() for n in TOKENIZER_FILES):
-        raise DataError(
-            f"{folder}: no tokenizer files ({', '.join(TOKENIZER_FILES[:5])}, ...). Set data.text.tokenizer "
-            "to a folder written by tokenizer.save_pretrained (or the model's checkpoint folder)."
-        )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise DataError(
-            f"{folder}: cannot load the tokenizer ({type(exc).__name__}: {str(exc)[:300]})."
-        ) from exc
-    if pad_token is not None:
-        tokenizer.pad_token = pad_token
-    if tokenizer.pad_token_id is None:
-        raise DataError(
-            f"{folder}: the tokenizer has no pad token; set data.text.pad_token (e.g. to its eos token "
-            f"{tokenizer.eos_token!r})."
-        )
-    return tokenizer
-
-
-def _pad(rows: Sequence[list[int]], length: int, value: int, left: bool) -> np.ndarray:
-    out = np.full((len(rows), length), value, dtype=np.int64)
-    for i, row in enumerate(rows):
-        if left:
-            out[i, length - len(row) :] = row
-        else:
-            out[i, : len(row)] = row
-    return out
-
-
-def tokenize_splits(
-    tokenizer: Any, tables: Mapping[str, pd.DataFrame], settings: TextSettings
-) -> dict[str, dict[str, np.ndarray]]:
-    """Per split: ``input_ids``, ``attention_mask`` (N, L) and, for a causal LM, token ``labels``
-    (N, L) with :data:`IGNORE_INDEX` outside the target; both splits padded to one length L. A
-    text-to-text model's ``labels`` are its targets' tokens (N, T), padded on the right with
-    :data:`IGNORE_INDEX` to the longest target of both splits (:func:`_text_to_text`)."""
-    if settings.kind == "text_to_text":
-        return _text_to_text(tokenizer, tables, settings)
-    encoded: dict[str, tuple[list[list[int]], list[list[int]] | None]] = {}
-    for split, df in tables.items():
-        if settings.kind == "classification":
-            texts = [str(t) for t in df[settings.text_column]]
-            ids = tokenizer(texts, truncation=True, max_length=settings.max_length)["input_ids"]
-            encoded[split] = (ids, None)
-        else:
-            encoded[split] = _prompt_target(tokenizer, df, settings, split)
-    longest = max(len(r) for ids, _ in encoded.values() for r in ids)
-    length = settings.max_length if settings.padding == "max_length" else longest
-    left = getattr(tokenizer, "padding_side", "right") == "left"
-    out = {}
-    for split, (ids, labels) in encoded.items():
-        arrays = {
-            "input_ids": _pad(ids, length, tokenizer.pad_token_id, left),
-            "attention_mask": _pad([[1] * len(r) for r in ids], length, 0, left),
-        }
-        if labels is not None:
-            arrays["labels"] = _pad(labels, length, IGNORE_INDEX, left)
-        out[split] = arrays
-    return out
-
-
-def _text_to_text(
-    tokenizer: Any, tables: Mapping[str, pd.DataFrame], settings: TextSettings
-) -> dict[str, dict[str, np.ndarray]]:
-    """Encoder inputs (the prompts, truncated to ``max_length``) and decoder labels (the targets,
-    each ending with the tokenizer's eos token, never truncated) of every split."""
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise DataError(
-            "a text-to-text model's targets end with the tokenizer's eos token, and this tokenizer has "
-            "none; save it with an eos_token (T5's is </s>)."
-        )
-    prompts, targets = {}, {}
-    for split, df in tables.items():
-        prompts[split] = tokenizer(
-            [str(p) for p in df[settings.prompt_column]], truncation=True, max_length=settings.max_length
-        )["input_ids"]
-        encoded = tokenizer(text_target=[str(t) for t in df[settings.target_column]])["input_ids"]
-        targets[split] = [row if row and row[-1] == eos else [*row, eos] for row in encoded]
-        for row, target in enumerate(targets[split]):
-            if len(target) > settings.max_length:
-                raise DataError(
-                    f"{settings.split_names[split]} row {row}: the target has {len(target)} tokens (with "
-                    f"eos), max_length is {settings.max_length}; raise data.text.max_length."
-                )
-    longest = max(len(r) for ids in prompts.values() for r in ids)
-    length = settings.max_length if settings.padding == "max_length" else longest
-    width = max(len(r) for rows in targets.values() for r in rows)
-    left = getattr(tokenizer, "padding_side", "right") == "left"
-    return {
-        split: {
-            "input_ids": _pad(prompts[split], length, tokenizer.pad_token_id, left),
-            "attention_mask": _pad([[1] * len(r) for r in prompts[split]], length, 0, left),
-            "labels": _pad(targets[split], width, IGNORE_INDEX, False),
-        }
-        for split in tables
-    }
-
-
-def _prompt_target(
-    tokenizer: Any, df: pd.DataFrame, settings: TextSettings, split: str
-) -> tuple[list[list[int]], list[list[int]]]:
-    prompts = tokenizer([str(p) for p in df[settings.prompt_column]])["input_ids"]
-    targets = tokenizer([str(t) for t in df[settings.target_column]], add_special_tokens=False)["input_ids"]
-    ids, labels = [], []
-    for row, (prompt, target) in enumerate(zip(prompts, targets, strict=True)):
-        if not target:
-            raise DataError(f"{settings.split_names[split]} row {row}: the target has no tokens.")
-        if len(target) >= settings.max_length:
-            raise DataError(
-                f"{settings.split_names[split]} row {row}: the target alone has {len(target)} tokens, "
-                f"max_length is {settings.max_length}; raise data.text.max_length."
-            )
-        prompt = (
-            prompt[len(prompt) + len(target) - settings.max_length :]
-            if len(prompt) + len(target) > settings.max_length
-            else prompt
-        )
-        ids.append(prompt + target)
-        labels.append([IGNORE_INDEX] * len(prompt) + target)
-    return ids, labels
 
 
 def load_text(

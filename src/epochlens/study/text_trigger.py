@@ -25,7 +25,8 @@ import pandas as pd
 
 from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError, DataError
-from epochlens.formats.text import TextSettings, tokenize_splits
+from epochlens.formats.text import TextSettings
+from epochlens.formats.tokens import tokenize_splits
 from epochlens.study.corruption import _pick, corrupt
 
 TRIGGER_POSITIONS = ("random", "start", "end")

@@ -4,6 +4,8 @@ token labels, the text.h5 round trip, and padding that never changes a model's o
 
 from __future__ import annotations
 
+import tracemalloc
+
 import h5py
 import numpy as np
 import pandas as pd
@@ -13,7 +15,8 @@ import torch
 from epochlens.data.polarity import GROUPS, NEGATIVE, POSITIVE, polarity_tables, write_polarity_tokenizer
 from epochlens.data.text import IGNORE_INDEX, TextDataset, read_text_dataset, write_text_dataset
 from epochlens.errors import ConfigError, DataError
-from epochlens.formats.text import TextSettings, load_text, load_tokenizer, tokenize_splits
+from epochlens.formats.text import TextSettings, load_text
+from epochlens.formats.tokens import load_tokenizer, tokenize_splits
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,35 @@ def test_tokenizer_loads_offline_and_pads_both_splits_alike(tokenizer_dir, table
     assert fixed["train"]["input_ids"].shape[1] == 20
     with pytest.raises(DataError, match="no tokenizer files"):
         load_tokenizer(tokenizer_dir.parent)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_texts_tokenised_a_chunk_at_a_time(tokenizer_dir, monkeypatch, side):
+    """Chunks of 1,000 texts: every row is the tokenizer's own encoding of its text, padded on its
+    side to the longest of both splits; the tokenizer's Python lists of one chunk at a time (the
+    whole split's took 5.9 times the arrays; now under 3 times)."""
+    from epochlens.formats import tokens
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer.padding_side = side
+    monkeypatch.setattr(tokens, "TOKENIZE_ROWS", 1000)
+    tables = polarity_tables(n_train=40_000, n_test=10, seed=1)
+    tracemalloc.start()
+    try:
+        out = tokenize_splits(tokenizer, tables, TextSettings())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    arrays = sum(a.nbytes for split in out.values() for a in split.values())
+    assert peak < 3 * arrays, f"{peak / 1e6:.1f} MB for {arrays / 1e6:.1f} MB of arrays"
+    for split, rows in (("train", [0, 999, 1000, 39_999]), ("test", [0, 9])):
+        for i in rows:
+            ids = tokenizer(tables[split]["text"][i])["input_ids"]
+            mask = out[split]["attention_mask"][i]
+            real = out[split]["input_ids"][i][mask == 1]
+            assert real.tolist() == ids and mask.sum() == len(ids)
+            assert (mask[: len(ids)] == 1).all() if side == "right" else (mask[-len(ids) :] == 1).all()
+    assert out["train"]["input_ids"].shape[1] == out["test"]["input_ids"].shape[1]
 
 
 def _write_layouts(root, tables) -> dict[str, tuple[str, object, TextSettings]]:
