@@ -5,11 +5,12 @@ By hand, from the run's working directory: python scripts/plot_influence.py run=
 """
 
 import _no_pyarrow  # noqa: F401  (first: pandas without pyarrow, see the module)
+import numpy as np
 import pandas as pd
 from _helpers import run_script
 
 from epochlens.data.rows import open_any_dataset
-from epochlens.data.text import TextDataset
+from epochlens.data.text import TextDataset, stored_strings
 from epochlens.plotting.common import save_figure
 from epochlens.plotting.influence import (
     plot_influence_conditioning,
@@ -22,6 +23,12 @@ from epochlens.plotting.influence import (
 def targets_of(top: pd.DataFrame) -> dict[int, str]:
     """A regression's top-ranked samples' targets as text (the top table's ``target`` column)."""
     return {int(row.sample): f"y={row.target}" for row in top.itertuples(index=False)}
+
+
+def texts_of(dataset, top: pd.DataFrame) -> dict[int, str]:
+    """The texts of the top-ranked training samples, read for those rows alone."""
+    rows = np.unique(top["sample"].to_numpy(np.int64))
+    return dict(zip(rows.tolist(), stored_strings(dataset, "train/text", rows) or [], strict=False))
 
 
 def main(snakemake) -> None:
@@ -37,7 +44,7 @@ def main(snakemake) -> None:
     figures = {
         "roc": lambda: plot_poison_roc(pd.read_csv(inp.roc), detection, title),
         "top": lambda: (
-            plot_top_influential_texts(top, detection, data.texts("train"), title, data.class_names)
+            plot_top_influential_texts(top, detection, texts_of(inp.dataset, top), title, data.class_names)
             if isinstance(data, TextDataset)
             else plot_top_influential_texts(top, detection, targets_of(top), title)
             if regression

@@ -143,10 +143,11 @@ def open_dataset(path: str | Path) -> StoredDataset:
 
 def open_any_dataset(path: str | Path):
     """A run's ``dataset.h5`` as a job reads it: a text run's
-    :class:`~epochlens.data.text.TextDataset`, else :func:`open_dataset` (images left in the file)."""
+    :class:`~epochlens.data.text.TextDataset` without its raw texts, else :func:`open_dataset`
+    (images left in the file)."""
     from epochlens.data.text import is_text_dataset, read_text_dataset
 
-    return read_text_dataset(path) if is_text_dataset(path) else open_dataset(path)
+    return read_text_dataset(path, texts=False) if is_text_dataset(path) else open_dataset(path)
 
 
 class NormalizedRows:

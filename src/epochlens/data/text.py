@@ -252,9 +252,9 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
         )
 
 
-def read_text_dataset(path: str | Path) -> TextDataset:
-    """Read a ``text.h5`` written by :func:`write_text_dataset`; a corrupt file is an error that says
-    to rerun prepare_data."""
+def read_text_dataset(path: str | Path, texts: bool = True) -> TextDataset:
+    """Read a ``text.h5`` written by :func:`write_text_dataset` (``texts=False``: without the raw
+    texts, which no model job reads); a corrupt file is an error that says to rerun prepare_data."""
     path = Path(path)
     try:
         with h5py.File(path, "r") as f:
@@ -280,12 +280,12 @@ def read_text_dataset(path: str | Path) -> TextDataset:
                 tokenizer=str(f.attrs["tokenizer"]),
                 pad_token_id=int(f.attrs["pad_token_id"]),
                 vocab_size=int(f.attrs.get("vocab_size", 0)),
-                train_text=_strings(f["train"], "text"),
-                test_text=_strings(f["test"], "text"),
+                train_text=_strings(f["train"], "text") if texts else None,
+                test_text=_strings(f["test"], "text") if texts else None,
                 ground_truth=f["train/ground_truth"][()] if "ground_truth" in f["train"] else None,
                 trigger_input_ids=None if trig is None else trig["input_ids"][()],
                 trigger_attention_mask=None if trig is None else trig["attention_mask"][()],
-                trigger_text=None if trig is None else _strings(trig, "text"),
+                trigger_text=None if trig is None or not texts else _strings(trig, "text"),
                 **arrays,
             )
             stored = str(f.attrs["content_hash"])
@@ -303,6 +303,20 @@ def read_text_dataset(path: str | Path) -> TextDataset:
 
 def _strings(group: h5py.Group, key: str) -> list[str] | None:
     return [t.decode() if isinstance(t, bytes) else str(t) for t in group[key][()]] if key in group else None
+
+
+def stored_strings(path: str | Path, key: str, positions: np.ndarray | None = None) -> list[str] | None:
+    """The strings of ``key``: all, or those at ``positions`` (the rows from the first to the last)."""
+    try:
+        with h5py.File(path, "r") as f:
+            if key not in f:
+                return None
+            some = positions is not None and len(positions) > 0
+            lo, hi = (int(positions.min()), int(positions.max()) + 1) if some else (0, None)
+            values = f[key][lo:hi] if positions is None else f[key][lo:hi][positions - lo] if some else []
+            return [s.decode() if isinstance(s, bytes) else str(s) for s in values]
+    except OSError as exc:
+        raise DataError(f"{path}: unreadable ({exc}). Delete it and rerun the prepare_data rule.") from exc
 
 
 def read_any_dataset(path: str | Path):

@@ -6,6 +6,7 @@ text-to-text model's input and target, padded to one length on the tokenizer's s
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,13 +85,19 @@ def _widen(array: np.ndarray, length: int, value: int, left: bool) -> np.ndarray
 
 def _text_chunks(tokenizer: Any, texts: Sequence, max_length: int) -> list[dict[str, np.ndarray]]:
     """``input_ids`` and ``attention_mask`` of :data:`TOKENIZE_ROWS` texts at a time, each chunk
-    padded by the tokenizer on its side to the chunk's longest (int64 arrays)."""
+    padded on the tokenizer's side to the chunk's longest (int64 arrays, filled in one step)."""
+    left = getattr(tokenizer, "padding_side", "right") == "left"
     chunks = []
     for lo in range(0, len(texts), TOKENIZE_ROWS):
         part = [str(t) for t in texts[lo : lo + TOKENIZE_ROWS]]
-        enc = tokenizer(part, truncation=True, max_length=max_length, padding="longest",
-                        return_tensors="np", return_token_type_ids=False)  # fmt: skip
-        chunks.append({k: np.asarray(enc[k], np.int64) for k in ("input_ids", "attention_mask")})
+        ids = tokenizer(part, truncation=True, max_length=max_length, return_attention_mask=False,
+                        return_token_type_ids=False)["input_ids"]  # fmt: skip
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        width = np.arange(lengths.max(initial=0))
+        mask = width >= width.size - lengths[:, None] if left else width < lengths[:, None]
+        rows = np.full(mask.shape, tokenizer.pad_token_id, np.int64)
+        rows[mask] = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
+        chunks.append({"input_ids": rows, "attention_mask": mask.astype(np.int64)})
     return chunks or [{k: np.zeros((0, 0), np.int64) for k in ("input_ids", "attention_mask")}]
 
 

@@ -21,12 +21,13 @@ import numpy as np
 import pyarrow as pa
 
 from epochlens.data.labels import read_labels
+from epochlens.data.text import stored_strings
 from epochlens.errors import DataError
 from epochlens.outcome import sample_classes
 from epochlens.samples import detectors, neighbours, summaries
 from epochlens.samples.arrow_columns import frame_table, row_range, series_arrays
 from epochlens.samples.columns import column_spec
-from epochlens.samples.identity import identity_frame, stored_strings
+from epochlens.samples.identity import identity_frame
 from epochlens.samples.series_rows import NpzColumns, load_curvature, series_file, series_keys
 from epochlens.samples.thumbnails import has_images
 

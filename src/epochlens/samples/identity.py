@@ -17,22 +17,8 @@ import numpy as np
 import pandas as pd
 
 from epochlens.data.labels import SplitLabels, read_labels
-from epochlens.errors import DataError
+from epochlens.data.text import stored_strings
 from epochlens.samples.sheets import SheetLayout
-
-
-def stored_strings(path: str | Path, key: str, positions: np.ndarray | None = None) -> list[str] | None:
-    """The strings of ``key``: all, or those at ``positions`` (the rows from the first to the last)."""
-    try:
-        with h5py.File(path, "r") as f:
-            if key not in f:
-                return None
-            some = positions is not None and len(positions) > 0
-            lo, hi = (int(positions.min()), int(positions.max()) + 1) if some else (0, None)
-            values = f[key][lo:hi] if positions is None else f[key][lo:hi][positions - lo] if some else []
-            return [s.decode() if isinstance(s, bytes) else str(s) for s in values]
-    except OSError as exc:
-        raise DataError(f"{path}: unreadable ({exc}). Delete it and rerun the prepare_data rule.") from exc
 
 
 def class_names(path: str | Path) -> list[str] | None:
