@@ -4,6 +4,7 @@ token labels, the text.h5 round trip, and padding that never changes a model's o
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 
 import h5py
@@ -126,7 +127,10 @@ def _write_layouts(root, tables) -> dict[str, tuple[str, object, TextSettings]]:
     }
 
 
-def test_every_layout_gives_the_same_tokens_labels_and_groups(tmp_path, tokenizer_dir, tables):
+def test_every_layout_gives_the_same_tokens_labels_and_groups(tmp_path, tokenizer_dir, tables, monkeypatch):
+    from epochlens.formats import tables as table_files
+
+    monkeypatch.setattr(table_files, "JSON_LINES", 7)  # jsonl read 7 lines at a time: the same data
     hashes = {}
     for name, (source, path, settings) in _write_layouts(tmp_path, tables).items():
         ds = load_text(source, path, settings, tokenizer_dir)
@@ -139,6 +143,20 @@ def test_every_layout_gives_the_same_tokens_labels_and_groups(tmp_path, tokenize
         load_text("jsonl", tmp_path / "jsonl", TextSettings(text_column="sentence"), tokenizer_dir)
     with pytest.raises(DataError, match="split_column"):
         load_text("csv", tmp_path / "all.csv", TextSettings(), tokenizer_dir)
+
+
+def test_jsonl_read_by_chunks_has_the_values_of_a_whole_read(tmp_path, monkeypatch):
+    from epochlens.formats import tables as table_files
+
+    rows = [{"text": "a", "label": 1}, {"text": "b", "label": 2, "group": "g"}, {"text": "c", "label": "x"},
+            {"text": "d", "label": 3.5}, {"label": 0, "text": "e", "poisoned": False},
+            {"text": "f", "label": 1, "nested": [1, 2]}, {"text": "g", "label": 7}]  # fmt: skip
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    whole = pd.read_json(path, lines=True, dtype=False)
+    for lines in (2, 3, 100):
+        monkeypatch.setattr(table_files, "JSON_LINES", lines)
+        pd.testing.assert_frame_equal(table_files._read_file("jsonl", path), whole)
 
 
 def test_causal_lm_labels_only_the_target(tmp_path, tokenizer_dir):
