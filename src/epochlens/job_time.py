@@ -94,30 +94,9 @@ def job_runtime(rule: str, inputs: Mapping[str, Any], wildcards: Any, attempt: i
 
 
 def describe(rule: str) -> str:
-    """``rule``'s time as a formula (seconds, before the headroom)."""
+    """``rule``'s time as a formula (seconds, before the headroom); empty for a fixed fall-back."""
+    if rule not in RULES:
+        return f"{FALLBACK_MINUTES} min"
     t = RULES[rule]
     forward = f"({FORWARD_MS:g} ms + {FORWARD_MS_PER_MODEL_MB:g} ms x model MB)"
     return f"{t.base_s:g} s + {t.passes:g} x {forward} x samples x checkpoints"
-
-
-def format_times(rules: Mapping[str, Any], shapes: Mapping[str, RunShape]) -> str:
-    """A table of each rule's runtime: ``rules`` maps a rule to ``(runtime, where it is set)``,
-    ``runtime`` None where the workflow computes it from the run: those rules' minutes at each
-    run's shape (one checkpoint, one shard, first attempt), and the formula."""
-    runs = list(shapes)
-    lines = [
-        "Time per job (runtime, minutes, first attempt; x attempt when retried): "
-        + (
-            f"at the runs' shapes ({', '.join(runs)}), one checkpoint, one shard"
-            if runs
-            else "no run prepared yet"
-        ),
-        f"  {'rule':<22} {'from':<22} " + " ".join(f"{r:>12}" for r in runs),
-    ]
-    for rule, (fixed, source) in rules.items():
-        if fixed is not None:
-            lines.append(f"  {rule:<22} {f'{fixed} ({source})':<22}")
-            continue
-        values = " ".join(f"{minutes(rule, shapes[r]):>12}" for r in runs)
-        lines.append(f"  {rule:<22} {'the run':<22} {values}   {describe(rule) if rule in RULES else ''}")
-    return "\n".join(lines)

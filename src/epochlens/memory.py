@@ -234,22 +234,3 @@ def run_shapes(config: Mapping[str, Any], workdir: str | Path = ".") -> dict[str
         ckpt = Path(workdir) / checkpoint_path(name, run, indices[0], epochs[-1]) if epochs else None
         shapes[name] = replace(dataset_shape(dataset), model_bytes=model_bytes(ckpt) if ckpt else 0)
     return shapes
-
-
-def format_memory(rules: Mapping[str, Any], shapes: Mapping[str, RunShape]) -> str:
-    """A table of each rule's memory: ``rules`` maps a rule to ``(mem_mb, where it is set)``,
-    ``mem_mb`` None where the workflow computes it from the run: those rules' MB at each run's
-    shape (first attempt), and the formula."""
-    runs = list(shapes)
-    lines = [
-        "Memory per job (mem_mb, MB, first attempt; x attempt when retried): "
-        + (f"at the runs' shapes ({', '.join(runs)})" if runs else "no run prepared yet (prepare_data)"),
-        f"  {'rule':<22} {'from':<22} " + " ".join(f"{r:>12}" for r in runs),
-    ]
-    for rule, (fixed, source) in rules.items():
-        if fixed is not None:
-            lines.append(f"  {rule:<22} {f'{fixed} ({source})':<22}")
-            continue
-        values = " ".join(f"{mem_mb(rule, shapes[r]):>12}" for r in runs)
-        lines.append(f"  {rule:<22} {'the run':<22} {values}   {describe(rule)}")
-    return "\n".join(lines)
