@@ -242,6 +242,8 @@ def _benchmark_rule(path: Path) -> str:
         return "curvature_epoch" if last == "merge" else "curvature_shard"
     if stage == "influence":
         return f"influence_{last}"
+    if stage == "sample_outputs" and last.startswith("shard_"):
+        return "sample_outputs_shard"
     return BENCHMARK_RULES.get(stage, stage.removesuffix(".tsv"))
 
 
@@ -262,5 +264,5 @@ def test_jobs_ask_for_more_memory_than_they_used(demo):
             peak = pd.read_csv(tsv, sep="\t")["max_rss"].max()
             assert peak <= memory.mem_mb(rule, shape), (tsv, peak, memory.mem_mb(rule, shape))
             checked.add((run.name, rule))
-    assert {rule for _, rule in checked} >= {"prepare_data", "evaluate_checkpoint", "sample_outputs"}
+    assert {rule for _, rule in checked} >= {"prepare_data", "evaluate_checkpoint", "sample_outputs_shard"}
     assert {run for run, _ in checked} == {"digits", "digits_noisy", "polarity"}

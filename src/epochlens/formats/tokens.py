@@ -18,7 +18,7 @@ from epochlens.data.text import IGNORE_INDEX
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:
-    from epochlens.formats.text import TextSettings
+    from epochlens.formats.text_settings import TextSettings
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "vocab.txt",
