@@ -174,9 +174,11 @@ def get_missing_checkpoint_error(wildcards):
 
 
 def get_mem_mb(wildcards, input, attempt, rulename):
-    """A job's memory (MB) from its run's shapes: the data set's samples, the model's bytes,
-    x the attempt (epochlens.memory); evaluated again once the job's inputs exist."""
-    return job_mem_mb(rulename, input, attempt)
+    """A job's memory (MB) from its run's shapes: the data set's samples (a shard job's share),
+    the model's bytes, x the attempt (epochlens.memory); evaluated again once the job's inputs
+    exist."""
+    nshards = int(getattr(wildcards, "nshards", 1) or 1)
+    return job_mem_mb(rulename, input, attempt, share=1 / nshards)
 
 
 def get_runtime(wildcards, input, attempt, rulename):

@@ -201,12 +201,16 @@ def job_shape(inputs: Mapping[str, Any]) -> RunShape:
     )
 
 
-def job_mem_mb(rule: str, inputs: Mapping[str, Any], attempt: int = 1, folder_bytes: int = 0) -> int:
+def job_mem_mb(
+    rule: str, inputs: Mapping[str, Any], attempt: int = 1, folder_bytes: int = 0, share: float = 1.0
+) -> int:
     """``mem_mb`` of a job of ``rule`` with these named inputs at its ``attempt``; ``folder_bytes``:
     what it reads whole of a data folder that is not among its inputs
-    (:func:`~epochlens.memory_sources.data_folder_bytes`)."""
+    (:func:`~epochlens.memory_sources.data_folder_bytes`); ``share``: a shard job's share of the
+    samples (1 / its shard count), what it holds per sample."""
     shape = job_shape(inputs)
-    return mem_mb(rule, replace(shape, input_bytes=shape.input_bytes + folder_bytes), attempt)
+    samples, input_bytes = math.ceil(shape.samples * share), shape.input_bytes + folder_bytes
+    return mem_mb(rule, replace(shape, samples=samples, input_bytes=input_bytes), attempt)
 
 
 def describe(rule: str) -> str:

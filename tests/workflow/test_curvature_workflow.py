@@ -105,6 +105,34 @@ def test_dry_run_job_counts_with_shards(tmp_path):
     assert "runs.tiny.samples.enabled is false: set it to true" in refused.stdout, refused.stdout[-2000:]
 
 
+def test_a_shard_job_asks_for_the_memory_of_its_share(runs, tmp_path):
+    """Planned on a data set of a million images (a copy of the 2-shard run whose dataset.h5 is
+    replaced by one of that shape, allocated lazily), each curvature shard job asks for the memory
+    of half the samples (epochlens.memory.job_mem_mb with share 1/2), less than the whole's."""
+    import re
+    import shutil
+
+    import h5py
+
+    from epochlens.memory import job_mem_mb
+
+    wf, work, cfg = runs
+    copy = tmp_path / "work"
+    shutil.copytree(work[2], copy, symlinks=True)
+    dataset = copy / RESULTS.dataset("tiny")
+    with h5py.File(dataset, "w") as f:
+        for split, n in (("train", 1_000_000), ("test", 10_000)):
+            f.create_group(split).create_dataset(
+                "images", shape=(n, 1, 8, 8), dtype="uint8", chunks=(4096, 1, 8, 8)
+            )
+    target = RESULTS.curvature_metadata("tiny", 0, 6)
+    out = snakemake(wf, copy, "--dry-run", target, configfile=cfg).stdout
+    asked = {int(m) for m in re.findall(r"rule curvature_shard:.*?mem_mb=(\d+)", out, re.S)}
+    inputs = {"dataset": str(dataset), "checkpoint": str(cfg.parent / "model_parameters/index-0_epoch-6.pt")}
+    assert asked == {job_mem_mb("curvature_shard", inputs, share=1 / 2)}, out[-3000:]
+    assert job_mem_mb("curvature_shard", inputs, share=1 / 2) < job_mem_mb("curvature_shard", inputs)
+
+
 def test_shard_and_process_invariance(runs):
     _, work, _ = runs
     for epoch in CURV_EPOCHS:

@@ -138,3 +138,13 @@ def test_a_text_runs_tables_count_as_their_strings_and_tokens(tmp_path):
     files = sum(p.stat().st_size for p in folder.iterdir())
     assert data_folder_bytes(data) + text_source_bytes(data) == TEXT_COPIES * files
     assert text_source_bytes({"source": "polarity"}) == 0
+
+
+@pytest.mark.parametrize("rule", ["sample_outputs_shard", "curvature_shard", "influence_score_shard"])
+def test_a_shard_job_asks_for_its_share_of_the_samples(tmp_path, rule):
+    """A shard of S holds 1/S of what the job holds per sample (its model and fixed cost whole)."""
+    inputs = {"dataset": str(_images_h5(tmp_path / "large.h5", 1_000_000, 10_000))}
+    whole, quarter = job_mem_mb(rule, inputs), job_mem_mb(rule, inputs, share=1 / 4)
+    held_mb = rule_memory(rule).per_sample * 1_010_000 / memory.MB
+    assert whole - quarter == pytest.approx(held_mb * 3 / 4 * HEADROOM, abs=2)
+    assert quarter > mem_mb(rule, RunShape())
