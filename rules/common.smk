@@ -25,7 +25,7 @@ from epochlens.formats.factory import FactorySpec, factory_sources
 from epochlens.layout import RESULTS as layout
 from epochlens.provenance import PACKAGE_DIR, module_sources
 from epochlens.job_time import job_runtime
-from epochlens.memory import job_mem_mb
+from epochlens.memory import job_mem_mb, shard_share
 from epochlens.resources import gpu_request
 
 SCHEMA = Path(workflow.basedir) / "config" / "schema.yaml"
@@ -177,8 +177,7 @@ def get_mem_mb(wildcards, input, attempt, rulename):
     """A job's memory (MB) from its run's shapes: the data set's samples (a shard job's share),
     the model's bytes, x the attempt (epochlens.memory); evaluated again once the job's inputs
     exist."""
-    nshards = int(getattr(wildcards, "nshards", 1) or 1)
-    return job_mem_mb(rulename, input, attempt, share=1 / nshards)
+    return job_mem_mb(rulename, input, attempt, share=shard_share(wildcards))
 
 
 def get_runtime(wildcards, input, attempt, rulename):

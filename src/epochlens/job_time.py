@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epochlens.memory import MB, RunShape, job_shape
+from epochlens.memory import MB, RunShape, job_shape, shard_share
 
 HEADROOM = 2.0
 MIN_MINUTES = 15
@@ -88,9 +88,7 @@ def job_runtime(rule: str, inputs: Mapping[str, Any], wildcards: Any, attempt: i
     share of the samples."""
     checkpoints = inputs.get("checkpoints")
     count = 1 if checkpoints is None or isinstance(checkpoints, str) else max(1, len(checkpoints))
-    nshards = getattr(wildcards, "nshards", None)
-    share = 1 / int(nshards) if nshards else 1.0
-    return minutes(rule, job_shape(inputs), count, share, attempt)
+    return minutes(rule, job_shape(inputs), count, shard_share(wildcards), attempt)
 
 
 def describe(rule: str) -> str:

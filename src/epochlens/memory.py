@@ -201,6 +201,12 @@ def job_shape(inputs: Mapping[str, Any]) -> RunShape:
     )
 
 
+def shard_share(wildcards: Any) -> float:
+    """A job's share of the samples: 1 / its ``nshards`` wildcard (Snakemake's wildcards, as
+    attributes), 1 for a job that is not a shard."""
+    return 1 / int(getattr(wildcards, "nshards", None) or 1)
+
+
 def job_mem_mb(
     rule: str, inputs: Mapping[str, Any], attempt: int = 1, folder_bytes: int = 0, share: float = 1.0
 ) -> int:

@@ -83,10 +83,9 @@ def _widen(array: np.ndarray, length: int, value: int, left: bool) -> np.ndarray
     return np.pad(array, pad, constant_values=value)
 
 
-def _text_chunks(tokenizer: Any, texts: Sequence, max_length: int) -> list[dict[str, np.ndarray]]:
+def _text_chunks(tokenizer: Any, texts: Sequence, max_length: int, left: bool) -> list[dict[str, np.ndarray]]:
     """``input_ids`` and ``attention_mask`` of :data:`TOKENIZE_ROWS` texts at a time, each chunk
-    padded on the tokenizer's side to the chunk's longest (int64 arrays, filled in one step)."""
-    left = getattr(tokenizer, "padding_side", "right") == "left"
+    padded on the left or the right to the chunk's longest (int64 arrays, filled in one step)."""
     chunks = []
     for lo in range(0, len(texts), TOKENIZE_ROWS):
         part = [str(t) for t in texts[lo : lo + TOKENIZE_ROWS]]
@@ -103,11 +102,11 @@ def _text_chunks(tokenizer: Any, texts: Sequence, max_length: int) -> list[dict[
 
 def _classifier_tokens(tokenizer: Any, tables: Mapping[str, pd.DataFrame], settings: TextSettings) -> dict:
     """:func:`tokenize_splits` of a classifier's texts, a chunk at a time (:func:`_text_chunks`)."""
-    chunks = {s: _text_chunks(tokenizer, df[settings.text_column].to_numpy(), settings.max_length)
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    chunks = {s: _text_chunks(tokenizer, df[settings.text_column].to_numpy(), settings.max_length, left)
               for s, df in tables.items()}  # fmt: skip
     longest = max(c["input_ids"].shape[1] for parts in chunks.values() for c in parts)
     length = settings.max_length if settings.padding == "max_length" else longest
-    left = getattr(tokenizer, "padding_side", "right") == "left"
     pads = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
     return {
         split: {k: np.concatenate([_widen(c[k], length, v, left) for c in parts]) for k, v in pads.items()}
@@ -124,19 +123,9 @@ def tokenize_splits(
     :data:`IGNORE_INDEX` to the longest target of both splits (:func:`_text_to_text`)."""
     if settings.kind == "text_to_text":
         return _text_to_text(tokenizer, tables, settings)
-    left = getattr(tokenizer, "padding_side", "right") == "left"
     if settings.kind == "classification":
-        chunks = {s: _text_chunks(tokenizer, df[settings.text_column].to_numpy(), settings.max_length)
-                  for s, df in tables.items()}  # fmt: skip
-        longest = max(c["input_ids"].shape[1] for parts in chunks.values() for c in parts)
-        length = settings.max_length if settings.padding == "max_length" else longest
-        values = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0}
-        return {
-            split: {
-                k: np.concatenate([_widen(c[k], length, v, left) for c in parts]) for k, v in values.items()
-            }
-            for split, parts in chunks.items()
-        }
+        return _classifier_tokens(tokenizer, tables, settings)
+    left = getattr(tokenizer, "padding_side", "right") == "left"
     encoded = {split: _prompt_target(tokenizer, df, settings, split) for split, df in tables.items()}
     longest = max(len(r) for ids, _ in encoded.values() for r in ids)
     length = settings.max_length if settings.padding == "max_length" else longest
