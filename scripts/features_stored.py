@@ -7,7 +7,7 @@ By hand, from the run's working directory:
 
 from _helpers import execution, run_script
 
-from epochlens.data.rows import open_any_dataset
+from epochlens.data.text_rows import open_any_dataset
 from epochlens.features.stored import load_or_build
 from epochlens.features.stored_settings import StoredFeatureSettings
 from epochlens.runner import log

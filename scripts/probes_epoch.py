@@ -12,7 +12,7 @@ import numpy as np
 from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_atomic
-from epochlens.data.rows import open_any_dataset
+from epochlens.data.text_rows import open_any_dataset
 from epochlens.device import job_device
 from epochlens.errors import DataError
 from epochlens.features.cache import FeatureSet

@@ -112,7 +112,7 @@ def evaluate_checkpoint(
             continue
         correct, loss = predict(
             model,
-            data.inputs(base, idx) if isinstance(data, TextDataset) else NormalizedRows(data, base, idx),
+            data.rows(base, idx) if isinstance(data, TextDataset) else NormalizedRows(data, base, idx),
             data.labels(base)[idx] if lm else positions_in(labels[idx], active),
             active,
             batch_size,

@@ -26,8 +26,8 @@ from torch import nn
 from epochlens.checkpoints import load_into
 from epochlens.data import Dataset
 from epochlens.data.dataset import target_dim
-from epochlens.data.rows import open_any_dataset
 from epochlens.data.text import TextDataset
+from epochlens.data.text_rows import open_any_dataset
 from epochlens.device import job_device
 from epochlens.errors import CheckpointError
 from epochlens.models.networks import build_model
@@ -138,7 +138,7 @@ class CheckpointJob:
         attach_output_adapter(model, "logits")
         if isinstance(self.data, TextDataset):
             rows = model.get_input_embeddings().num_embeddings
-            top = int(max(self.data.train_input_ids.max(initial=0), self.data.test_input_ids.max(initial=0)))
+            top = self.data.max_token_id()
             if top >= rows:
                 raise CheckpointError(
                     f"{path}: the data's token ids reach {top} but the model has {rows} token embeddings: "

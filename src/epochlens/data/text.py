@@ -32,10 +32,13 @@ import h5py
 import numpy as np
 
 from epochlens.atomic_hdf5 import atomic_h5
+from epochlens.data.blocks import BLOCK_BYTES, update_hash
 from epochlens.errors import DataError
 
 if TYPE_CHECKING:
     import torch
+
+    from epochlens.data.rows import TokenRows
 
 TEXT_KINDS = ("classification", "causal_lm", "text_to_text")
 #: Kinds whose labels are token labels (N, L) or (N, T): no classes, loss over the target tokens.
@@ -97,9 +100,9 @@ class TextDataset:
             self.test_groups = np.asarray(self.test_groups, dtype=np.int64)
 
     def _check_split(self, split: str) -> None:
-        """A split's ids, mask (N, L) and labels (shaped for the kind), stored as int64."""
-        ids = np.asarray(getattr(self, f"{split}_input_ids"), dtype=np.int64)
-        mask = np.asarray(getattr(self, f"{split}_attention_mask"), dtype=np.int64)
+        """A split's ids, mask (N, L) and labels (shaped for the kind), stored as int64 (ids and
+        masks read by rows from a file, :mod:`epochlens.data.text_rows`, left there)."""
+        ids, mask = (_int64(getattr(self, f"{split}_{key}")) for key in ("input_ids", "attention_mask"))
         labels = np.asarray(getattr(self, f"{split}_labels"), dtype=np.int64)
         if ids.ndim != 2 or mask.shape != ids.shape:
             raise ValueError(f"{split}: input_ids {ids.shape} and attention_mask {mask.shape} must be (N, L)")
@@ -164,9 +167,7 @@ class TextDataset:
         if self.trigger_input_ids is not None:  # the triggered queries (absent: the hash as before)
             arrays += [self.trigger_input_ids, self.trigger_attention_mask]
         for arr in arrays:
-            a = np.ascontiguousarray(arr)
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(a.tobytes())
+            update_hash(h, arr)
         return h.hexdigest()
 
     def labels(self, split: str) -> np.ndarray:
@@ -192,13 +193,41 @@ class TextDataset:
             for key, a in arrays.items()
         }
 
+    def rows(self, split: str, indices: np.ndarray | None = None) -> dict[str, TokenRows]:
+        """:meth:`inputs` read a batch at a time when indexed (:class:`TokenRows`): for a stage
+        that would otherwise hold the whole split."""
+        from epochlens.data.rows import TokenRows  # torch only here
+
+        keys = ["input_ids", "attention_mask"]
+        arrays = {key: getattr(self, f"{_check_split(split)}_{key}") for key in keys}
+        if self.kind == "text_to_text":
+            arrays["labels"] = self.labels(split)
+        return {key: TokenRows(a, indices) for key, a in arrays.items()}
+
+    def max_token_id(self) -> int:
+        """The largest token id of both splits, read a block of rows at a time."""
+        return max(_blocks(getattr(self, f"{s}_input_ids"), lambda b: int(b.max(initial=0)), max)
+                   for s in ("train", "test"))  # fmt: skip
+
     def texts(self, split: str) -> list[str] | None:
         """The raw texts of ``split`` (None when the data set was written without them)."""
         return self.train_text if _check_split(split) == "train" else self.test_text
 
     def lengths(self, split: str) -> np.ndarray:
         """(N,) number of real (non-padding) tokens of every sample."""
-        return getattr(self, f"{_check_split(split)}_attention_mask").sum(axis=1)
+        mask = getattr(self, f"{_check_split(split)}_attention_mask")
+        return _blocks(mask, lambda b: b.sum(axis=1), lambda *p: np.concatenate(p), np.zeros(0, np.int64))
+
+
+def _int64(array):
+    """``array`` as int64 in memory, or left as it is when it reads its rows from a file."""
+    return array if hasattr(array, "path") and hasattr(array, "shape") else np.asarray(array, dtype=np.int64)
+
+
+def _blocks(array, f, join, empty=0):
+    """``join`` of ``f`` of each block of rows of ``array`` (in memory or read from a file)."""
+    step = max(1, BLOCK_BYTES // max(1, array[:1].nbytes))
+    return join(empty, *(f(np.asarray(array[lo : lo + step])) for lo in range(0, len(array), step)))
 
 
 def _check_split(split: str) -> str:
@@ -217,13 +246,26 @@ def is_text_dataset(path: str | Path) -> bool:
         return False
 
 
+#: Bytes of a chunk of token rows in ``text.h5``: a job reads a batch's rows by decompressing
+#: the chunks that hold them (whole rows, so one chunk or two per batch).
+TOKEN_CHUNK_BYTES = 1 << 20
+
+
+def _tokens(group: h5py.Group, key: str, array) -> None:
+    """``array`` (N, L) into ``group[key]``, gzip-compressed in chunks of whole rows."""
+    array = np.asarray(array)
+    rows = max(1, TOKEN_CHUNK_BYTES // max(1, array[:1].nbytes))
+    chunks = (min(rows, len(array)), *array.shape[1:]) if array.size else None
+    group.create_dataset(key, data=array, chunks=chunks, compression="gzip" if chunks else None)
+
+
 def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
     """Write ``dataset`` to ``path`` (``text.h5``), atomically."""
     with atomic_h5(path) as f:
         for split in ("train", "test"):
             g = f.create_group(split)
             for key in ("input_ids", "attention_mask", "labels"):
-                g.create_dataset(key, data=getattr(dataset, f"{split}_{key}"), compression="gzip")
+                _tokens(g, key, getattr(dataset, f"{split}_{key}"))
             if dataset.train_groups is not None:
                 g.create_dataset("groups", data=dataset.groups(split))
             if dataset.texts(split) is not None:
@@ -231,8 +273,8 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
         f["train"].create_dataset("holdout", data=dataset.holdout)
         if dataset.trigger_input_ids is not None:
             g = f.create_group("test_trigger")
-            g.create_dataset("input_ids", data=dataset.trigger_input_ids, compression="gzip")
-            g.create_dataset("attention_mask", data=dataset.trigger_attention_mask, compression="gzip")
+            _tokens(g, "input_ids", dataset.trigger_input_ids)
+            _tokens(g, "attention_mask", dataset.trigger_attention_mask)
             if dataset.trigger_text is not None:
                 g.create_dataset("text", data=dataset.trigger_text, dtype=h5py.string_dtype())
         if dataset.ground_truth is not None:  # your own poisoned samples (not hashed)
@@ -249,6 +291,7 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
             pad_token_id=dataset.pad_token_id,
             vocab_size=dataset.vocab_size,
             content_hash=dataset.content_hash,
+            max_token_id=dataset.max_token_id(),
         )
 
 

@@ -27,7 +27,7 @@ def trained_samples(job: CheckpointJob) -> tuple[NormalizedRows | Dataset, np.nd
     trained = np.flatnonzero(~job.data.holdout)
     if isinstance(job.data, TextDataset):
         return (
-            with_labels(job.data.inputs("train", trained), job.data.train_labels[trained])[0],
+            with_labels(job.data.rows("train", trained), job.data.train_labels[trained])[0],
             None,
             trained,
         )

@@ -133,8 +133,7 @@ def split_outputs(
     lo, hi = rows or (0, len(labels))
     labels = labels[lo:hi]
     if isinstance(data, TextDataset):
-        inputs = data.inputs(split)
-        inputs = {k: v[lo:hi] for k, v in inputs.items()} if isinstance(inputs, Mapping) else inputs[lo:hi]
+        inputs = data.rows(split, np.arange(lo, hi))  # read a batch at a time
         if data.token_labels:
             return sequence_outputs(job.model, inputs, labels, batch_size, job.device)
     else:
