@@ -15,7 +15,7 @@ from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_atomic
 from epochlens.checkpoints import load_state_dict
-from epochlens.data.text import read_any_dataset
+from epochlens.data.text_rows import read_any_dataset
 from epochlens.device import job_device
 from epochlens.models.build import build_untrained
 from epochlens.provenance import file_sha256, provenance

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 from _helpers import run_script
 
-from epochlens.data.text import TextDataset, stored_strings
-from epochlens.data.text_rows import open_any_dataset
+from epochlens.data.text import TextDataset
+from epochlens.data.text_rows import open_any_dataset, stored_strings
 from epochlens.plotting.common import save_figure
 from epochlens.plotting.influence import (
     plot_influence_conditioning,

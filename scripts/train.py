@@ -9,7 +9,7 @@ from pathlib import Path
 from _helpers import job_resources, run_script
 
 from epochlens.atomic import write_json
-from epochlens.data.text import read_any_dataset
+from epochlens.data.text_rows import read_any_dataset
 from epochlens.device import job_device
 from epochlens.layout import RESULTS, epoch_name
 from epochlens.models.build import build_untrained

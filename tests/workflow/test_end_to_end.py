@@ -30,7 +30,7 @@ from wfutil import REPO, copy_workflow, job_stats, snakemake, write_config
 
 from epochlens import memory
 from epochlens.checkpoints import load_into
-from epochlens.data.text import read_text_dataset
+from epochlens.data.text_rows import read_text_dataset
 from epochlens.layout import Layout
 from epochlens.models.networks import SmallCNN
 

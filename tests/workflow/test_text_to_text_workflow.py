@@ -266,7 +266,7 @@ def test_head_ablation_equals_zeroed_output_projection_columns(t5_run, site, hea
 def test_curvature_of_every_training_sample_at_every_checkpoint(t5_run):
     project, paths = t5_run
     n = len(project["train"]["input_ids"])
-    from epochlens.data.text import read_text_dataset
+    from epochlens.data.text_rows import read_text_dataset
 
     data = read_text_dataset(paths.dataset("polarity_t5"))  # as the Trainer saw them: word, </s>
     np.testing.assert_array_equal(data.train_labels, project["train"]["labels"].numpy())
@@ -338,7 +338,7 @@ def test_influence_of_every_training_sample_and_the_users_poisons(t5_run):
     """EK-FAC and gradient-dot-product influence at the last checkpoint: every training sample
     scored (its loss transformers' own loss of it alone), queries = test prompts under their own
     targets, and the user's flipped answers (data.ground_truth) the detection table's ground truth."""
-    from epochlens.data.text import read_text_dataset
+    from epochlens.data.text_rows import read_text_dataset
 
     project, paths = t5_run
     step, n = STEPS[-1], len(project["train"]["input_ids"])

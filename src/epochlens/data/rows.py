@@ -7,8 +7,8 @@ data set grows reads only the rows it computes on.
   (:func:`epochlens.data.text_rows.open_any_dataset`: a text run's too). A damaged image chunk fails
   its zlib checksum when read (:class:`DataError` naming the file); labels are read whole.
 * :class:`NormalizedRows`: ``Dataset.normalized(split, indices)`` read a batch at a time, where a
-  stage would hold the whole split (sample outputs, evaluation, curvature); :class:`TokenRows`
-  the same for a text run's token ids (``TextDataset.rows``).
+  stage would hold the whole split (sample outputs, evaluation, curvature); ``TextDataset.rows``
+  the same for a text run's token ids.
 * :class:`StoredImages`: the arrays for a pass over every image (thumbnail sheets), with the
   content hash checked by streaming it (:meth:`StoredImages.verify`: the hash
   :func:`~epochlens.data.read_dataset` checks, block by block, in the same pass as the value range).
@@ -165,55 +165,18 @@ class NormalizedRows:
         return True
 
     def select(self, positions) -> NormalizedRows:
-        return NormalizedRows(self.data, self.split, self.indices[_positions(positions)])
+        return NormalizedRows(self.data, self.split, self.indices[int_positions(positions)])
 
     def __getitem__(self, key) -> torch.Tensor:
-        key = key if isinstance(key, slice) else _positions(key)
+        key = key if isinstance(key, slice) else int_positions(key)
         return self.data.normalized(self.split, self.indices[key])
 
 
-def _positions(key) -> np.ndarray:
+def int_positions(key) -> np.ndarray:
     """Int positions from an int array, list or tensor (on any device)."""
     if hasattr(key, "detach"):
         key = key.detach().cpu().numpy()
     return np.asarray(key, dtype=np.int64)
-
-
-class TokenRows:
-    """Rows ``indices`` of an (N, L) int array (a :class:`RowReader` or in memory) as a read-only
-    int64 tensor that reads its rows when indexed: ``rows[a:b]``, ``rows[positions]`` (an int
-    array, list or tensor) give a tensor of those rows, ``rows.select(positions)`` picks rows
-    without reading any; a torch Dataset's ``__getitems__`` too (a DataLoader reads a batch in one
-    read)."""
-
-    def __init__(self, array, indices: np.ndarray | None = None):
-        import torch
-
-        self.array = array
-        n = len(array)
-        self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, np.int64)
-        self.shape = (len(self.indices), *array.shape[1:])
-        self.ndim, self.dtype = len(self.shape), torch.int64
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def is_floating_point(self) -> bool:
-        return False
-
-    def select(self, positions) -> TokenRows:
-        return TokenRows(self.array, self.indices[_positions(positions)])
-
-    def __getitem__(self, key) -> torch.Tensor:
-        import torch
-
-        if isinstance(key, (int, np.integer)):
-            return self[[key]][0]
-        rows = self.indices[key if isinstance(key, slice) else _positions(key)]
-        return torch.from_numpy(np.ascontiguousarray(self.array[rows], dtype=np.int64))
-
-    def __getitems__(self, positions: list) -> torch.Tensor:
-        return self[positions]
 
 
 class StoredImages:

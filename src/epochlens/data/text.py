@@ -33,12 +33,11 @@ import numpy as np
 
 from epochlens.atomic_hdf5 import atomic_h5
 from epochlens.data.blocks import BLOCK_BYTES, update_hash
-from epochlens.errors import DataError
+from epochlens.data.rows import RowReader, int_positions
 
 if TYPE_CHECKING:
     import torch
 
-    from epochlens.data.rows import TokenRows
 
 TEXT_KINDS = ("classification", "causal_lm", "text_to_text")
 #: Kinds whose labels are token labels (N, L) or (N, T): no classes, loss over the target tokens.
@@ -196,8 +195,6 @@ class TextDataset:
     def rows(self, split: str, indices: np.ndarray | None = None) -> dict[str, TokenRows]:
         """:meth:`inputs` read a batch at a time when indexed (:class:`TokenRows`): for a stage
         that would otherwise hold the whole split."""
-        from epochlens.data.rows import TokenRows  # torch only here
-
         keys = ["input_ids", "attention_mask"]
         arrays = {key: getattr(self, f"{_check_split(split)}_{key}") for key in keys}
         if self.kind == "text_to_text":
@@ -219,9 +216,43 @@ class TextDataset:
         return _blocks(mask, lambda b: b.sum(axis=1), lambda *p: np.concatenate(p), np.zeros(0, np.int64))
 
 
+class TokenRows:
+    """Rows ``indices`` of an (N, L) int array (a :class:`RowReader` or in memory) as a read-only
+    int64 tensor that reads its rows when indexed: ``rows[a:b]``, ``rows[positions]`` (an int
+    array, list or tensor) give a tensor of those rows, ``rows.select(positions)`` picks rows
+    without reading any."""
+
+    def __init__(self, array, indices: np.ndarray | None = None):
+        import torch
+
+        self.array = array
+        self.indices = np.arange(len(array)) if indices is None else np.asarray(indices, np.int64)
+        self.shape = (len(self.indices), *array.shape[1:])
+        self.ndim, self.dtype = len(self.shape), torch.int64
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def is_floating_point(self) -> bool:
+        return False
+
+    def select(self, positions) -> TokenRows:
+        return TokenRows(self.array, self.indices[int_positions(positions)])
+
+    def __getitem__(self, key) -> torch.Tensor:
+        import torch
+
+        if isinstance(key, (int, np.integer)):
+            return self[[key]][0]
+        rows = self.indices[key if isinstance(key, slice) else int_positions(key)]
+        return torch.from_numpy(np.ascontiguousarray(self.array[rows], dtype=np.int64))
+
+    __getitems__ = __getitem__  # a list of positions: a torch Dataset's batch in one read
+
+
 def _int64(array):
     """``array`` as int64 in memory, or left as it is when it reads its rows from a file."""
-    return array if hasattr(array, "path") and hasattr(array, "shape") else np.asarray(array, dtype=np.int64)
+    return array if isinstance(array, RowReader) else np.asarray(array, dtype=np.int64)
 
 
 def _blocks(array, f, join, empty=0):
@@ -293,78 +324,3 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
             content_hash=dataset.content_hash,
             max_token_id=dataset.max_token_id(),
         )
-
-
-def read_text_dataset(path: str | Path, texts: bool = True) -> TextDataset:
-    """Read a ``text.h5`` written by :func:`write_text_dataset` (``texts=False``: without the raw
-    texts, which no model job reads); a corrupt file is an error that says to rerun prepare_data."""
-    path = Path(path)
-    try:
-        with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != "epochlens-text-1":
-                raise KeyError("not a text data set (format attribute)")
-            arrays = {
-                f"{split}_{key}": f[f"{split}/{key}"][()]
-                for split in ("train", "test")
-                for key in ("input_ids", "attention_mask", "labels")
-            }
-            grouped = "groups" in f["train"]
-            trig = f["test_trigger"] if "test_trigger" in f else None
-            ds = TextDataset(
-                name=str(f.attrs["name"]),
-                source=str(f.attrs["source"]),
-                kind=str(f.attrs["kind"]),  # type: ignore[arg-type]
-                num_classes=int(f.attrs["num_classes"]),
-                class_names=json.loads(f.attrs["class_names"]),
-                holdout=f["train/holdout"][()],
-                train_groups=f["train/groups"][()] if grouped else None,
-                test_groups=f["test/groups"][()] if grouped else None,
-                group_names=json.loads(f.attrs["group_names"]),
-                tokenizer=str(f.attrs["tokenizer"]),
-                pad_token_id=int(f.attrs["pad_token_id"]),
-                vocab_size=int(f.attrs.get("vocab_size", 0)),
-                train_text=_strings(f["train"], "text") if texts else None,
-                test_text=_strings(f["test"], "text") if texts else None,
-                ground_truth=f["train/ground_truth"][()] if "ground_truth" in f["train"] else None,
-                trigger_input_ids=None if trig is None else trig["input_ids"][()],
-                trigger_attention_mask=None if trig is None else trig["attention_mask"][()],
-                trigger_text=None if trig is None or not texts else _strings(trig, "text"),
-                **arrays,
-            )
-            stored = str(f.attrs["content_hash"])
-    except (OSError, KeyError, ValueError) as exc:
-        raise DataError(
-            f"{path}: not a complete epochlens text data set ({exc}). Delete it and rerun the "
-            "prepare_data rule."
-        ) from exc
-    if ds.content_hash != stored:
-        raise DataError(
-            f"{path}: content hash mismatch; the file is corrupt. Delete it and rerun prepare_data."
-        )
-    return ds
-
-
-def _strings(group: h5py.Group, key: str) -> list[str] | None:
-    return [t.decode() if isinstance(t, bytes) else str(t) for t in group[key][()]] if key in group else None
-
-
-def stored_strings(path: str | Path, key: str, positions: np.ndarray | None = None) -> list[str] | None:
-    """The strings of ``key``: all, or those at ``positions`` (the rows from the first to the last)."""
-    try:
-        with h5py.File(path, "r") as f:
-            if key not in f:
-                return None
-            some = positions is not None and len(positions) > 0
-            lo, hi = (int(positions.min()), int(positions.max()) + 1) if some else (0, None)
-            values = f[key][lo:hi] if positions is None else f[key][lo:hi][positions - lo] if some else []
-            return [s.decode() if isinstance(s, bytes) else str(s) for s in values]
-    except OSError as exc:
-        raise DataError(f"{path}: unreadable ({exc}). Delete it and rerun the prepare_data rule.") from exc
-
-
-def read_any_dataset(path: str | Path):
-    """A run's ``dataset.h5``: a :class:`TextDataset` for a text run, else the image
-    :class:`epochlens.data.Dataset`."""
-    from epochlens.data import read_dataset
-
-    return read_text_dataset(path) if is_text_dataset(path) else read_dataset(path)

@@ -1,5 +1,5 @@
-"""A text run's ``dataset.h5`` read by rows, never whole: what a text run's model jobs read
-(:func:`epochlens.data.rows.open_any_dataset`), as :mod:`epochlens.data.rows` is for images.
+"""A text run's ``dataset.h5`` read: by rows, never whole, as a text run's model jobs read it
+(as :mod:`epochlens.data.rows` reads images), whole (training, retraining) or its strings.
 
 * :func:`open_text_dataset`: the :class:`~epochlens.data.text.TextDataset` with its token ids and
   attention masks left in the file (:class:`~epochlens.data.rows.RowReader`) and the content hash
@@ -7,9 +7,11 @@
   sample; a causal LM's token labels: as large as its ids), and the triggered test split (the
   test split's size).
 * :func:`open_any_dataset`: a run's ``dataset.h5`` as a job opens it, text or images
-  (:func:`epochlens.data.rows.open_dataset`).
+  (:func:`epochlens.data.rows.open_dataset`); :func:`read_any_dataset` read whole.
+* :func:`read_text_dataset`: the whole file, its hash checked; :func:`stored_strings`: the raw
+  texts of some rows (tables and figures).
 
-``TextDataset.rows(split, indices)`` (:class:`~epochlens.data.rows.TokenRows`) reads token rows a
+``TextDataset.rows(split, indices)`` (:class:`~epochlens.data.text.TokenRows`) reads token rows a
 batch at a time where a stage would hold the whole split (evaluation, sample outputs, influence).
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from epochlens.data.rows import CHUNK_CACHE_BYTES, RowReader, StoredDataset, open_dataset
 from epochlens.data.text import TextDataset, is_text_dataset
@@ -96,3 +99,92 @@ def open_any_dataset(path: str | Path) -> StoredTextDataset | StoredDataset:
     :func:`open_text_dataset` (token ids, no raw texts), else
     :func:`~epochlens.data.rows.open_dataset` (images)."""
     return open_text_dataset(path) if is_text_dataset(path) else open_dataset(path)
+
+
+def read_text_dataset(path: str | Path, texts: bool = True) -> TextDataset:
+    """Read a ``text.h5`` written by :func:`write_text_dataset` (``texts=False``: without the raw
+    texts, which no model job reads); a corrupt file is an error that says to rerun prepare_data."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != "epochlens-text-1":
+                raise KeyError("not a text data set (format attribute)")
+            arrays = {
+                f"{split}_{key}": f[f"{split}/{key}"][()]
+                for split in ("train", "test")
+                for key in ("input_ids", "attention_mask", "labels")
+            }
+            grouped = "groups" in f["train"]
+            trig = f["test_trigger"] if "test_trigger" in f else None
+            ds = TextDataset(
+                name=str(f.attrs["name"]),
+                source=str(f.attrs["source"]),
+                kind=str(f.attrs["kind"]),  # type: ignore[arg-type]
+                num_classes=int(f.attrs["num_classes"]),
+                class_names=json.loads(f.attrs["class_names"]),
+                holdout=f["train/holdout"][()],
+                train_groups=f["train/groups"][()] if grouped else None,
+                test_groups=f["test/groups"][()] if grouped else None,
+                group_names=json.loads(f.attrs["group_names"]),
+                tokenizer=str(f.attrs["tokenizer"]),
+                pad_token_id=int(f.attrs["pad_token_id"]),
+                vocab_size=int(f.attrs.get("vocab_size", 0)),
+                train_text=_strings(f["train"], "text") if texts else None,
+                test_text=_strings(f["test"], "text") if texts else None,
+                ground_truth=f["train/ground_truth"][()] if "ground_truth" in f["train"] else None,
+                trigger_input_ids=None if trig is None else trig["input_ids"][()],
+                trigger_attention_mask=None if trig is None else trig["attention_mask"][()],
+                trigger_text=None if trig is None or not texts else _strings(trig, "text"),
+                **arrays,
+            )
+            stored = str(f.attrs["content_hash"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise DataError(
+            f"{path}: not a complete epochlens text data set ({exc}). Delete it and rerun the "
+            "prepare_data rule."
+        ) from exc
+    if ds.content_hash != stored:
+        raise DataError(
+            f"{path}: content hash mismatch; the file is corrupt. Delete it and rerun prepare_data."
+        )
+    return ds
+
+
+def _strings(group: h5py.Group, key: str) -> list[str] | None:
+    return [t.decode() if isinstance(t, bytes) else str(t) for t in group[key][()]] if key in group else None
+
+
+def stored_strings(path: str | Path, key: str, positions: np.ndarray | None = None) -> list[str] | None:
+    """The strings of ``key``: all, or those at ``positions`` (the rows from the first to the last,
+    or, for a few rows spread far apart such as the top-ranked samples, those rows alone)."""
+    try:
+        with h5py.File(path, "r") as f:
+            if key not in f:
+                return None
+            values = f[key][()] if positions is None else _strings_at(f[key], np.asarray(positions, np.int64))
+            return [s.decode() if isinstance(s, bytes) else str(s) for s in values]
+    except OSError as exc:
+        raise DataError(f"{path}: unreadable ({exc}). Delete it and rerun the prepare_data rule.") from exc
+
+
+#: Rows between the first and the last asked for that are read in one range all the same.
+SPREAD_ROWS = 4096
+
+
+def _strings_at(array: h5py.Dataset, positions: np.ndarray) -> np.ndarray:
+    """``array[positions]``: the rows between the first and the last, or the rows alone (h5py
+    reads an increasing list of rows) where they are few and far apart."""
+    if len(positions) == 0:
+        return np.zeros(0, object)
+    rows, back = np.unique(positions, return_inverse=True)
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    spread = hi - lo > 4 * len(rows) + SPREAD_ROWS
+    return (array[rows.tolist()] if spread else array[lo:hi][rows - lo])[back]
+
+
+def read_any_dataset(path: str | Path):
+    """A run's ``dataset.h5``: a :class:`TextDataset` for a text run, else the image
+    :class:`epochlens.data.Dataset`."""
+    from epochlens.data import read_dataset
+
+    return read_text_dataset(path) if is_text_dataset(path) else read_dataset(path)

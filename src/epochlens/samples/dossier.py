@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from epochlens.data.labels import read_labels
-from epochlens.data.text import stored_strings
+from epochlens.data.text_rows import stored_strings
 from epochlens.errors import DataError
 from epochlens.outcome import sample_classes
 from epochlens.samples import detectors, neighbours, summaries

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from epochlens.data.labels import SplitLabels, read_labels
-from epochlens.data.text import stored_strings
+from epochlens.data.text_rows import stored_strings
 from epochlens.samples.sheets import SheetLayout
 
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from epochlens.data.polarity import GROUPS, NEGATIVE, POSITIVE, polarity_tables, write_polarity_tokenizer
-from epochlens.data.text import IGNORE_INDEX, TextDataset, read_text_dataset, write_text_dataset
+from epochlens.data.text import IGNORE_INDEX, TextDataset, write_text_dataset
+from epochlens.data.text_rows import read_text_dataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.text import TextSettings, load_text
 from epochlens.formats.tokens import load_tokenizer, tokenize_splits

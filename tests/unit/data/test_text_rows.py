@@ -9,9 +9,16 @@ import pytest
 import torch
 
 from epochlens.data import text as text_module
-from epochlens.data.rows import RowReader, TokenRows
-from epochlens.data.text import TextDataset, read_text_dataset, write_text_dataset
-from epochlens.data.text_rows import StoredTextDataset, open_any_dataset, open_text_dataset
+from epochlens.data import text_rows
+from epochlens.data.rows import RowReader
+from epochlens.data.text import TextDataset, TokenRows, write_text_dataset
+from epochlens.data.text_rows import (
+    StoredTextDataset,
+    open_any_dataset,
+    open_text_dataset,
+    read_text_dataset,
+    stored_strings,
+)
 from epochlens.errors import DataError
 
 transformers = pytest.importorskip("transformers")
@@ -140,3 +147,27 @@ def test_an_incomplete_file_names_the_fix(tmp_path):
         f.attrs["format"] = "epochlens-text-1"
     with pytest.raises(DataError, match=r"dataset.h5: not a complete.*prepare_data"):
         open_text_dataset(path)
+
+
+def test_a_file_written_before_is_read_as_it_is(stored):
+    """A text.h5 of the previous version (auto chunks, no largest token id stored): the same
+    tokens, the largest id read by rows."""
+    with h5py.File(stored, "a") as f:
+        del f.attrs["max_token_id"]
+        ids = f["train/input_ids"][()]
+        del f["train/input_ids"]
+        f["train"].create_dataset("input_ids", data=ids, compression="gzip")  # h5py's own chunks
+    data = open_text_dataset(stored)
+    assert data.stored_max_token_id is None and data.max_token_id() == int(ids.max())
+    assert torch.equal(data.rows("train")["input_ids"][[999, 0]], torch.from_numpy(ids[[999, 0]]))
+    assert data.content_hash == read_text_dataset(stored).content_hash
+
+
+@pytest.mark.parametrize("spread_rows", [4096, 0])
+def test_strings_of_rows_far_apart_are_read_alone(stored, monkeypatch, spread_rows):
+    monkeypatch.setattr(text_rows, "SPREAD_ROWS", spread_rows)  # 0: rows 3 and 500 read alone
+    texts = _dataset().train_text
+    for positions in ([999, 3, 3, 500], [10, 11, 12], [], [0]):
+        got = stored_strings(stored, "train/text", np.array(positions, np.int64))
+        assert got == [texts[p] for p in positions]
+    assert stored_strings(stored, "train/text") == texts and stored_strings(stored, "train/none") is None

@@ -16,7 +16,8 @@ from epochlens import config as run_config
 from epochlens.config.influence_checks import unknown_words
 from epochlens.data import holdout_mask
 from epochlens.data.polarity import TRIGGER_WORDS, vocabulary, write_polarity_tokenizer
-from epochlens.data.text import read_text_dataset, write_text_dataset
+from epochlens.data.text import write_text_dataset
+from epochlens.data.text_rows import read_text_dataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.text import TextSettings, load_polarity, source_tokenizer
 from epochlens.study.queries import select_queries

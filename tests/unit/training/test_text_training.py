@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from epochlens.data import holdout_mask
-from epochlens.data.text import read_text_dataset, write_text_dataset
+from epochlens.data.text import write_text_dataset
+from epochlens.data.text_rows import read_text_dataset
 from epochlens.formats.text import TextSettings, load_polarity
 from epochlens.formats.user_model import attach_output_adapter
 from epochlens.job import load_checkpoint_job
