@@ -181,25 +181,21 @@ class TextDataset:
         text-to-text model's also ``labels`` (N, T), from which it builds its decoder inputs."""
         import torch  # here: tables and figures read text data sets without torch
 
-        arrays = {
-            "input_ids": getattr(self, f"{_check_split(split)}_input_ids"),
-            "attention_mask": getattr(self, f"{split}_attention_mask"),
-        }
-        if self.kind == "text_to_text":
-            arrays["labels"] = self.labels(split)
         return {
             key: torch.from_numpy(np.ascontiguousarray(a if indices is None else a[indices]))
-            for key, a in arrays.items()
+            for key, a in self._model_arrays(split).items()
         }
 
     def rows(self, split: str, indices: np.ndarray | None = None) -> dict[str, TokenRows]:
         """:meth:`inputs` read a batch at a time when indexed (:class:`TokenRows`): for a stage
         that would otherwise hold the whole split."""
+        return {key: TokenRows(a, indices) for key, a in self._model_arrays(split).items()}
+
+    def _model_arrays(self, split: str) -> dict:
+        """The arrays of ``split`` a model takes: ids and mask (a text-to-text model's labels too)."""
         keys = ["input_ids", "attention_mask"]
         arrays = {key: getattr(self, f"{_check_split(split)}_{key}") for key in keys}
-        if self.kind == "text_to_text":
-            arrays["labels"] = self.labels(split)
-        return {key: TokenRows(a, indices) for key, a in arrays.items()}
+        return arrays | ({"labels": self.labels(split)} if self.kind == "text_to_text" else {})
 
     def max_token_id(self) -> int:
         """The largest token id of both splits, read a block of rows at a time."""

@@ -60,38 +60,45 @@ def open_text_dataset(path: str | Path) -> StoredTextDataset:
     path = Path(path)
     try:
         f = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
-        if f.attrs.get("format") != "epochlens-text-1":
-            raise KeyError("not a text data set (format attribute)")
-        train, test, attrs = f["train"], f["test"], f.attrs
-        arrays = {f"{split}_{key}": RowReader(f[split][key], path)
-                  for split in ("train", "test") for key in ("input_ids", "attention_mask")}  # fmt: skip
-        arrays |= {f"{split}_labels": f[split]["labels"][()] for split in ("train", "test")}
-        trig = f["test_trigger"] if "test_trigger" in f else None
-        return StoredTextDataset(
-            name=str(attrs["name"]),
-            source=str(attrs["source"]),
-            kind=str(attrs["kind"]),  # type: ignore[arg-type]
-            num_classes=int(attrs["num_classes"]),
-            class_names=json.loads(attrs["class_names"]),
-            holdout=train["holdout"][()],
-            train_groups=train["groups"][()] if "groups" in train else None,
-            test_groups=test["groups"][()] if "groups" in test else None,
-            group_names=json.loads(attrs["group_names"]),
-            tokenizer=str(attrs["tokenizer"]),
-            pad_token_id=int(attrs["pad_token_id"]),
-            vocab_size=int(attrs.get("vocab_size", 0)),
-            ground_truth=train["ground_truth"][()] if "ground_truth" in train else None,
-            trigger_input_ids=None if trig is None else trig["input_ids"][()],
-            trigger_attention_mask=None if trig is None else trig["attention_mask"][()],
-            stored_hash=str(attrs["content_hash"]),
-            stored_max_token_id=int(attrs["max_token_id"]) if "max_token_id" in attrs else None,
-            **arrays,
-        )
+        top = int(f.attrs["max_token_id"]) if "max_token_id" in f.attrs else None
+        fields = _fields(f, lambda array: RowReader(array, path))
+        return StoredTextDataset(**fields, stored_hash=str(f.attrs["content_hash"]), stored_max_token_id=top)
     except (OSError, KeyError, ValueError) as exc:
-        raise DataError(
-            f"{path}: not a complete epochlens text data set ({exc}). Delete it and rerun the "
-            "prepare_data rule."
-        ) from exc
+        raise _incomplete(path, exc) from exc
+
+
+def _fields(f: h5py.File, tokens) -> dict:
+    """A :class:`TextDataset`'s fields from an open ``text.h5`` but the raw texts: the splits' ids
+    and masks as ``tokens(array)`` gives them, everything else read whole."""
+    if f.attrs.get("format") != "epochlens-text-1":
+        raise KeyError("not a text data set (format attribute)")
+    train, test, attrs = f["train"], f["test"], f.attrs
+    trig = f["test_trigger"] if "test_trigger" in f else None
+    return dict(
+        {f"{s}_{k}": tokens(f[s][k]) for s in ("train", "test") for k in ("input_ids", "attention_mask")},
+        train_labels=train["labels"][()],
+        test_labels=test["labels"][()],
+        name=str(attrs["name"]),
+        source=str(attrs["source"]),
+        kind=str(attrs["kind"]),
+        num_classes=int(attrs["num_classes"]),
+        class_names=json.loads(attrs["class_names"]),
+        holdout=train["holdout"][()],
+        train_groups=train["groups"][()] if "groups" in train else None,
+        test_groups=test["groups"][()] if "groups" in test else None,
+        group_names=json.loads(attrs["group_names"]),
+        tokenizer=str(attrs["tokenizer"]),
+        pad_token_id=int(attrs["pad_token_id"]),
+        vocab_size=int(attrs.get("vocab_size", 0)),
+        ground_truth=train["ground_truth"][()] if "ground_truth" in train else None,
+        trigger_input_ids=None if trig is None else trig["input_ids"][()],
+        trigger_attention_mask=None if trig is None else trig["attention_mask"][()],
+    )
+
+
+def _incomplete(path: Path, exc: Exception) -> DataError:
+    what = f"{path}: not a complete epochlens text data set ({exc})."
+    return DataError(f"{what} Delete it and rerun the prepare_data rule.")
 
 
 def open_any_dataset(path: str | Path) -> StoredTextDataset | StoredDataset:
@@ -101,48 +108,22 @@ def open_any_dataset(path: str | Path) -> StoredTextDataset | StoredDataset:
     return open_text_dataset(path) if is_text_dataset(path) else open_dataset(path)
 
 
+#: The raw texts' groups in ``text.h5`` and their :class:`TextDataset` fields.
+TEXTS = {"train": "train_text", "test": "test_text", "test_trigger": "trigger_text"}
+
+
 def read_text_dataset(path: str | Path, texts: bool = True) -> TextDataset:
     """Read a ``text.h5`` written by :func:`write_text_dataset` (``texts=False``: without the raw
     texts, which no model job reads); a corrupt file is an error that says to rerun prepare_data."""
     path = Path(path)
     try:
         with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != "epochlens-text-1":
-                raise KeyError("not a text data set (format attribute)")
-            arrays = {
-                f"{split}_{key}": f[f"{split}/{key}"][()]
-                for split in ("train", "test")
-                for key in ("input_ids", "attention_mask", "labels")
-            }
-            grouped = "groups" in f["train"]
-            trig = f["test_trigger"] if "test_trigger" in f else None
-            ds = TextDataset(
-                name=str(f.attrs["name"]),
-                source=str(f.attrs["source"]),
-                kind=str(f.attrs["kind"]),  # type: ignore[arg-type]
-                num_classes=int(f.attrs["num_classes"]),
-                class_names=json.loads(f.attrs["class_names"]),
-                holdout=f["train/holdout"][()],
-                train_groups=f["train/groups"][()] if grouped else None,
-                test_groups=f["test/groups"][()] if grouped else None,
-                group_names=json.loads(f.attrs["group_names"]),
-                tokenizer=str(f.attrs["tokenizer"]),
-                pad_token_id=int(f.attrs["pad_token_id"]),
-                vocab_size=int(f.attrs.get("vocab_size", 0)),
-                train_text=_strings(f["train"], "text") if texts else None,
-                test_text=_strings(f["test"], "text") if texts else None,
-                ground_truth=f["train/ground_truth"][()] if "ground_truth" in f["train"] else None,
-                trigger_input_ids=None if trig is None else trig["input_ids"][()],
-                trigger_attention_mask=None if trig is None else trig["attention_mask"][()],
-                trigger_text=None if trig is None or not texts else _strings(trig, "text"),
-                **arrays,
-            )
+            fields = _fields(f, lambda array: array[()])
+            strings = {field: _strings(f[group], "text") for group, field in TEXTS.items() if group in f}
+            ds = TextDataset(**fields, **(strings if texts else {}))
             stored = str(f.attrs["content_hash"])
     except (OSError, KeyError, ValueError) as exc:
-        raise DataError(
-            f"{path}: not a complete epochlens text data set ({exc}). Delete it and rerun the "
-            "prepare_data rule."
-        ) from exc
+        raise _incomplete(path, exc) from exc
     if ds.content_hash != stored:
         raise DataError(
             f"{path}: content hash mismatch; the file is corrupt. Delete it and rerun prepare_data."
@@ -151,7 +132,11 @@ def read_text_dataset(path: str | Path, texts: bool = True) -> TextDataset:
 
 
 def _strings(group: h5py.Group, key: str) -> list[str] | None:
-    return [t.decode() if isinstance(t, bytes) else str(t) for t in group[key][()]] if key in group else None
+    return _decoded(group[key][()]) if key in group else None
+
+
+def _decoded(values) -> list[str]:
+    return [s.decode() if isinstance(s, bytes) else str(s) for s in values]
 
 
 def stored_strings(path: str | Path, key: str, positions: np.ndarray | None = None) -> list[str] | None:
@@ -162,7 +147,7 @@ def stored_strings(path: str | Path, key: str, positions: np.ndarray | None = No
             if key not in f:
                 return None
             values = f[key][()] if positions is None else _strings_at(f[key], np.asarray(positions, np.int64))
-            return [s.decode() if isinstance(s, bytes) else str(s) for s in values]
+            return _decoded(values)
     except OSError as exc:
         raise DataError(f"{path}: unreadable ({exc}). Delete it and rerun the prepare_data rule.") from exc
 

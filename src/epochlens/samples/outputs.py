@@ -58,17 +58,16 @@ def classifier_outcome(logits: torch.Tensor, targets: torch.Tensor) -> dict[str,
     }
 
 
-def _batches(inputs, n: int, batch_size: int, device, positions: np.ndarray | None = None):
-    """``(rows, batch)`` of ``n`` rows: the inputs' rows ``rows``, or ``positions[rows]``."""
+def _batches(inputs, n: int, batch_size: int, device):
+    """``(rows, batch)`` of ``n`` rows of the inputs (a tensor or a mapping of them)."""
     from epochlens.batches import to_device
 
     for start in range(0, n, batch_size):
         rows = slice(start, start + batch_size)
-        take = rows if positions is None else positions[rows]
         if isinstance(inputs, Mapping):
-            yield rows, to_device({k: v[take] for k, v in inputs.items()}, device)
+            yield rows, to_device({k: v[rows] for k, v in inputs.items()}, device)
         else:
-            yield rows, inputs[take].to(device)
+            yield rows, inputs[rows].to(device)
 
 
 def classifier_outputs(
@@ -88,12 +87,14 @@ def classifier_outputs(
     if len(idx) == 0:
         return out
     targets = torch.as_tensor(positions_in(labels[idx], active))
-    positions = idx if isinstance(inputs, Mapping) else None  # a text split's rows: per batch
-    if positions is None:  # rows read a batch at a time (epochlens.data.rows) picked without reading
-        inputs = inputs.select(idx) if hasattr(inputs, "select") else inputs[idx]
+
+    def pick(x):  # rows read a batch at a time (images, a text run's tokens) picked without reading
+        return x.select(idx) if hasattr(x, "select") else x[idx]
+
+    inputs = {k: pick(v) for k, v in inputs.items()} if isinstance(inputs, Mapping) else pick(inputs)
     model.eval().to(device)
     with torch.no_grad():  # each batch's outcome into the results: no list of batches to join
-        for rows, xb in _batches(inputs, len(idx), batch_size, device, positions):
+        for rows, xb in _batches(inputs, len(idx), batch_size, device):
             logits = restrict_logits(call_model(model, xb), active)
             for key, values in classifier_outcome(logits, targets[rows].to(device)).items():
                 out[key][idx[rows]] = values.cpu().numpy()
