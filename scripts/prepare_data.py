@@ -33,14 +33,14 @@ def text_settings(cfg: dict, truth: str | None, hf_task: str | None) -> tuple[Te
 
 def load(source: str, path: str | None, cfg: dict, truth: str | None, hf_task: str | None, spill: Spill):
     """The data set before corruption, with your ground-truth column ``truth`` (None: none), a large
-    split's decoded images in ``spill``; your images and texts are read here only (so an edit of
-    their reader reruns no other stage)."""
+    split's decoded images and a text run's tokens in ``spill``; your images and texts are read
+    here only (so an edit of their reader reruns no other stage)."""
     column = {"ground_truth_column": truth} if truth else {}
     if "text" in cfg or source == "polarity":
         settings, tokenizer = text_settings(cfg, truth, hf_task)
         if source == "polarity":
-            return load_polarity(settings, **cfg.get("polarity", {}))
-        return load_text(source, path, settings, tokenizer)
+            return load_polarity(settings, **cfg.get("polarity", {}), scratch=spill.group("text"))
+        return load_text(source, path, settings, tokenizer, spill.group("text"))
     if "table" in cfg:
         return load_table(source, path, TableSettings(**cfg["table"], **column), cfg.get("normalize", "auto"))
     if source in IMAGE_SOURCES:
@@ -52,7 +52,7 @@ def main(snakemake) -> None:
     cfg = dict(snakemake.params.data)
     corruption, truth = cfg.pop("corruption", None) or {"kind": "none"}, cfg.pop("ground_truth", None) or {}
     hf_task, source = snakemake.params.hf_task, cfg.pop("source")
-    with Spill(snakemake.output.dataset) as spill:  # a large split's images on disk until written
+    with Spill(snakemake.output.dataset) as spill:  # images and tokens on disk until written
         dataset = load(source, cfg.pop("path", None), cfg, truth.get("column"), hf_task, spill)
         check_kind(dataset, snakemake.params.task)
         if truth.get("indices"):  # your poisoned samples' positions in the training split

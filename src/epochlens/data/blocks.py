@@ -53,14 +53,19 @@ class Spill:
             self._file = None
         self.path.unlink(missing_ok=True)
 
-    def rows(self, n: int, first: np.ndarray) -> SpilledRows:
-        """Room for ``n`` rows shaped and typed like ``first``, written in order."""
+    def group(self, name: str) -> h5py.Group:
+        """A group of the scratch file (e.g. a text run's token rows: epochlens.formats.token_store)."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = h5py.File(self.path, "w")
-        block = max(1, min(n, BLOCK_BYTES // max(1, first.nbytes)))
-        name = f"split{len(self._file)}"
-        array = self._file.create_dataset(name, (n, *first.shape), first.dtype, chunks=(block, *first.shape))
+        return self._file.require_group(name)
+
+    def rows(self, n: int, first: np.ndarray) -> SpilledRows:
+        """Room for ``n`` rows shaped and typed like ``first``, written in order."""
+        block, group = max(1, min(n, BLOCK_BYTES // max(1, first.nbytes))), self.group("images")
+        array = group.create_dataset(
+            f"split{len(group)}", (n, *first.shape), first.dtype, chunks=(block, *first.shape)
+        )
         return SpilledRows(array, block)
 
 

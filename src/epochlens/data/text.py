@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 
 from epochlens.atomic_hdf5 import atomic_h5
-from epochlens.data.blocks import BLOCK_BYTES, update_hash
+from epochlens.data.blocks import BLOCK_BYTES, copy_rows, update_hash
 from epochlens.data.rows import RowReader, int_positions
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class TextDataset:
         """A split's ids, mask (N, L) and labels (shaped for the kind), stored as int64 (ids and
         masks read by rows from a file, :mod:`epochlens.data.text_rows`, left there)."""
         ids, mask = (_int64(getattr(self, f"{split}_{key}")) for key in ("input_ids", "attention_mask"))
-        labels = np.asarray(getattr(self, f"{split}_labels"), dtype=np.int64)
+        labels = _int64(getattr(self, f"{split}_labels"))
         if ids.ndim != 2 or mask.shape != ids.shape:
             raise ValueError(f"{split}: input_ids {ids.shape} and attention_mask {mask.shape} must be (N, L)")
         want = {"causal_lm": ids.shape, "classification": ids.shape[:1]}.get(self.kind)
@@ -279,11 +279,19 @@ TOKEN_CHUNK_BYTES = 1 << 20
 
 
 def _tokens(group: h5py.Group, key: str, array) -> None:
-    """``array`` (N, L) into ``group[key]``, gzip-compressed in chunks of whole rows."""
-    array = np.asarray(array)
-    rows = max(1, TOKEN_CHUNK_BYTES // max(1, array[:1].nbytes))
-    chunks = (min(rows, len(array)), *array.shape[1:]) if array.size else None
-    group.create_dataset(key, data=array, chunks=chunks, compression="gzip" if chunks else None)
+    """``array`` (N, L) into ``group[key]``, gzip-compressed in chunks of whole rows, copied a
+    block of rows at a time (from memory, or from ``prepare_data``'s scratch file)."""
+    rows = max(1, TOKEN_CHUNK_BYTES // (array.dtype.itemsize * max(1, int(np.prod(array.shape[1:])))))
+    chunks = (min(rows, len(array)), *array.shape[1:]) if np.prod(array.shape) else None
+    copy_rows(array, group.create_dataset(key, array.shape, array.dtype, chunks=chunks,
+                                          compression="gzip" if chunks else None))  # fmt: skip
+
+
+def _strings(group: h5py.Group, key: str, texts) -> None:
+    """``texts`` (a list, or strings read by rows: ``texts[lo:hi]``) into ``group[key]``."""
+    out = group.create_dataset(key, (len(texts),), dtype=h5py.string_dtype())
+    for lo in range(0, len(texts), 1 << 16):
+        out[lo : lo + (1 << 16)] = np.array(texts[lo : lo + (1 << 16)], dtype=h5py.string_dtype())
 
 
 def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
@@ -296,14 +304,14 @@ def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:
             if dataset.train_groups is not None:
                 g.create_dataset("groups", data=dataset.groups(split))
             if dataset.texts(split) is not None:
-                g.create_dataset("text", data=dataset.texts(split), dtype=h5py.string_dtype())
+                _strings(g, "text", dataset.texts(split))
         f["train"].create_dataset("holdout", data=dataset.holdout)
         if dataset.trigger_input_ids is not None:
             g = f.create_group("test_trigger")
             _tokens(g, "input_ids", dataset.trigger_input_ids)
             _tokens(g, "attention_mask", dataset.trigger_attention_mask)
             if dataset.trigger_text is not None:
-                g.create_dataset("text", data=dataset.trigger_text, dtype=h5py.string_dtype())
+                _strings(g, "text", dataset.trigger_text)
         if dataset.ground_truth is not None:  # your own poisoned samples (not hashed)
             f["train"].create_dataset("ground_truth", data=np.asarray(dataset.ground_truth, bool))
         f.attrs.update(

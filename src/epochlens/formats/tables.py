@@ -4,15 +4,15 @@ read into one DataFrame per split (:func:`read_tables`), and tabular data sets b
 
 Layouts (``source``): ``jsonl``, ``csv``, ``parquet`` (one file with a split column, or a folder
 with ``train.<ext>`` and ``test.<ext>``, split names from the settings) and ``save_to_disk`` (a
-``datasets`` DatasetDict, or one Dataset with a split column). Text data sets read the same tables
-(:mod:`epochlens.formats.text`) and tokenise them.
+``datasets`` DatasetDict, or one Dataset with a split column), read a chunk of rows at a time
+(:mod:`epochlens.formats.table_chunks`): text data sets tokenise each chunk as it comes
+(:mod:`epochlens.formats.text`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -20,23 +20,9 @@ import pandas as pd
 from epochlens.data.dataset import Dataset, check_targets
 from epochlens.data.sources import normalisation
 from epochlens.errors import ConfigError, DataError
+from epochlens.formats.table_chunks import TABLE_SOURCES, TableLayout, table_chunks
 
-TABLE_SOURCES = ("jsonl", "csv", "parquet", "save_to_disk")
-JSON_LINES = 65_536
-_EXTENSIONS = {"jsonl": (".jsonl", ".json"), "csv": (".csv",), "parquet": (".parquet",)}
-
-
-class TableLayout(Protocol):
-    """What :func:`read_tables` needs of a data section's settings."""
-
-    section: str  # where the settings are in the config, for messages ("data.table")
-    label_column: str | None
-    split_column: str | None
-
-    @property
-    def split_names(self) -> dict[str, str]: ...
-
-    def columns(self) -> list[str]: ...
+__all__ = ["TABLE_SOURCES", "TableSettings", "flags_of", "load_table", "read_tables"]
 
 
 @dataclass
@@ -171,101 +157,10 @@ def _stack(df: pd.DataFrame, columns: list[str], origin: str, what: str) -> np.n
 def read_tables(
     source: str, path: str | Path, settings: TableLayout
 ) -> tuple[dict[str, pd.DataFrame], list[str] | None]:
-    """``{"train": df, "test": df}`` with the settings' columns, and the label names a
-    ``ClassLabel`` column carries (None otherwise)."""
-    if source not in TABLE_SOURCES:
-        raise ConfigError(f"data.source: {source!r} is not a table layout; use one of {list(TABLE_SOURCES)}.")
-    path = Path(path)
-    names = None
-    if source == "save_to_disk":
-        tables, names = _read_saved(path, settings)
-    elif path.is_file():
-        tables = _by_split_column(_read_file(source, path), settings, str(path))
-    elif path.is_dir():
-        tables = {
-            s: _read_file(source, _split_file(path, n, source)) for s, n in settings.split_names.items()
-        }
-    else:
-        raise DataError(f"{path}: no such file or folder. Set data.path to your {source} data.")
-    truth = getattr(settings, "ground_truth_column", None)  # the training split's only
-    for split, df in tables.items():
-        missing = [
-            c for c in settings.columns() if c not in df.columns and not (split == "test" and c == truth)
-        ]
-        if missing:
-            raise DataError(
-                f"{path} [{settings.split_names[split]}]: no column(s) {missing} (columns: "
-                f"{list(df.columns)[:20]}). Set {settings.section}'s column names to yours."
-            )
-        if df.empty:
-            raise DataError(f"{path}: the {settings.split_names[split]!r} split has no rows.")
-    return tables, names
-
-
-def _read_file(source: str, path: Path) -> pd.DataFrame:
-    """One file as a DataFrame (the csv's empty cells kept as empty strings, not NaN)."""
-    try:
-        if source == "jsonl":  # by chunks of lines: pandas' reader holds ~14x a file read whole
-            with pd.read_json(path, lines=True, dtype=False, chunksize=JSON_LINES) as lines:
-                return pd.concat(lines, ignore_index=True)
-        if source == "csv":
-            return pd.read_csv(path, keep_default_na=False)
-        return pd.read_parquet(path)
-    except (ValueError, OSError) as exc:
-        raise DataError(
-            f"{path}: not a readable {source} file ({type(exc).__name__}: {str(exc)[:200]})."
-        ) from exc
-
-
-def _split_file(folder: Path, name: str, source: str) -> Path:
-    for ext in _EXTENSIONS[source]:
-        if (folder / f"{name}{ext}").is_file():
-            return folder / f"{name}{ext}"
-    found = sorted(p.name for p in folder.iterdir())[:15]
-    raise DataError(
-        f"{folder}: no {name}{_EXTENSIONS[source][0]} (found {found}). Name the files after the splits, "
-        "set the train_split / test_split of the data's section, or give one file with its split_column."
-    )
-
-
-def _by_split_column(df: pd.DataFrame, settings: TableLayout, origin: str) -> dict[str, pd.DataFrame]:
-    column = settings.split_column
-    if column is None:
-        raise DataError(
-            f"{origin}: one table for both splits; set {settings.section}.split_column to the column "
-            "that names each row's split, or give a folder with one file per split."
-        )
-    if column not in df.columns:
-        raise DataError(f"{origin}: no split column {column!r} (columns: {list(df.columns)[:20]}).")
-    return {s: df[df[column] == n].reset_index(drop=True) for s, n in settings.split_names.items()}
-
-
-def _read_saved(path: Path, settings: TableLayout) -> tuple[dict[str, pd.DataFrame], list[str] | None]:
-    import datasets
-
-    if not path.is_dir():
-        raise DataError(f"{path}: no such folder. Set data.path to the folder written by save_to_disk.")
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError, OSError) as exc:
-        raise DataError(
-            f"{path}: not a folder written by datasets' save_to_disk "
-            f"({type(exc).__name__}: {str(exc)[:200]})."
-        ) from exc
-    parts = loaded if isinstance(loaded, datasets.DatasetDict) else {"": loaded}
-    first = next(iter(parts.values()))
-    label = first.features.get(settings.label_column) if settings.label_column else None
-    names = list(label.names) if isinstance(label, datasets.ClassLabel) else None
-    if isinstance(loaded, datasets.DatasetDict) and settings.split_column is None:
-        missing = [n for n in settings.split_names.values() if n not in loaded]
-        if missing:
-            raise DataError(
-                f"{path}: no split(s) {missing} in the DatasetDict (splits: {list(loaded)}). Set "
-                f"{settings.section}.train_split / test_split."
-            )
-        return {s: loaded[n].to_pandas() for s, n in settings.split_names.items()}, names
-    if len(parts) != 1:
-        raise DataError(
-            f"{path}: {settings.section}.split_column is set but the DatasetDict has splits {list(loaded)}."
-        )
-    return _by_split_column(first.to_pandas(), settings, str(path)), names
+    """``{"train": df, "test": df}`` with the settings' columns (:func:`table_chunks` joined), and
+    the label names a ``ClassLabel`` column carries (None otherwise)."""
+    chunks, names = table_chunks(source, path, settings)
+    parts: dict[str, list[pd.DataFrame]] = {split: [] for split in settings.split_names}
+    for split, df in chunks:
+        parts[split].append(df)
+    return {split: pd.concat(dfs, ignore_index=True) for split, dfs in parts.items()}, names

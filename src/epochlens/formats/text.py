@@ -19,25 +19,31 @@ not add it), is the decoder's labels (N, T), padded with -100 as transformers' c
 Tokenisation: the tokenizer of a local folder (``tokenizer.json`` / vocab files, as
 ``save_pretrained`` writes them; nothing is downloaded), truncation to ``max_length`` (a causal
 LM's prompt is cut from the left, its target kept whole), padding on the tokenizer's side to the
-longest sample of both splits (``padding: longest``) or to ``max_length``; a classifier's texts a
-chunk at a time (:mod:`epochlens.formats.tokens`). The tokenizer's files are fingerprinted into
-the data set's content hash.
+longest sample of both splits (``padding: longest``) or to ``max_length``; the tables read and
+tokenised a chunk of rows at a time into a scratch file (:mod:`epochlens.formats.token_store`).
+The tokenizer's files are fingerprinted into the data set's content hash.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from epochlens.data.text import TextDataset
 from epochlens.formats.image_decode import encode_values
-from epochlens.formats.tables import TABLE_SOURCES, flags_of, read_tables
+from epochlens.formats.table_chunks import TABLE_SOURCES, table_chunks
+from epochlens.formats.tables import flags_of
 from epochlens.formats.text_settings import TextSettings
-from epochlens.formats.tokens import load_tokenizer, tokenize_splits, tokenizer_fingerprint
+from epochlens.formats.token_store import TokenStore
+from epochlens.formats.tokens import load_tokenizer, tokenizer_fingerprint
+
+if TYPE_CHECKING:
+    import h5py
 
 TEXT_SOURCES = TABLE_SOURCES
 
@@ -47,11 +53,13 @@ def load_text(
     path: str | Path,
     settings: TextSettings,
     tokenizer_folder: str | Path,
+    scratch: h5py.Group | None = None,
 ) -> TextDataset:
-    """Read, tokenise and assemble a text data set (classification, causal LM or text-to-text)."""
-    tables, label_names = read_tables(source, path, settings)
+    """Read, tokenise and assemble a text data set (classification, causal LM or text-to-text), a
+    chunk of rows at a time, the tokens and texts kept in ``scratch`` (None: in memory)."""
+    chunks, label_names = table_chunks(source, path, settings)
     name = settings.name or Path(path).stem
-    return text_dataset(tables, label_names, settings, tokenizer_folder, name, f"{source}:{path}")
+    return text_dataset(chunks, label_names, settings, tokenizer_folder, name, f"{source}:{path}", scratch)
 
 
 def source_tokenizer(source: str, settings: TextSettings, folder: str | Path | None) -> Any:
@@ -66,7 +74,13 @@ def source_tokenizer(source: str, settings: TextSettings, folder: str | Path | N
         return load_tokenizer(write_polarity_tokenizer(Path(tmp) / "polarity-tokenizer"), settings.pad_token)
 
 
-def load_polarity(settings: TextSettings, train: int = 600, test: int = 200, seed: int = 0) -> TextDataset:
+def load_polarity(
+    settings: TextSettings,
+    train: int = 600,
+    test: int = 200,
+    seed: int = 0,
+    scratch: h5py.Group | None = None,
+) -> TextDataset:
     """The synthetic polarity data set (:mod:`epochlens.data.polarity`), tokenised by its own
     word-level tokenizer (written to a temporary folder: its fingerprint is the vocabulary's)."""
     import tempfile
@@ -83,64 +97,79 @@ def load_polarity(settings: TextSettings, train: int = 600, test: int = 200, see
             folder,
             "polarity",
             f"polarity(train={train}, test={test}, seed={seed})",
+            scratch,
         )
 
 
 def text_dataset(
-    tables: Mapping[str, pd.DataFrame],
+    chunks: Mapping[str, pd.DataFrame] | Iterable[tuple[str, pd.DataFrame]],
     label_names: list[str] | None,
     settings: TextSettings,
     tokenizer_folder: str | Path,
     name: str,
     origin: str,
+    scratch: h5py.Group | None = None,
 ) -> TextDataset:
-    """Tokenise ``{"train": df, "test": df}`` and assemble the data set (``label_names``: the
-    class names in id order, or None to sort the label column's names)."""
+    """Tokenise ``(split, rows)`` chunks or ``{split: rows}`` (:class:`TokenStore`) and assemble the
+    data set (``label_names``: the class names in id order, or None to sort the label column's names)."""
     tokenizer = load_tokenizer(tokenizer_folder, settings.pad_token)
-    tokens = tokenize_splits(tokenizer, tables, settings)
+    store, labels, groups, flags = TokenStore(tokenizer, settings, scratch), _Codes(), _Codes(), []
+    for split, df in chunks.items() if isinstance(chunks, Mapping) else chunks:
+        store.add(split, df)
+        if settings.kind == "classification":
+            labels.add(split, df[settings.label_column])
+        if settings.group_column:
+            groups.add(split, df[settings.group_column])
+        if split == "train" and settings.ground_truth_column:
+            flags.append(flags_of(df, settings.ground_truth_column, origin))
+    tokens = {split: store.arrays(split) for split in ("train", "test")}
+    class_names: list[str] = []
     if settings.kind == "classification":
-        labels, class_names = encode_values(
-            {s: df[settings.label_column].tolist() for s, df in tables.items()},
-            label_names, "label", settings.label_column, origin,
-        )  # fmt: skip
-        labels = {s: labels[s] for s in tables}
+        ids, class_names = labels.encode(label_names, "label", settings.label_column, origin)
     else:
-        labels, class_names = {s: tokens[s]["labels"] for s in tables}, []
-    groups, group_names = None, []
-    if settings.group_column:
-        groups, group_names = encode_values(
-            {s: df[settings.group_column].tolist() for s, df in tables.items()},
-            None, "group", settings.group_column, origin,
-        )  # fmt: skip
-    if settings.kind == "classification":
-        texts = {s: [str(t) for t in df[settings.text_column]] for s, df in tables.items()}
-    else:  # a causal LM's sequence; a text-to-text model's input and target, space-joined as well
-        texts = {
-            s: [
-                f"{p} {t}"
-                for p, t in zip(df[settings.prompt_column], df[settings.target_column], strict=True)
-            ]
-            for s, df in tables.items()
-        }
+        ids = {split: tokens[split]["labels"] for split in tokens}
+    codes, group_names = (
+        groups.encode(None, "group", settings.group_column, origin) if settings.group_column else ({}, [])
+    )
     return TextDataset(
         name=settings.name or name,
         source=origin,
         kind=settings.kind,
-        train_input_ids=tokens["train"]["input_ids"],
-        train_attention_mask=tokens["train"]["attention_mask"],
-        train_labels=labels["train"],
-        test_input_ids=tokens["test"]["input_ids"],
-        test_attention_mask=tokens["test"]["attention_mask"],
-        test_labels=labels["test"],
+        **{f"{s}_{k}": tokens[s][k] for s in tokens for k in ("input_ids", "attention_mask")},
+        train_labels=ids["train"],
+        test_labels=ids["test"],
         num_classes=len(class_names),
         class_names=class_names,
-        train_groups=None if groups is None else groups["train"],
-        test_groups=None if groups is None else groups["test"],
+        train_groups=codes.get("train"),
+        test_groups=codes.get("test"),
         group_names=group_names,
         tokenizer=tokenizer_fingerprint(tokenizer_folder),
         pad_token_id=int(tokenizer.pad_token_id),
         vocab_size=len(tokenizer),
-        train_text=texts["train"],
-        test_text=texts["test"],
-        ground_truth=flags_of(tables["train"], settings.ground_truth_column, origin),
+        train_text=store.texts("train"),
+        test_text=store.texts("test"),
+        ground_truth=np.concatenate(flags) if flags else None,
     )
+
+
+class _Codes:
+    """A label or group column's values, a chunk at a time: codes of the chunk's distinct values
+    (8 bytes a row, not a Python object), encoded as :func:`encode_values` encodes them all."""
+
+    def __init__(self):
+        self.parts: dict[str, list[tuple[np.ndarray, list]]] = {"train": [], "test": []}
+
+    def add(self, split: str, values: pd.Series) -> None:
+        codes = pd.factorize(values, use_na_sentinel=False)[0]
+        first = np.unique(codes, return_index=True)[1]  # each distinct value as the column holds it
+        self.parts[split].append((codes.astype(np.int64), values.iloc[first].tolist()))
+
+    def encode(self, names: list[str] | None, what: str, column: str, origin: str):
+        distinct = {split: [v for _, values in parts for v in values] for split, parts in self.parts.items()}
+        ids, names = encode_values(distinct, names, what, column, origin)
+        out = {}
+        for split, parts in self.parts.items():
+            at = np.cumsum([0] + [len(values) for _, values in parts])
+            codes = [ids[split][lo:][c] for (c, _), lo in zip(parts, at, strict=False)]
+            out[split] = np.concatenate(codes) if codes else np.zeros(0, np.int64)
+        return out, names

@@ -26,7 +26,7 @@ import pandas as pd
 from epochlens.data.text import TextDataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.text import TextSettings
-from epochlens.formats.tokens import tokenize_splits
+from epochlens.formats.token_store import tokenize_splits
 from epochlens.study.corruption import _pick, corrupt
 
 TRIGGER_POSITIONS = ("random", "start", "end")
@@ -143,11 +143,10 @@ def plant_text_trigger(
     for i, text in zip(idx, poisoned_text, strict=True):
         train_text[i] = text
     _check_kept(tokenizer, heads, settings.max_length, "poisoned sentences")
-    trigger_text, heads = stamp(dataset.test_text, phrase, position, np.random.default_rng([seed, 1]))
+    test_text = list(dataset.test_text)  # in memory (from prepare_data's scratch file)
+    trigger_text, heads = stamp(test_text, phrase, position, np.random.default_rng([seed, 1]))
     _check_kept(tokenizer, heads, settings.max_length, "test sentences")
-    tokens = _tokenize(
-        tokenizer, settings, {"train": train_text, "test": dataset.test_text, "trigger": trigger_text}
-    )
+    tokens = _tokenize(tokenizer, settings, {"train": train_text, "test": test_text, "trigger": trigger_text})
     new_labels = labels.copy()
     new_labels[idx] = target_class
     note = (

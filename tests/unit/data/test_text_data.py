@@ -18,7 +18,8 @@ from epochlens.data.text import IGNORE_INDEX, TextDataset, write_text_dataset
 from epochlens.data.text_rows import read_text_dataset
 from epochlens.errors import ConfigError, DataError
 from epochlens.formats.text import TextSettings, load_text
-from epochlens.formats.tokens import load_tokenizer, tokenize_splits
+from epochlens.formats.token_store import tokenize_splits
+from epochlens.formats.tokens import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +72,11 @@ def test_texts_tokenised_a_chunk_at_a_time(tokenizer_dir, monkeypatch, side):
     """Chunks of 500 texts: every row is the tokenizer's own encoding of its text, padded on its
     side to the longest of both splits; the tokenizer's Python lists of one chunk at a time (the
     whole split's took 5.9 times the arrays; now under 3 times)."""
-    from epochlens.formats import tokens
+    from epochlens.formats import token_store
 
     tokenizer = load_tokenizer(tokenizer_dir)
     tokenizer.padding_side = side
-    monkeypatch.setattr(tokens, "TOKENIZE_ROWS", 500)
+    monkeypatch.setattr(token_store, "TOKENIZE_ROWS", 500)
     tables = polarity_tables(n_train=12_000, n_test=10, seed=1)
     tracemalloc.start()
     try:
@@ -129,9 +130,9 @@ def _write_layouts(root, tables) -> dict[str, tuple[str, object, TextSettings]]:
 
 
 def test_every_layout_gives_the_same_tokens_labels_and_groups(tmp_path, tokenizer_dir, tables, monkeypatch):
-    from epochlens.formats import tables as table_files
+    from epochlens.formats import table_chunks
 
-    monkeypatch.setattr(table_files, "JSON_LINES", 7)  # jsonl read 7 lines at a time: the same data
+    monkeypatch.setattr(table_chunks, "JSON_LINES", 7)  # every layout read 7 rows at a time: the same data
     hashes = {}
     for name, (source, path, settings) in _write_layouts(tmp_path, tables).items():
         ds = load_text(source, path, settings, tokenizer_dir)
@@ -147,7 +148,7 @@ def test_every_layout_gives_the_same_tokens_labels_and_groups(tmp_path, tokenize
 
 
 def test_jsonl_read_by_chunks_has_the_values_of_a_whole_read(tmp_path, monkeypatch):
-    from epochlens.formats import tables as table_files
+    from epochlens.formats import table_chunks
 
     rows = [{"text": "a", "label": 1}, {"text": "b", "label": 2, "group": "g"}, {"text": "c", "label": "x"},
             {"text": "d", "label": 3.5}, {"label": 0, "text": "e", "poisoned": False},
@@ -156,8 +157,40 @@ def test_jsonl_read_by_chunks_has_the_values_of_a_whole_read(tmp_path, monkeypat
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     whole = pd.read_json(path, lines=True, dtype=False)
     for lines in (2, 3, 100):
-        monkeypatch.setattr(table_files, "JSON_LINES", lines)
-        pd.testing.assert_frame_equal(table_files._read_file("jsonl", path), whole)
+        monkeypatch.setattr(table_chunks, "JSON_LINES", lines)
+        read = pd.concat(table_chunks._file_chunks("jsonl", path), ignore_index=True)
+        pd.testing.assert_frame_equal(read, whole)
+
+
+def test_a_text_table_is_tokenised_chunk_by_chunk_into_the_scratch_file(tmp_path, tokenizer_dir, monkeypatch):
+    """load_text holds a chunk of rows, not the data set: its Python peak a fraction of the token
+    arrays it gives (the whole tables and arrays before), which equal the in-memory tokenisation's
+    and read from the scratch file cut to the longest sentence."""
+    from epochlens.formats import table_chunks, token_store
+
+    tables = polarity_tables(n_train=20_000, n_test=4_000, seed=2)
+    for split, df in tables.items():
+        df.to_json(tmp_path / f"{split}.jsonl", orient="records", lines=True)
+    monkeypatch.setattr(table_chunks, "JSON_LINES", 1_000)
+    monkeypatch.setattr(token_store, "TOKENIZE_ROWS", 200)
+    tokenize_splits(load_tokenizer(tokenizer_dir), {"train": tables["test"][:9]}, TextSettings())  # imports
+    with h5py.File(tmp_path / "scratch.h5", "w") as scratch:
+        tracemalloc.start()
+        try:
+            ds = load_text("jsonl", tmp_path, TextSettings(group_column="group"), tokenizer_dir, scratch)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        arrays = 2 * 24_000 * ds.max_length * 8
+        assert isinstance(ds.train_input_ids, token_store.PaddedRows)
+        assert peak < arrays / 2, f"{peak / 1e6:.1f} MB for {arrays / 1e6:.1f} MB of arrays"
+        whole = load_text("jsonl", tmp_path, TextSettings(group_column="group"), tokenizer_dir)
+        assert ds.content_hash == whole.content_hash and ds.max_length < 128
+        assert list(ds.train_text)[::997] == tables["train"]["text"].tolist()[::997]
+        write_text_dataset(ds, tmp_path / "text.h5")
+    back = read_text_dataset(tmp_path / "text.h5")
+    np.testing.assert_array_equal(back.train_input_ids, np.asarray(whole.train_input_ids))
+    assert back.test_text == tables["test"]["text"].tolist() and back.group_names == sorted(GROUPS)
 
 
 def test_causal_lm_labels_only_the_target(tmp_path, tokenizer_dir):
