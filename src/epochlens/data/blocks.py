@@ -1,11 +1,8 @@
-"""Arrays a block of rows at a time: hashed (:func:`update_hash`), copied (:func:`copy_rows`) and,
-while ``prepare_data`` builds a large data set, held on disk (:class:`Spill`): a split decoded
-from an image folder or a table of images goes, a block of rows at a time, into a scratch HDF5
-file beside ``dataset.h5`` instead of into memory, and :func:`epochlens.data.write_dataset`
-copies it from there a block at a time. A million CIFAR-sized images take 3 GB of disk for the job's length,
-not 3 GB of memory. The scratch file is named as :mod:`epochlens.atomic` names its temporaries:
-one that a killed job left is removed by the next write of ``dataset.h5``.
-"""
+"""Arrays a block of rows at a time: hashed (:func:`update_hash`), copied (:func:`copy_rows`), and
+held on disk while ``prepare_data`` builds a large data set (:class:`Spill`, a scratch HDF5 file
+beside ``dataset.h5`` for decoded images or a text run's tokens: a million CIFAR-sized images take
+3 GB of disk, not of memory; named as :mod:`epochlens.atomic` names its temporaries, so that one
+a killed job left is removed by the next write of ``dataset.h5``)."""
 
 from __future__ import annotations
 
@@ -36,12 +33,10 @@ def update_hash(h, array, seen=None) -> None:
 
 
 class Spill:
-    """Scratch storage for the decoded splits of the data set written to ``output``; a context
-    manager that deletes it on exit."""
+    """Scratch storage beside ``output`` for splits built before they are written; deleted on exit."""
 
     def __init__(self, output: str | Path):
-        output = Path(output)
-        self.path = output.with_name(f".{output.name}.{orphan_tag()}spill.h5")
+        self.path = Path(output).with_name(f".{Path(output).name}.{orphan_tag()}spill.h5")
         self._file: h5py.File | None = None
 
     def __enter__(self) -> Spill:
@@ -62,9 +57,9 @@ class Spill:
 
     def rows(self, n: int, first: np.ndarray) -> SpilledRows:
         """Room for ``n`` rows shaped and typed like ``first``, written in order."""
-        block, group = max(1, min(n, BLOCK_BYTES // max(1, first.nbytes))), self.group("images")
-        array = group.create_dataset(
-            f"split{len(group)}", (n, *first.shape), first.dtype, chunks=(block, *first.shape)
+        block, g = max(1, min(n, BLOCK_BYTES // max(1, first.nbytes))), self.group("images")
+        array = g.create_dataset(
+            f"split{len(g)}", (n, *first.shape), first.dtype, chunks=(block, *first.shape)
         )
         return SpilledRows(array, block)
 

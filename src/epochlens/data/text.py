@@ -2,22 +2,19 @@
 images (torch-free but for :meth:`TextDataset.inputs`).
 
 A :class:`TextDataset` holds each split's token ids and attention mask (N, L), padded to one length
-L, and either class labels (N,) (``kind`` classification: a sequence classifier) or token labels
-(N, L) (``kind`` causal_lm: the ids to predict, -100 where nothing is predicted, i.e. the prompt
-and the padding, as Hugging Face's causal LMs expect), or (``kind`` text_to_text: an
-encoder-decoder model) the encoder's input ids and mask (N, L) with the decoder's labels (N, T): the
-target's ids ending with eos, -100 on the padding. Its :meth:`TextDataset.inputs` carry the labels
-too: the model builds its decoder inputs from them (shifted right, as transformers does in
-training), and its logits (N, T, V) line up with them. Optional per-sample groups (e.g. the prompt
-set: facts / counterfactual / negation) work as for images. The tokenizer that made the ids is
-named and fingerprinted, so its change is a change of data.
+L, and class labels (N,) (``kind`` classification), token labels (N, L) (``causal_lm``: the ids to
+predict, -100 on the prompt and the padding, as Hugging Face's causal LMs expect) or an
+encoder-decoder's labels (N, T) (``text_to_text``: the target's ids ending with eos, -100 on the
+padding; :meth:`TextDataset.inputs` carry them: the model builds its decoder inputs from them, as
+transformers does in training). Optional per-sample groups (e.g. the prompt set) work as for
+images. The tokenizer that made the ids is named and fingerprinted: its change is a change of data.
 
 ``text.h5`` layout (:func:`write_text_dataset`): ``train/`` and ``test/`` with ``input_ids``,
 ``attention_mask``, ``labels`` (and ``groups``, and the raw ``text`` for tables and figures),
 ``train/holdout`` (and ``train/ground_truth``, your poisoned samples; ``test_trigger/``: the test
-split with a trigger phrase stamped on every sentence, :mod:`epochlens.study.text_trigger`),
-attributes ``kind``, ``num_classes``, ``class_names``, ``group_names``, ``tokenizer``,
-``pad_token_id``, ``vocab_size``, ``content_hash``.
+split with a trigger phrase in every sentence, :mod:`epochlens.study.text_trigger`), attributes
+``kind``, ``num_classes``, ``class_names``, ``group_names``, ``tokenizer``, ``pad_token_id``,
+``vocab_size``, ``content_hash``, ``max_token_id``.
 """
 
 from __future__ import annotations
@@ -153,13 +150,10 @@ class TextDataset:
 
     @property
     def content_hash(self) -> str:
-        """SHA-256 of the ids, masks and labels of both splits (and the groups), and of the tokenizer's
-        fingerprint: what the numbers depend on."""
+        """SHA-256 of what the numbers depend on: ids, masks, labels, groups, tokenizer fingerprint."""
         h = hashlib.sha256(f"{self.kind}|{self.tokenizer}".encode())
-        arrays = [
-            self.train_input_ids, self.train_attention_mask, self.train_labels,
-            self.test_input_ids, self.test_attention_mask, self.test_labels,
-        ]  # fmt: skip
+        keys = ("input_ids", "attention_mask", "labels")
+        arrays = [getattr(self, f"{s}_{k}") for s in ("train", "test") for k in keys]
         if self.train_groups is not None:
             arrays += [self.train_groups, self.test_groups]
             h.update(json.dumps(self.group_names).encode())
@@ -264,8 +258,7 @@ def _check_split(split: str) -> str:
 
 
 def is_text_dataset(path: str | Path) -> bool:
-    """Whether ``path`` is a ``text.h5`` (:func:`write_text_dataset`) rather than an image
-    ``dataset.h5``; False for a file that is not HDF5."""
+    """Whether ``path`` is a ``text.h5`` (:func:`write_text_dataset`); False for images or not HDF5."""
     try:
         with h5py.File(path, "r") as f:
             return f.attrs.get("format") == "epochlens-text-1"
@@ -273,14 +266,12 @@ def is_text_dataset(path: str | Path) -> bool:
         return False
 
 
-#: Bytes of a chunk of token rows in ``text.h5``: a job reads a batch's rows by decompressing
-#: the chunks that hold them (whole rows, so one chunk or two per batch).
+#: Bytes of a chunk of token rows in ``text.h5`` (whole rows: a batch decompresses one or two).
 TOKEN_CHUNK_BYTES = 1 << 20
 
 
 def _tokens(group: h5py.Group, key: str, array) -> None:
-    """``array`` (N, L) into ``group[key]``, gzip-compressed in chunks of whole rows, copied a
-    block of rows at a time (from memory, or from ``prepare_data``'s scratch file)."""
+    """``array`` (N, L), in memory or in a scratch file, into ``group[key]`` a block at a time."""
     rows = max(1, TOKEN_CHUNK_BYTES // (array.dtype.itemsize * max(1, int(np.prod(array.shape[1:])))))
     chunks = (min(rows, len(array)), *array.shape[1:]) if np.prod(array.shape) else None
     copy_rows(array, group.create_dataset(key, array.shape, array.dtype, chunks=chunks,
@@ -291,7 +282,7 @@ def _strings(group: h5py.Group, key: str, texts) -> None:
     """``texts`` (a list, or strings read by rows: ``texts[lo:hi]``) into ``group[key]``."""
     out = group.create_dataset(key, (len(texts),), dtype=h5py.string_dtype())
     for lo in range(0, len(texts), 1 << 16):
-        out[lo : lo + (1 << 16)] = np.array(texts[lo : lo + (1 << 16)], dtype=h5py.string_dtype())
+        out[lo : lo + (1 << 16)] = np.array(texts[lo : lo + (1 << 16)], dtype=object)
 
 
 def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:

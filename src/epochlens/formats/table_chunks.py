@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import pandas as pd
 
 from epochlens.errors import ConfigError, DataError
+from epochlens.formats.image_decode import encode_values
 
 TABLE_SOURCES = ("jsonl", "csv", "parquet", "save_to_disk")
 #: Rows read at a time (pandas' jsonl reader holds ~14x a file read whole: never the whole file).
@@ -160,3 +162,27 @@ def _batches(dataset) -> Iterator[pd.DataFrame]:
     """A ``datasets.Dataset``'s rows as DataFrames of :data:`JSON_LINES` rows (none for no rows)."""
     if len(dataset):
         yield from dataset.to_pandas(batch_size=JSON_LINES, batched=True)
+
+
+class ColumnCodes:
+    """A label or group column's values, a chunk at a time: codes of the chunk's distinct values
+    (8 bytes a row, not a Python object), encoded as
+    :func:`~epochlens.formats.image_decode.encode_values` encodes all values (:meth:`encode`)."""
+
+    def __init__(self):
+        self.parts: dict[str, list[tuple[np.ndarray, list]]] = {"train": [], "test": []}
+
+    def add(self, split: str, values: pd.Series) -> None:
+        codes = pd.factorize(values, use_na_sentinel=False)[0]
+        first = np.unique(codes, return_index=True)[1]  # each distinct value as the column holds it
+        self.parts[split].append((codes.astype(np.int64), values.iloc[first].tolist()))
+
+    def encode(self, names: list[str] | None, what: str, column: str, origin: str):
+        distinct = {split: [v for _, values in parts for v in values] for split, parts in self.parts.items()}
+        ids, names = encode_values(distinct, names, what, column, origin)
+        out = {}
+        for split, parts in self.parts.items():
+            at = np.cumsum([0] + [len(values) for _, values in parts])
+            codes = [ids[split][lo:][c] for (c, _), lo in zip(parts, at, strict=False)]
+            out[split] = np.concatenate(codes) if codes else np.zeros(0, np.int64)
+        return out, names

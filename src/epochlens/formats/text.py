@@ -35,8 +35,7 @@ import numpy as np
 import pandas as pd
 
 from epochlens.data.text import TextDataset
-from epochlens.formats.image_decode import encode_values
-from epochlens.formats.table_chunks import TABLE_SOURCES, table_chunks
+from epochlens.formats.table_chunks import TABLE_SOURCES, ColumnCodes, table_chunks
 from epochlens.formats.tables import flags_of
 from epochlens.formats.text_settings import TextSettings
 from epochlens.formats.token_store import TokenStore
@@ -113,7 +112,7 @@ def text_dataset(
     """Tokenise ``(split, rows)`` chunks or ``{split: rows}`` (:class:`TokenStore`) and assemble the
     data set (``label_names``: the class names in id order, or None to sort the label column's names)."""
     tokenizer = load_tokenizer(tokenizer_folder, settings.pad_token)
-    store, labels, groups, flags = TokenStore(tokenizer, settings, scratch), _Codes(), _Codes(), []
+    store, labels, groups, flags = TokenStore(tokenizer, settings, scratch), ColumnCodes(), ColumnCodes(), []
     for split, df in chunks.items() if isinstance(chunks, Mapping) else chunks:
         store.add(split, df)
         if settings.kind == "classification":
@@ -150,26 +149,3 @@ def text_dataset(
         test_text=store.texts("test"),
         ground_truth=np.concatenate(flags) if flags else None,
     )
-
-
-class _Codes:
-    """A label or group column's values, a chunk at a time: codes of the chunk's distinct values
-    (8 bytes a row, not a Python object), encoded as :func:`encode_values` encodes them all."""
-
-    def __init__(self):
-        self.parts: dict[str, list[tuple[np.ndarray, list]]] = {"train": [], "test": []}
-
-    def add(self, split: str, values: pd.Series) -> None:
-        codes = pd.factorize(values, use_na_sentinel=False)[0]
-        first = np.unique(codes, return_index=True)[1]  # each distinct value as the column holds it
-        self.parts[split].append((codes.astype(np.int64), values.iloc[first].tolist()))
-
-    def encode(self, names: list[str] | None, what: str, column: str, origin: str):
-        distinct = {split: [v for _, values in parts for v in values] for split, parts in self.parts.items()}
-        ids, names = encode_values(distinct, names, what, column, origin)
-        out = {}
-        for split, parts in self.parts.items():
-            at = np.cumsum([0] + [len(values) for _, values in parts])
-            codes = [ids[split][lo:][c] for (c, _), lo in zip(parts, at, strict=False)]
-            out[split] = np.concatenate(codes) if codes else np.zeros(0, np.int64)
-        return out, names
