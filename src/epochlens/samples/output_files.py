@@ -1,6 +1,5 @@
-"""The sample outputs on disk: a shard job's checkpoints stacked (``stack_outputs``), its file,
-and the shards of one replicate index merged into ``index-{i}/sample_outputs.npz``
-(:func:`merge_outputs`). Torch-free: the merge job imports no model code.
+"""The sample outputs on disk: a shard job's checkpoints stacked (``stack_outputs``), and the
+shards of an index merged into ``index-{i}/sample_outputs.npz`` (:func:`merge_outputs`), torch-free.
 
 A shard's file holds, besides every series (m, rows of the shard), each split's ``[lo, hi, n]``
 as ``{split}_rows``; the merge checks that the shards tile every split and agree on the
@@ -25,16 +24,17 @@ ROW_KEYS = {"train": "train_rows", "test": "test_rows"}
 
 def stack_outputs(per_epoch: Iterable[Mapping[str, np.ndarray]], m: int) -> dict[str, np.ndarray]:
     """``m`` checkpoints' outputs (:func:`~epochlens.samples.outputs.checkpoint_outputs`, in epoch
-    order) as one file's arrays, each row filled as it comes (the series held once): ``epochs`` (m,),
-    every series (m, rows) and the row keys (the first checkpoint's)."""
+    order) as one file's arrays, each row filled as it comes (the series held once; one
+    checkpoint's are its own arrays): ``epochs`` (m,), every series (m, rows), the row keys."""
     epochs, arrays, rows = np.zeros(m, np.int64), None, {}
     for row, outputs in enumerate(per_epoch):
         rows = rows or {k: np.asarray(outputs[k]) for k in ROW_KEYS.values() if k in outputs}
         series = {k: np.asarray(v) for k, v in outputs.items() if k != "epoch" and k not in rows}
-        arrays = arrays or {k: np.empty((m, *v.shape), v.dtype) for k, v in series.items()}
-        epochs[row] = int(outputs["epoch"])
+        empty = (lambda v: v[None]) if m == 1 else (lambda v: np.empty((m, *v.shape), v.dtype))
+        arrays, epochs[row] = arrays or {k: empty(v) for k, v in series.items()}, int(outputs["epoch"])
         for key, values in series.items():
             arrays[key][row] = values
+        del outputs, series  # the next checkpoint's series computed without this one's
     return {"epochs": epochs, **rows, **(arrays or {})}
 
 

@@ -1,5 +1,4 @@
-"""What one checkpoint predicts for every sample: the per-checkpoint series of the dossier that
-no other stage caches.
+"""What one checkpoint predicts for every sample: the dossier's series that no other stage caches.
 
 For a classifier (images or text) over the classes active at the checkpoint (logits restricted
 to them, as every stage does), per sample x with label y and logits z:
@@ -86,17 +85,18 @@ def classifier_outputs(
     idx = np.flatnonzero(np.isin(labels, active))
     if len(idx) == 0:
         return out
-    targets = torch.as_tensor(positions_in(labels[idx], active))
 
     def pick(x):  # rows read a batch at a time (images, a text run's tokens) picked without reading
         return x.select(idx) if hasattr(x, "select") else x[idx]
 
-    inputs = {k: pick(v) for k, v in inputs.items()} if isinstance(inputs, Mapping) else pick(inputs)
+    if len(idx) < n:  # else every sample, in order: the inputs as they are
+        inputs = {k: pick(v) for k, v in inputs.items()} if isinstance(inputs, Mapping) else pick(inputs)
     model.eval().to(device)
     with torch.no_grad():  # each batch's outcome into the results: no list of batches to join
         for rows, xb in _batches(inputs, len(idx), batch_size, device):
             logits = restrict_logits(call_model(model, xb), active)
-            for key, values in classifier_outcome(logits, targets[rows].to(device)).items():
+            targets = torch.as_tensor(positions_in(labels[idx[rows]], active), device=device)
+            for key, values in classifier_outcome(logits, targets).items():
                 out[key][idx[rows]] = values.cpu().numpy()
     out["predicted"][idx] = np.asarray(active)[out["predicted"][idx]]
     return out
