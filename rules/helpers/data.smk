@@ -2,8 +2,7 @@
 
 from epochlens.data import cifar100_files
 from epochlens.formats.folder_listing import FOLDER_SOURCES, folder_fingerprint
-from epochlens.config.run_kinds import is_text_run
-from epochlens.memory_sources import data_folder_bytes, text_source_bytes
+from epochlens.memory_sources import data_folder_bytes
 
 
 def get_data_source_files(wildcards):
@@ -40,11 +39,9 @@ def get_data_params(wildcards):
 
 def get_prepare_data_mem_mb(wildcards, input, attempt):
     """get_mem_mb's memory, with what prepare_data holds of a data folder (not an input: its
-    images decoded, or its files) and of a text run's tables (their strings and tokens;
+    images decoded, or its files; a text run's tables are read a chunk at a time and count once:
     epochlens.memory_sources)."""
-    run = get_run(wildcards)
-    held = data_folder_bytes(run["data"])
-    held += text_source_bytes(run["data"]) if is_text_run(run) else 0
+    held = data_folder_bytes(get_run(wildcards)["data"])
     return job_mem_mb("prepare_data", input, attempt, folder_bytes=held)
 
 

@@ -43,19 +43,6 @@ def held_bytes(path: str) -> int:
     return max(0, size(path) - sum(dtype.itemsize * math.prod(shape) for dtype, shape in by_rows))
 
 
-#: What prepare_data holds per byte of a text run's table files (jsonl, csv, parquet): the texts
-#: and labels as Python strings, their token arrays; measured at 100,000 and 1,000,000 sentences
-#: (benchmarks/scale.py --source text: 6-7 bytes a byte above the job's fixed cost).
-TEXT_COPIES = 8
-
-
-def text_source_bytes(data: Mapping[str, Any]) -> int:
-    """What ``prepare_data`` holds of a text run's table files beyond their bytes (which its
-    inputs, or :func:`data_folder_bytes`, count once): (:data:`TEXT_COPIES` - 1) x their bytes."""
-    path = data.get("path")
-    return (TEXT_COPIES - 1) * size(str(path)) if path else 0
-
-
 def data_folder_bytes(data: Mapping[str, Any]) -> int:
     """What ``prepare_data`` holds of a run's data folder (a ``data`` config section): an image
     folder's images decoded (files x channels x height x width, the size ``images.size`` asks for

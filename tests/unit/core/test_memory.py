@@ -125,19 +125,18 @@ def test_an_npz_source_counts_the_arrays_prepare_data_reads_whole(tmp_path, monk
     assert job_shape({"shards": [str(tmp_path / "stored.npz")]}).input_bytes == size  # a merge reads all
 
 
-def test_a_text_runs_tables_count_as_their_strings_and_tokens(tmp_path):
-    """prepare_data of a text run holds its tables as Python strings and tokens: TEXT_COPIES times
-    their bytes (the files once as inputs or a folder, the rest here); a run without a path none."""
-    from epochlens.memory_sources import TEXT_COPIES, data_folder_bytes, text_source_bytes
+def test_a_text_runs_tables_count_once(tmp_path):
+    """prepare_data of a text run reads its tables a chunk at a time: a folder of them counts its
+    files' bytes once (what the job holds of a million sentences, measured, stays below them)."""
+    from epochlens.memory_sources import data_folder_bytes
 
     folder = tmp_path / "sst"
     folder.mkdir()
     for split, n in (("train", 9000), ("test", 1000)):
         (folder / f"{split}.jsonl").write_text('{"sentence": "a b c", "label": 1}\n' * n)
     data = {"source": "jsonl", "path": str(folder), "text": {}}
-    files = sum(p.stat().st_size for p in folder.iterdir())
-    assert data_folder_bytes(data) + text_source_bytes(data) == TEXT_COPIES * files
-    assert text_source_bytes({"source": "polarity"}) == 0
+    assert data_folder_bytes(data) == sum(p.stat().st_size for p in folder.iterdir())
+    assert data_folder_bytes({"source": "polarity"}) == 0
 
 
 @pytest.mark.parametrize("rule", ["sample_outputs_shard", "curvature_shard", "influence_score_shard"])
