@@ -32,8 +32,9 @@ from epochlens.errors import DataError
 if TYPE_CHECKING:
     import torch
 
-#: HDF5's chunk cache per open array: consecutive batches that share a chunk decompress it once.
-CHUNK_CACHE_BYTES = 32 << 20
+#: HDF5's chunk cache per open array: consecutive batches that share a chunk (1 MB) decompress it
+#: once. It fills to this size as a pass goes on: 32 MB made a job's memory grow with N to 32 MB.
+CHUNK_CACHE_BYTES = 8 << 20
 
 
 class RowReader:
