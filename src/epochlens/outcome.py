@@ -96,7 +96,6 @@ def squared_error(prediction: torch.Tensor, targets: torch.Tensor, reduction: st
 def sample_classes(labels: np.ndarray) -> np.ndarray:
     """Each sample's class id: the labels of a classifier's data (N,); 0 for a causal LM's token
     labels (N, L) and for a regression's float targets (N,) or (N, D), which have no classes."""
-    labels = np.asarray(labels)
-    if labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer):
-        return labels
+    if np.ndim(labels) == 1 and np.issubdtype(np.asarray(labels).dtype, np.integer):  # token labels unread
+        return np.asarray(labels)
     return np.zeros(len(labels), dtype=np.int64)

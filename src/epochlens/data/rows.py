@@ -1,17 +1,14 @@
 """A ``dataset.h5`` of images read by rows, never whole: a job whose memory must stay flat as the
 data set grows reads only the rows it computes on.
 
-* :func:`open_dataset`: the run's :class:`~epochlens.data.Dataset` with its images left in the file
-  (:class:`RowReader`: ``images[indices]`` reads those rows, chunk by chunk) and its content hash as
-  ``prepare_data`` stored it: what every job but training works from
-  (:func:`epochlens.data.text_rows.open_any_dataset`: a text run's too). A damaged image chunk fails
-  its zlib checksum when read (:class:`DataError` naming the file); labels are read whole.
+* :func:`open_dataset`: the run's :class:`~epochlens.data.Dataset`, images left in the file
+  (:class:`RowReader`, read chunk by chunk), the content hash ``prepare_data`` stored: what every
+  job but training works from (:func:`epochlens.data.text_rows.open_any_dataset`: a text run's
+  too). A damaged chunk fails its zlib checksum when read (:class:`DataError` naming the file).
 * :class:`NormalizedRows`: ``Dataset.normalized(split, indices)`` read a batch at a time, where a
-  stage would hold the whole split (sample outputs, evaluation, curvature); ``TextDataset.rows``
-  the same for a text run's token ids.
-* :class:`StoredImages`: the arrays for a pass over every image (thumbnail sheets), with the
-  content hash checked by streaming it (:meth:`StoredImages.verify`: the hash
-  :func:`~epochlens.data.read_dataset` checks, block by block, in the same pass as the value range).
+  stage would hold the whole split (sample outputs, evaluation, curvature).
+* :class:`StoredImages`: the arrays for a pass over every image (thumbnail sheets), the content
+  hash checked in the same pass as the value range (:meth:`StoredImages.verify`).
 """
 
 from __future__ import annotations
@@ -32,15 +29,14 @@ from epochlens.errors import DataError
 if TYPE_CHECKING:
     import torch
 
-#: HDF5's chunk cache per open array: consecutive batches that share a chunk (1 MB) decompress it
-#: once. It fills to this size as a pass goes on: 32 MB made a job's memory grow with N to 32 MB.
+#: HDF5's chunk cache per open array, which a pass fills (32 MB made memory grow with N by as much).
 CHUNK_CACHE_BYTES = 8 << 20
 
 
 class RowReader:
-    """An array of a ``dataset.h5`` (N, ...) read by rows: ``reader[lo:hi]``, ``reader[i]`` and
-    ``reader[indices]`` (any int indices, in any order, repeated or not) read only the chunks that hold them;
-    ``np.asarray(reader)`` reads it whole."""
+    """An array of a ``dataset.h5`` (N, ...) read by rows: ``reader[lo:hi]``, ``reader[i]``,
+    ``reader[indices]`` (any int indices, in any order, repeated or not, or a boolean mask) and
+    ``reader[rows, columns]`` read only the chunks that hold them; ``np.asarray(reader)`` whole."""
 
     def __init__(self, array: h5py.Dataset, path: Path):
         self.array, self.path = array, path
@@ -55,16 +51,19 @@ class RowReader:
         return self.shape[0]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
+        return self[:] if dtype is None else self[:].astype(dtype)
 
     def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, tuple):  # rows, then within them, as numpy reads (rows, columns)
+            one = isinstance(key[0], (int, np.integer))
+            return self[key[0]][key[1:] if one else (slice(None), *key[1:])]
         try:
             if isinstance(key, slice):
                 return self.array[key]
             if isinstance(key, (int, np.integer)):  # one row, as numpy gives it
                 return self._take(np.array([key], dtype=np.int64))[0]
-            return self._take(np.asarray(key, dtype=np.int64).reshape(-1))
+            key = np.asarray(key)  # int positions, or a boolean mask of the rows
+            return self._take(np.flatnonzero(key) if key.dtype == bool else key.astype(np.int64).reshape(-1))
         except OSError as exc:  # a chunk that fails its checksum or cannot be decompressed
             raise DataError(
                 f"{self.path}: {self.array.name} cannot be read ({exc}); the file is damaged. Delete "

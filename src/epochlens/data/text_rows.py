@@ -68,16 +68,16 @@ def open_text_dataset(path: str | Path) -> StoredTextDataset:
 
 
 def _fields(f: h5py.File, tokens) -> dict:
-    """A :class:`TextDataset`'s fields from an open ``text.h5`` but the raw texts: the splits' ids
-    and masks as ``tokens(array)`` gives them, everything else read whole."""
+    """A :class:`TextDataset`'s fields from an open ``text.h5`` but the raw texts: the splits' ids,
+    masks and token labels (N, L) as ``tokens(array)`` gives them, everything else read whole."""
     if f.attrs.get("format") != "epochlens-text-1":
         raise KeyError("not a text data set (format attribute)")
     train, test, attrs = f["train"], f["test"], f.attrs
     trig = f["test_trigger"] if "test_trigger" in f else None
+    labels = {f"{s}_labels": f[s]["labels"] for s in ("train", "test")}  # class ids, or token labels
     return dict(
         {f"{s}_{k}": tokens(f[s][k]) for s in ("train", "test") for k in ("input_ids", "attention_mask")},
-        train_labels=train["labels"][()],
-        test_labels=test["labels"][()],
+        **{key: tokens(y) if y.ndim == 2 else y[()] for key, y in labels.items()},
         name=str(attrs["name"]),
         source=str(attrs["source"]),
         kind=str(attrs["kind"]),

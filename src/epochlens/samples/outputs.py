@@ -111,11 +111,11 @@ def sequence_outputs(model: nn.Module, inputs, labels: np.ndarray, batch_size: i
     from epochlens.tasks import call_model
 
     model.eval().to(device)
-    targets = torch.as_tensor(np.asarray(labels))
-    out = {"loss": np.zeros(len(targets)), "correct": np.zeros(len(targets), bool)}
+    out = {"loss": np.zeros(len(labels)), "correct": np.zeros(len(labels), bool)}
     with torch.no_grad():  # each batch's outcome into the arrays: no list of batches to join
-        for rows, xb in _batches(inputs, len(targets), batch_size, device):
-            hit, loss = sequence_outcome(call_model(model, xb), targets[rows].to(device), shift=shifts(xb))
+        for rows, xb in _batches(inputs, len(labels), batch_size, device):
+            targets = torch.as_tensor(np.asarray(labels[rows]), device=device)  # the batch's rows read
+            hit, loss = sequence_outcome(call_model(model, xb), targets, shift=shifts(xb))
             out["loss"][rows], out["correct"][rows] = loss.double().cpu().numpy(), hit.cpu().numpy()
     return out
 
@@ -128,17 +128,16 @@ def split_outputs(
     at a time: :data:`CLASSIFIER_KEYS`, :data:`REGRESSION_KEYS` or :data:`SEQUENCE_KEYS` by the
     run's data."""
     from epochlens.data.rows import NormalizedRows
-    from epochlens.data.text import TextDataset
+    from epochlens.data.text import TextDataset, TokenRows
 
-    data, labels = job.data, np.asarray(job.data.labels(split))
-    lo, hi = rows or (0, len(labels))
-    labels = labels[lo:hi]
-    if isinstance(data, TextDataset):
-        inputs = data.rows(split, np.arange(lo, hi))  # read a batch at a time
-        if data.token_labels:
-            return sequence_outputs(job.model, inputs, labels, batch_size, job.device)
-    else:
-        inputs = NormalizedRows(data, split, np.arange(lo, hi))
+    data = job.data
+    lo, hi = rows or (0, len(data.labels(split)))
+    text, positions = isinstance(data, TextDataset), np.arange(lo, hi)
+    inputs = data.rows(split, positions) if text else NormalizedRows(data, split, positions)  # by batch
+    if text and data.token_labels:  # its token labels read a batch at a time too
+        labels = TokenRows(data.labels(split), positions)
+        return sequence_outputs(job.model, inputs, labels, batch_size, job.device)
+    labels = np.asarray(data.labels(split)[lo:hi])
     if getattr(data, "is_regression", False):
         from epochlens.tasks.regression import predict_regression
 

@@ -171,3 +171,40 @@ def test_strings_of_rows_far_apart_are_read_alone(stored, monkeypatch, spread_ro
         got = stored_strings(stored, "train/text", np.array(positions, np.int64))
         assert got == [texts[p] for p in positions]
     assert stored_strings(stored, "train/text") == texts and stored_strings(stored, "train/none") is None
+
+
+def test_a_causal_lms_token_labels_stay_in_the_file_and_its_outputs_read_them_by_batch(tmp_path, monkeypatch):
+    """Token labels (N, L) are read by rows like the ids (they were read whole at open): numpy's
+    reads of them (a boolean mask, rows and columns) give the in-memory values, the sample classes
+    read none, and a causal LM's sample outputs equal the in-memory data's, reading by batch."""
+    from epochlens.models.outputs import attach_output_adapter
+    from epochlens.outcome import IGNORE_INDEX, sample_classes
+    from epochlens.samples.outputs import sequence_outputs
+
+    base = _dataset()
+    lm_labels = {s: np.where(np.arange(L) >= 2, base.labels(s)[:, None] * 0 + getattr(base, f"{s}_input_ids"),
+                             IGNORE_INDEX) for s in ("train", "test")}  # fmt: skip
+    lm = TextDataset(**{**base.__dict__, "kind": "causal_lm", "num_classes": 0, "class_names": [],
+                        "train_labels": lm_labels["train"], "test_labels": lm_labels["test"]})  # fmt: skip
+    write_text_dataset(lm, tmp_path / "dataset.h5")
+    data = open_text_dataset(tmp_path / "dataset.h5")
+    labels = data.train_labels
+    assert isinstance(labels, RowReader) and data.content_hash == lm.content_hash
+    mask = np.arange(N) % 3 == 0
+    np.testing.assert_array_equal(labels[mask], lm.train_labels[mask])
+    np.testing.assert_array_equal(labels[np.array([5, 1, 5]), 2:], lm.train_labels[[5, 1, 5], 2:])
+    np.testing.assert_array_equal(labels[7, :4], lm.train_labels[7, :4])
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=L, n_embd=16, n_layer=1, n_head=2,
+                                      bos_token_id=1, eos_token_id=1)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    attach_output_adapter(model)  # logits out, as a job's model gives them
+    whole = sequence_outputs(model, lm.rows("train"), lm.train_labels, 64, "cpu")
+
+    def unread(*_):
+        raise AssertionError("token labels read whole")
+
+    monkeypatch.setattr(RowReader, "__array__", unread)
+    assert (sample_classes(labels) == 0).all()
+    by_rows = sequence_outputs(model, data.rows("train"), TokenRows(labels), 64, "cpu")
+    for key, values in whole.items():
+        np.testing.assert_array_equal(by_rows[key], values, err_msg=key)
