@@ -3,7 +3,8 @@
 * ``reference/config.md``  every key of ``config/schema.yaml``: type, default, allowed values and
   its description (a key without one is an error: :func:`undescribed`);
 * ``reference/outputs.md`` every path of :class:`epochlens.layout.Layout`, as the rules write it;
-* ``reference/cli.md``     ``epochlens --help`` and its subcommands.
+* ``reference/cli.md``     ``epochlens --help`` and its subcommands;
+* ``config/README.md``     the config keys again, for the Snakemake workflow catalog.
 
     python docs/_tools/generate.py          # rewrite the pages (commit them)
     python docs/_tools/generate.py --check  # exit 1 when a committed page is stale
@@ -122,7 +123,32 @@ def config_page(schema: dict) -> str:
     out.append("`curvature` section. ")
     out.append("Defaults are filled in before any job runs; [](../explanations/reruns.md) says which ")
     out.append("keys rerun what.\n\n")
-    sections: dict[str, list[str]] = {}
+    return "".join(out) + config_sections(schema)
+
+
+#: config/README.md's opening: what the Snakemake workflow catalog shows of a workflow's config.
+CONFIG_README = """# Configuring epochlens
+
+`config/config.yaml` is the embedded demo (three small runs, no downloads); `config/examples/`
+holds a config per kind of study (your own model's checkpoints, your own training script,
+stored activations, a Trainer run of a text classifier, a causal LM, a text-to-text model) and
+`config/cifar100_lop.yaml` the loss-of-plasticity CIFAR-100 study. In a project folder of your own, put your config in `config/config.yaml` there
+and run epochlens with `-s <checkout>/Snakefile -d <project>` or as a module of your Snakefile
+(docs/guides/own-project.md). Every key below is checked against `config/schema.yaml` before any
+job runs; the errors name the key and the fix. A key written `runs.<run>.curvature.n_directions`
+is `n_directions` inside a run's `curvature` section.
+
+"""
+
+
+def config_readme(schema: dict) -> str:
+    """config/README.md: :data:`CONFIG_README`, then the keys as the reference lists them."""
+    return HEADER.format(source="config/schema.yaml") + CONFIG_README + config_sections(schema)
+
+
+def config_sections(schema: dict) -> str:
+    """The keys: top-level ones, then a section per part of a run."""
+    out, sections = [], {}
     for key, node in config_keys(schema):
         parts = key.split(".")
         if key == "runs.<run>" or key.endswith("[]"):
@@ -194,6 +220,7 @@ def pages() -> dict[Path, str]:
     reference = DOCS / "reference"
     return {
         reference / "config.md": config_page(schema),
+        REPO / "config" / "README.md": config_readme(schema),
         reference / "outputs.md": outputs_page(),
         reference / "cli.md": cli_page(),
     }
