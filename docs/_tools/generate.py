@@ -132,8 +132,9 @@ CONFIG_README = """# Configuring epochlens
 `config/config.yaml` is the embedded demo (three small runs, no downloads); `config/examples/`
 holds a config per kind of study (your own model's checkpoints, your own training script,
 stored activations, a Trainer run of a text classifier, a causal LM, a text-to-text model) and
-`config/cifar100_lop.yaml` the loss-of-plasticity CIFAR-100 study. In a project folder of your own, put your config in `config/config.yaml` there
-and run epochlens with `-s <checkout>/Snakefile -d <project>` or as a module of your Snakefile
+`config/cifar100_lop.yaml` the loss-of-plasticity CIFAR-100 study. In a project folder of your
+own, put your config in `config/config.yaml` there and run epochlens with `-s
+<checkout>/Snakefile -d <project>` or as a module of your Snakefile
 (docs/guides/own-project.md). Every key below is checked against `config/schema.yaml` before any
 job runs; the errors name the key and the fix. A key written `runs.<run>.curvature.n_directions`
 is `n_directions` inside a run's `curvature` section.

@@ -1,6 +1,7 @@
-"""The house rules that ruff checks run in the suite (so CI runs them, not only ``make lint``):
-lint and formatting of every Python folder, with the complexity limits of pyproject.toml (C901
-max-complexity, PLR0915 max-statements: issue 35 lowered them as functions were split)."""
+"""The house rules run in the suite (so CI runs them, not only ``make lint``): ruff's lint and
+formatting of every Python folder, with the complexity limits of pyproject.toml (C901
+max-complexity, PLR0915 max-statements: issue 35 lowered them as functions were split), and the
+workflow's: Snakemake's linter and snakefmt's formatting of the Snakefile and rules/."""
 
 from __future__ import annotations
 
@@ -35,3 +36,20 @@ def test_ruff_check_passes():
 def test_ruff_format_check_passes():
     proc = ruff("format", "--check", "--no-cache")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def _workflow_tool(*cmd: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_snakemake_lint_finds_nothing():
+    code, out = _workflow_tool(sys.executable, "-m", "snakemake", "--lint")
+    assert code == 0 and "Congratulations, your workflow is in a good condition!" in out, out[-4000:]
+
+
+def test_the_snakefile_and_rules_are_formatted_by_snakefmt():
+    code, out = _workflow_tool(str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "rules")
+    assert code == 0, f"run `snakefmt Snakefile rules`:\n{out[-4000:]}"
