@@ -8,11 +8,9 @@ import sys
 from functools import cache
 from pathlib import Path
 
-# The workflow's own folder (the parent of rules/), wherever it runs from: its checkout, -s/-d, or
-# a module of a project's Snakefile (where workflow.basedir is the project's folder).
+# Its own folder (workflow.basedir is a project's when it is a module), its library first on the
+# path, here and in the jobs' scripts (which inherit the environment).
 WORKFLOW_DIR = Path(str(workflow.current_basedir)).parent
-# Prefer the library next to this Snakefile over any other installed copy, here and in the jobs'
-# scripts (which inherit the environment).
 _SRC = str(WORKFLOW_DIR / "src")
 sys.path.insert(0, _SRC)
 os.environ.update(
@@ -31,8 +29,7 @@ from epochlens.job_time import job_runtime
 from epochlens.memory import job_mem_mb, shard_share
 from epochlens.resources import gpu_request
 
-SCHEMA = WORKFLOW_DIR / "config" / "schema.yaml"
-SCRIPTS = WORKFLOW_DIR / "scripts"
+SCHEMA, SCRIPTS = WORKFLOW_DIR / "config" / "schema.yaml", WORKFLOW_DIR / "scripts"
 LAYOUT_SOURCE = PACKAGE_DIR / "layout.py"
 
 

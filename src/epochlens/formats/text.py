@@ -89,15 +89,9 @@ def load_polarity(
     settings = dataclasses.replace(settings, text_column="text", label_column="label", group_column="group")
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_polarity_tokenizer(Path(tmp) / "polarity-tokenizer")  # a fixed name: hashed
-        return text_dataset(
-            polarity_tables(train, test, seed),
-            list(CLASS_NAMES),
-            settings,
-            folder,
-            "polarity",
-            f"polarity(train={train}, test={test}, seed={seed})",
-            scratch,
-        )
+        origin = f"polarity(train={train}, test={test}, seed={seed})"
+        tables = polarity_tables(train, test, seed)
+        return text_dataset(tables, list(CLASS_NAMES), settings, folder, "polarity", origin, scratch)
 
 
 def text_dataset(
