@@ -14,6 +14,7 @@ from epochlens.data.blocks import Spill
 from epochlens.data.dataset import check_kind, describe
 from epochlens.data.ground_truth import mark_positions
 from epochlens.data.text import write_text_dataset
+from epochlens.data.text_rows import open_any_dataset
 from epochlens.formats.image_decode import ImageSettings
 from epochlens.formats.images import IMAGE_SOURCES, load_images
 from epochlens.formats.tables import TableSettings, load_table
@@ -32,9 +33,8 @@ def text_settings(cfg: dict, truth: str | None, hf_task: str | None) -> tuple[Te
 
 
 def load(source: str, path: str | None, cfg: dict, truth: str | None, hf_task: str | None, spill: Spill):
-    """The data set before corruption, with your ground-truth column ``truth`` (None: none), a large
-    split's decoded images and a text run's tokens in ``spill``; your images and texts are read
-    here only (so an edit of their reader reruns no other stage)."""
+    """The data set before corruption (your ground-truth column ``truth``; a large split's images
+    and a text run's tokens in ``spill``), read here only: editing a reader reruns no other stage."""
     column = {"ground_truth_column": truth} if truth else {}
     if "text" in cfg or source == "polarity":
         settings, tokenizer = text_settings(cfg, truth, hf_task)
@@ -70,7 +70,7 @@ def main(snakemake) -> None:
             corrupted = np.flatnonzero(dataset.ground_truth).astype(np.int64)
             log.info("ground truth: %d poisoned training samples (%s)", len(corrupted), truth)
         (write_text_dataset if is_text else write_dataset)(dataset, snakemake.output.dataset)
-        log.info(describe(dataset))
+    log.info(describe(open_any_dataset(snakemake.output.dataset)))  # the hash written, not hashed again
     save_npy(snakemake.output.corrupted, corrupted)
     if (kind := corruption["kind"]) != "none":
         log.info("corruption %s: %d training samples (%s)", kind, len(corrupted), dataset.source)

@@ -278,11 +278,11 @@ def _tokens(group: h5py.Group, key: str, array) -> None:
                                           compression="gzip" if chunks else None))  # fmt: skip
 
 
-def _strings(group: h5py.Group, key: str, texts) -> None:
+def _strings(group: h5py.Group, key: str, texts, step: int = 1 << 16) -> None:
     """``texts`` (a list, or strings read by rows: ``texts[lo:hi]``) into ``group[key]``."""
     out = group.create_dataset(key, (len(texts),), dtype=h5py.string_dtype())
-    for lo in range(0, len(texts), 1 << 16):
-        out[lo : lo + (1 << 16)] = np.array(texts[lo : lo + (1 << 16)], dtype=object)
+    for lo in range(0, len(texts), step):
+        out[lo : lo + step] = np.array(texts[lo : lo + step], dtype=object)
 
 
 def write_text_dataset(dataset: TextDataset, path: str | Path) -> None:

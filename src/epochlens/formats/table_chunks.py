@@ -84,17 +84,18 @@ def _checked(chunks: Chunks, path: Path, settings: TableLayout) -> Chunks:
 def _file_chunks(source: str, path: Path) -> Iterator[pd.DataFrame]:
     """One file's rows, :data:`JSON_LINES` at a time (the csv's empty cells kept as empty strings)."""
     try:
-        if source == "jsonl":
-            with pd.read_json(path, lines=True, dtype=False, chunksize=JSON_LINES) as lines:
-                yield from (df.reset_index(drop=True) for df in lines)
-        elif source == "csv":
-            with pd.read_csv(path, keep_default_na=False, chunksize=JSON_LINES) as lines:
-                yield from (df.reset_index(drop=True) for df in lines)
-        else:
+        if source == "parquet":
             import pyarrow.parquet as pq
 
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=JSON_LINES):
-                yield batch.to_pandas()
+            yield from (b.to_pandas() for b in pq.ParquetFile(path).iter_batches(batch_size=JSON_LINES))
+            return
+        reader = (
+            pd.read_json(path, lines=True, dtype=False, chunksize=JSON_LINES)
+            if source == "jsonl"
+            else pd.read_csv(path, keep_default_na=False, chunksize=JSON_LINES)
+        )
+        with reader as lines:
+            yield from (df.reset_index(drop=True) for df in lines)
     except (ValueError, OSError) as exc:
         raise DataError(
             f"{path}: not a readable {source} file ({type(exc).__name__}: {str(exc)[:200]})."
