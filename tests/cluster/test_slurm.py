@@ -3,9 +3,11 @@
 tests/cluster/slurm-up.sh starts a single-node cluster from Debian's packages (munge, MariaDB,
 slurmdbd, slurmctld, slurmd) with one fake GPU; the profile is installed as a user installs it
 (`make slurm-profile SLURM_PARTITION=...`, nothing else given) and the bare `snakemake --profile
-slurm` runs a tiny trained run. sacct then shows what each rule asked SLURM for: a GPU and more
-time for the GPU rules, none of that for the CPU rules, the memory the workflow computed from the
-run's files (epochlens.memory), and no job at all for local rules.
+slurm` runs a tiny trained run. Its short jobs go to SLURM in the profile's groups, at most half as
+many sbatch jobs as jobs; the plan (`snakemake -n`) shows what each job needs: a GPU and more time
+for the GPU rules, none of that for the CPU rules, the memory the workflow computed from the run's
+files (epochlens.memory); sacct shows that each sbatch job asked for what its jobs need in turn,
+and that no local rule reached SLURM.
 
 Needs root (to install the packages and run slurmd); skipped elsewhere, except under CI=true where
 a cluster that cannot be brought up fails the test.
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from wfutil import REPO, copy_workflow, write_config
 
 from epochlens import job_time, memory
@@ -35,8 +38,15 @@ RUN = "slurmtiny"
 GPU_RULES = re.compile(
     r"train_.+|curvature_shard|features_epoch|ablation_epoch|influence_factors|influence_scores|sample_outputs_shard"
 )
+# The minutes the shipped profile gives rules under set-resources (at the first attempt).
+PROFILE = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
+PROFILE_MINUTES = {
+    rule: eval(str(res["runtime"]), {"attempt": 1})
+    for rule, res in PROFILE["set-resources"].items()
+    if "runtime" in res
+}
 # Local rules (Snakefile: localrules): they must never reach SLURM.
-LOCAL_RULES = re.compile(r"(all|figures|accuracy_tables|plot_.+)")
+LOCAL_RULES = re.compile(r"all|figures|.+_tables|plot_.+|sample_dossier|sample_explorer")
 EXPECTED_RULES = {
     "prepare_data",
     "class_order",
@@ -53,8 +63,8 @@ SACCT_FIELDS = "JobID Comment State ExitCode ReqTRES AllocTRES ReqMem Timelimit 
 
 def tiny_trained_config() -> dict:
     """Digits, 5 classes +5 after 1 epoch: checkpoints at epochs 0, 1, 2 (trained by the pipeline);
-    curvature, features, probes and ablations at the last one (every stage's rule reaches SLURM
-    once: 21 jobs, not 27), curvature with 2 directions, probes cheap (one seed, 20 passes)."""
+    curvature, features, probes and ablations at the last one (14 of its 27 jobs reach SLURM, in 6
+    sbatch jobs), curvature with 2 directions, probes cheap (one seed, 20 passes)."""
     run = {
         "data": {"source": "digits", "holdout_per_class": 5},
         "model": {"name": "small_cnn"},
@@ -120,40 +130,89 @@ def sacct(env: dict, since: str) -> list[dict]:
     return [dict(zip(SACCT_FIELDS, line.split("|"), strict=True)) for line in out.splitlines() if line]
 
 
-def rule_of(job: dict) -> str:
-    """The rule of a job from the comment the executor plugin gives it: rule_<name>[_wildcards_...]."""
+def planned_jobs(dry_run: str, local_rules: set[str]) -> list[dict]:
+    """Every job of a ``snakemake -n`` listing: its rule, its group job (the group's name and its
+    place in the listing; None for a job of its own) and its resources (strings, as printed);
+    ``local`` if its rule is one of ``local_rules`` (a dry run does not say)."""
+    jobs: list[dict] = []
+    group = None
+    for line in dry_run.splitlines():
+        if m := re.match(r"\[.*\] Group job (\S+) ", line):
+            group = (m.group(1), len(jobs))
+        elif m := re.fullmatch(r"( *)(?:local)?rule (\S+):", line):
+            member = group if m.group(1) else None
+            jobs.append({"rule": m.group(2), "local": m.group(2) in local_rules, "group": member})
+        elif jobs and (m := re.fullmatch(r" *resources: (.*)", line)):
+            jobs[-1]["resources"] = dict(item.split("=", 1) for item in m.group(1).split(", "))
+    return jobs
+
+
+def submissions(planned: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The sbatch jobs the plan makes: each with the name the executor plugin puts in its comment
+    (a group job's ``<group>_<its rules, sorted>``, a job of its own its rule's) and its jobs."""
+    units: dict[object, list[dict]] = {}
+    for n, job in enumerate(planned):
+        if not job["local"]:
+            units.setdefault(job["group"] or n, []).append(job)
+    return [
+        (
+            f"{key[0]}_{'_'.join(sorted({j['rule'] for j in members}))}"
+            if members[0]["group"]
+            else members[0]["rule"],
+            members,
+        )
+        for key, members in units.items()
+    ]
+
+
+def submission_of(job: dict) -> str:
+    """The submission a SLURM job is, from the comment the executor plugin gives it:
+    rule_<name>[_wildcards_...]."""
     m = re.fullmatch(r"rule_(.+?)(?:_wildcards_.*)?", job["Comment"])
     assert m, f"job {job['JobID']} has no rule in its comment: {job['Comment']!r}"
     return m.group(1)
 
 
-def check_request(rule: str, job: dict, shape: memory.RunShape) -> None:
-    """A job finished and asked SLURM for what the profile and the workflow say: a GPU with 4 CPU
-    cores for the GPU rules; time: the rules sized from the run what their run gives, training and
-    the other GPU rules 4 h, the others 1 h; memory: training's own request, the
-    rules sized from the run what their inputs give (evaluated when the job was ready: the data
-    set and checkpoints existed), the rest the profile's fall-back."""
-    where = f"{rule} (job {job['JobID']}): {job}"
+def check_job(job: dict, shape: memory.RunShape) -> None:
+    """A job of the plan asks for what the profile and the workflow say: a GPU for the GPU rules;
+    time: the rules sized from the run what their run gives, training 4 h, the profile's minutes for
+    the short CPU rules, its 1 h fall-back for the rest; memory: training's own request, the rules
+    sized from the run what their inputs give (the run's files exist when the plan is made), the
+    rest the profile's fall-back."""
+    rule, res = job["rule"], job["resources"]
+    where = f"{rule}: {res}"
+    assert (res.get("gpu") == "1") == bool(GPU_RULES.fullmatch(rule)), where
+    assert res["in_turn"] == "1", where
+    if rule in job_time.RULES:  # time from the run: the tiny run's jobs take the floor
+        assert job_time.minutes(rule, shape) == job_time.MIN_MINUTES
+        assert res["runtime"] == str(job_time.MIN_MINUTES), where
+    else:
+        fallback = 240 if GPU_RULES.fullmatch(rule) else 60
+        assert res["runtime"] == str(PROFILE_MINUTES.get(rule, fallback)), where
+    if rule.startswith("train_"):
+        assert res["mem_mb"] == "16000", where
+    elif rule in ("evaluate_checkpoint", "curvature_shard"):
+        assert res["mem_mb"] == str(memory.mem_mb(rule, shape)), where
+    elif rule in memory.RULES:  # prepare_data, the merge, thumbnails: sizes of other inputs
+        assert int(res["mem_mb"]) >= memory.mem_mb(rule, memory.RunShape()), where
+    else:
+        assert res["mem_mb"] == "4000", where
+
+
+def check_submission(job: dict, members: list[dict]) -> None:
+    """A SLURM job finished and asked for what its jobs need in turn: the sum of their times, the
+    largest of their memory, a GPU with 4 CPU cores if one of them computes on a GPU."""
+    where = f"job {job['JobID']} ({[m['rule'] for m in members]}): {job}"
     assert job["State"] == "COMPLETED" and job["ExitCode"] == "0:0", where
-    if GPU_RULES.fullmatch(rule):
+    minutes = sum(int(m["resources"]["runtime"]) for m in members)
+    assert job["Timelimit"] == f"{minutes // 60:02d}:{minutes % 60:02d}:00", where
+    assert job["ReqMem"] == f"{max(int(m['resources']['mem_mb']) for m in members)}M", where
+    if any(m["resources"].get("gpu") == "1" for m in members):
         assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], where
         # cpus_per_gpu: 4 (sacct records --cpus-per-gpu in the allocation, not the request)
         assert "cpu=4" in job["AllocTRES"].split(","), where
     else:
         assert "gres/gpu" not in job["ReqTRES"] + job["AllocTRES"], where
-    if rule in job_time.RULES:  # time from the run: the tiny run's jobs take the floor
-        assert job_time.minutes(rule, shape) == job_time.MIN_MINUTES
-        assert job["Timelimit"] == "00:15:00", where
-    else:  # training's own request, the profile's for the other GPU rules, its fall-back
-        assert job["Timelimit"] == ("04:00:00" if GPU_RULES.fullmatch(rule) else "01:00:00"), where
-    if rule.startswith("train_"):
-        assert job["ReqMem"] == "16000M", where
-    elif rule in ("evaluate_checkpoint", "curvature_shard"):
-        assert job["ReqMem"] == f"{memory.mem_mb(rule, shape)}M", where
-    elif rule in memory.RULES:  # prepare_data, the merge, thumbnails: sizes of other inputs
-        assert int(job["ReqMem"][:-1]) >= memory.mem_mb(rule, memory.RunShape()), where
-    else:
-        assert job["ReqMem"] == "4000M", where
 
 
 def test_pipeline_on_slurm(slurm, tmp_path):
@@ -211,19 +270,28 @@ def test_pipeline_on_slurm(slurm, tmp_path):
     )
     assert "Using profiles slurm and" in output
 
-    # Every job of the run finished, and each rule asked for what the profile says.
-    by_rule: dict[str, list[dict]] = {}
-    for job in jobs:
-        by_rule.setdefault(rule_of(job), []).append(job)
-    assert EXPECTED_RULES <= set(by_rule), f"rules submitted: {sorted(by_rule)}"
-    assert not [r for r in by_rule if LOCAL_RULES.fullmatch(r)], "local rules were submitted to SLURM"
-    assert len(by_rule["evaluate_checkpoint"]) == 3  # epochs 0, 1, 2
+    # The plan of the same run, with the run's files there (what the jobs were sized from).
+    local_rules = set(re.findall(r"^localrule (\S+):", output, re.MULTILINE))  # what ran here
+    assert local_rules and all(LOCAL_RULES.fullmatch(rule) for rule in local_rules), local_rules
+    plan = planned_jobs(dry_run(wf, work, cfg, env, "--forceall"), local_rules)
+    subs = dict(submissions(plan))
+    assert len(subs) == len(submissions(plan)), "two sbatch jobs of one name: tell them apart"
+    assert {j["rule"] for j in plan if not j["local"]} >= EXPECTED_RULES, plan
+    grouped = {name: sorted(m["rule"] for m in members) for name, members in subs.items()}
+    assert grouped["evaluate_evaluate_checkpoint"] == ["evaluate_checkpoint"] * 3, grouped  # epochs 0, 1, 2
     paths = Layout(work / "results")
     shape = memory.job_shape({"dataset": paths.dataset(RUN), "checkpoint": paths.checkpoint(RUN, 0, 2)})
     assert shape.samples > 0 and shape.model_bytes > 0
-    for rule, rule_jobs in by_rule.items():
-        for job in rule_jobs:
-            check_request(rule, job, shape)
+    for job in plan:
+        if not job["local"]:
+            check_job(job, shape)
+
+    # Grouped, the study went to SLURM in at most half as many sbatch jobs as it has jobs; each
+    # finished and asked for what its jobs need in turn. No local rule reached SLURM.
+    assert sorted(submission_of(job) for job in jobs) == sorted(subs), grouped
+    assert 2 * len(jobs) <= sum(len(members) for members in subs.values()), grouped
+    for job in jobs:
+        check_submission(job, subs[submission_of(job)])
 
     # The results are there, and a second run has nothing to do.
     assert len(list(Path(paths.checkpoint(RUN, 0, 0)).parent.glob("epoch_*.pt"))) == 3
@@ -231,9 +299,14 @@ def test_pipeline_on_slurm(slurm, tmp_path):
     assert Path(paths.figure("training_curves", "png", RUN)).exists()
     assert Path(paths.curvature_array("curvature", RUN, 0, 2)).exists()
     assert Path(paths.curvature_metadata(RUN, 0, 2)).exists()
-    dry = subprocess.run(
+    assert "Nothing to be done" in dry_run(wf, work, cfg, env)
+
+
+def dry_run(wf: Path, work: Path, cfg: Path, env: dict, *args: str) -> str:
+    """``snakemake --profile slurm -n`` of the test's run: what it prints."""
+    proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--snakefile", str(wf / "Snakefile"), "--directory", str(work)]
-        + ["--profile", "slurm", "--configfile", str(cfg), "--dry-run"],
+        + ["--profile", "slurm", "--configfile", str(cfg), "--dry-run", *args],
         env=env,
         cwd=work,
         capture_output=True,
@@ -241,4 +314,5 @@ def test_pipeline_on_slurm(slurm, tmp_path):
         stdin=subprocess.DEVNULL,
         timeout=300,
     )
-    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return proc.stdout + proc.stderr
