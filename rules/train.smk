@@ -3,6 +3,9 @@
 # Users who bring their own checkpoints (checkpoints.source: folder) skip training entirely; a
 # checkpoint missing from their folder is the output of a missing_checkpoint job under --keep-going,
 # which fails with the fix (rules/common.smk: get_checkpoint), so that the other epochs run.
+# The checkpoints a training writes are write-protected: a plan that would train them again
+# (changed training code, config or data; --forcerun) stops with "Write-protected output files".
+# Keep them: touch them; train again on purpose: delete them (docs/guides/upgrading.md).
 
 
 include: "helpers/train.smk"
@@ -18,7 +21,7 @@ for _run in get_trained_runs():
             class_order=layout.class_order(_run),
             code=get_code("train.py"),
         output:
-            checkpoints=get_trained_checkpoints(_run),
+            checkpoints=protected(get_trained_checkpoints(_run)),
             log_table=layout.train_log(_run),
             metadata=layout.train_metadata(_run),
         log:
@@ -51,7 +54,7 @@ for _run in get_command_runs():
             files=get_command_files(_run),
             code=get_code("train_command.py"),
         output:
-            checkpoints=get_command_checkpoints(_run),
+            checkpoints=protected(get_command_checkpoints(_run)),
             metadata=layout.train_metadata(_run),
             train_output=directory(layout.train_output(_run)),
         log:

@@ -88,6 +88,20 @@ def outputs(work: Path) -> dict[str, bytes]:
     return {name: (work / name).read_bytes() for name in files}
 
 
+def forced_as_a_user(wf: Path, work: Path, cfg: Path) -> str | None:
+    """What ``snakemake -n --forcerun train_resumable`` says where it sees the checkpoints as
+    read-only, as every user but root does: root writes any file, so the checkpoints are made
+    immutable (chattr +i) for the plan; None where that is not possible."""
+    files = [str(work / RESULTS.checkpoint("resumable", 0, e)) for e in EPOCHS]
+    if subprocess.run(["chattr", "+i", *files], capture_output=True).returncode != 0:
+        return None
+    try:
+        args = ("-n", "--forcerun", "train_resumable")
+        return snakemake(wf, work, TARGET, *args, configfile=cfg, check=False).stdout
+    finally:
+        subprocess.run(["chattr", "-i", *files], check=True)
+
+
 def test_killed_training_resumes_to_identical_checkpoints(tmp_path):
     wf = copy_workflow(tmp_path / "wf")
     cfg = write_config(tmp_path / "resumable.yaml", config())
@@ -96,6 +110,10 @@ def test_killed_training_resumes_to_identical_checkpoints(tmp_path):
     snakemake(wf, reference, TARGET, configfile=cfg)
     expected = outputs(reference)
     assert not (reference / RUN / ".resume").exists()  # deleted when the job completed
+    checkpoints = [reference / RESULTS.checkpoint("resumable", 0, e) for e in EPOCHS]
+    assert not [f for f in checkpoints if f.stat().st_mode & 0o222], "checkpoints not write-protected"
+    refused = forced_as_a_user(wf, reference, cfg)
+    assert refused is None or "Write-protected output files for rule train_resumable" in refused, refused
     # A path added to epochlens/layout.py (which train.py asks for the resume folder) retrains
     # nothing; an edit of the training code retrains.
     assert planned_after_editing(wf, reference, "layout.py", TARGET, configfile=cfg) == {}
@@ -133,9 +151,13 @@ def test_killed_training_resumes_to_identical_checkpoints(tmp_path):
     assert outputs(work) == expected
     assert not (work / RUN / ".resume").exists()
 
-    # 2. Only the job's process killed (wall time): Snakemake deletes its outputs, retries it.
+    # 2. Only the job's process killed (wall time): Snakemake deletes its outputs, retries it. The
+    # checkpoints deleted first, as docs/guides/upgrading.md says to train again on purpose, and
+    # the train log (the target here: Snakemake reruns a job for the outputs that are asked for).
+    for name in outputs(work):
+        (work / name).unlink()
     proc = subprocess.Popen(
-        command(wf, work, cfg, "--forcerun", "train_resumable", "--retries", "1"),
+        command(wf, work, cfg, "--retries", "1"),
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
