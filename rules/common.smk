@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 
 # Its own folder (workflow.basedir is a project's when it is a module), its library first on the
-# path, here and in the jobs' scripts (which inherit the environment).
+# path here and in the jobs (PYTHONPATH; a conda job gets this sys.path from Snakemake instead).
 WORKFLOW_DIR = Path(str(workflow.current_basedir)).parent
 _SRC = str(WORKFLOW_DIR / "src")
 sys.path.insert(0, _SRC)
