@@ -12,6 +12,7 @@ By hand, from the run's working directory:
 from _helpers import execution, job_files, run_script
 
 from epochlens.atomic import write_atomic
+from epochlens.influence.factor_groups import save_factor_groups
 from epochlens.influence.io import save_factors
 from epochlens.influence.study_factors import (
     eigenbasis_from_shards,
@@ -34,9 +35,11 @@ def main(snakemake) -> None:
         factors, spectrum = factors_from_shards(
             *args, inp.covariances, inp.corrections, eigenbasis, task=cfg["task"]
         )
-    else:
-        factors, spectrum = fit_checkpoint_factors(*args, True, task=cfg["task"])
-    save_factors(out.factors, factors)
+        save_factors(out.factors, factors)
+    else:  # a layer group at a time, each written as it is fitted
+        fit = fit_checkpoint_factors(*args, True, task=cfg["task"])
+        save_factor_groups(out.factors, fit.groups, fit.names, fit.key)
+        spectrum = fit.spectrum()
     write_atomic(out.diagnostics, lambda path: spectrum.to_csv(path, index=False))
 
 

@@ -19,6 +19,7 @@ from wfutil import copy_workflow, planned_jobs, snakemake, tiny_config, write_co
 from wfutil import tiny_run as make_tiny_run
 
 from epochlens import config as run_config
+from epochlens.influence.factor_groups import group_names, merged_groups, save_factor_groups
 from epochlens.influence.io import load_factors
 from epochlens.influence.study_factors import fit_checkpoint_factors
 from epochlens.influence.study_scores import checkpoint_scores
@@ -107,7 +108,8 @@ def test_sharded_results_equal_the_unsharded_job(sharded_run):
         fitted = None
         if method != "identity":
             fparams = run_config.influence_factor_params(spec, method)
-            ref, _ = fit_checkpoint_factors(job, fparams["settings"], spec["influence"], task=fparams["task"])
+            fit = fit_checkpoint_factors(job, fparams["settings"], spec["influence"], task=fparams["task"])
+            ref = merged_groups(fit.groups)
             got = load_factors(factors_path)
             assert got.key == ref.key
             for name, lf in ref.layers.items():
@@ -180,3 +182,35 @@ def test_a_lost_shard_is_recomputed_alone(sharded_run):
 def _lose(*paths: Path) -> None:
     for path in paths:
         path.unlink()
+
+
+@pytest.mark.slow
+def test_factors_in_layer_groups_give_the_whole_models_scores(sharded_run, tmp_path):
+    """influence.factor_memory_gb small enough for one layer per group: the job fits, writes and
+    scores a group at a time; the scores equal those of the factors in one group up to the order
+    of float64 sums."""
+    run, _ = sharded_run
+    cfg = run_config.validate(sharded_config(run.work, 2), run.wf / "config/schema.yaml")
+    spec = json.loads(json.dumps(cfg))["runs"]["tiny"]
+    paths = run.paths
+    job = load_checkpoint_job(
+        paths.dataset("tiny"), paths.checkpoint("tiny", 0, 6), "small_cnn", 6, "cpu",
+        paths.class_order("tiny", 0), spec["schedule"],
+    )  # fmt: skip
+    fparams = run_config.influence_factor_params(spec, "ekfac")
+    params = run_config.influence_score_params("tiny", spec, "ekfac", 6)
+    queries = score_queries(job, params)
+    scores = {}
+    for name, budget in (("whole", 4.0), ("grouped", 1e-9)):
+        execution = {**spec["influence"], "factor_memory_gb": budget}
+        fit = fit_checkpoint_factors(job, fparams["settings"], execution, task=fparams["task"])
+        path = tmp_path / f"{name}.pt"
+        save_factor_groups(path, fit.groups, fit.names, fit.key)
+        assert len(fit.spectrum()) == sum(len(g) for g in fit.names) == 4  # small_cnn: 4 layers
+        scores[name] = checkpoint_scores(job, "ekfac", params, execution, factors_path=path, queries=queries)
+    assert group_names(tmp_path / "whole.pt") is None and len(group_names(tmp_path / "grouped.pt")) == 4
+    for key in ("self_influence", "loss", "pairwise_none"):
+        ref = scores["whole"].arrays[key]
+        np.testing.assert_allclose(
+            scores["grouped"].arrays[key], ref, rtol=1e-9, atol=1e-9 * np.nanmax(np.abs(ref))
+        )

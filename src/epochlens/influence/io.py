@@ -193,6 +193,14 @@ def save_factors(path: str | Path, factors: InfluenceFactors, include_covariance
     The covariances A and S are left out unless ``include_covariances``: scores need only their
     eigenpairs, and on ResNet-18 they would add ~0.7 GB per checkpoint. Keep them to debug a factor.
     """
+    # Through a file object: given a path, torch.save names the archive after the random temporary
+    # file, so the same factors would give different bytes.
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(factor_object(factors, include_covariances), f)
+
+
+def factor_object(factors: InfluenceFactors, include_covariances: bool = False) -> dict:
+    """What :func:`save_factors` writes with ``torch.save``: plain containers (the module doc)."""
     skip = () if include_covariances else ("activation_cov", "gradient_cov")
     layers = {}
     for name, lf in factors.layers.items():
@@ -214,7 +222,7 @@ def save_factors(path: str | Path, factors: InfluenceFactors, include_covariance
             if value is not None and t not in skip:
                 entry[t] = value.detach().cpu().to(torch.float64).contiguous()
         layers[name] = entry
-    obj = {
+    return {
         "format": FACTORS_FORMAT,
         "key": json.dumps(factors.key, sort_keys=True),
         "method": factors.method,
@@ -227,10 +235,6 @@ def save_factors(path: str | Path, factors: InfluenceFactors, include_covariance
         "compute_dtype": factors.compute_dtype,
         "layers": layers,
     }
-    # Through a file object: given a path, torch.save names the archive after the random temporary
-    # file, so the same factors would give different bytes.
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(obj, f)
 
 
 def load_factors(path: str | Path, expected_key: dict | None = None) -> InfluenceFactors:
@@ -243,8 +247,20 @@ def load_factors(path: str | Path, expected_key: dict | None = None) -> Influenc
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no factors file; fit the factors first")
+    factors = factors_from_object(lambda: torch.load(path, map_location="cpu", weights_only=True), path)
+    if expected_key is not None:
+        check_key(factors.key, expected_key, path)
+    return factors
+
+
+def factors_from_object(read, where: str | Path) -> InfluenceFactors:
+    """The :class:`InfluenceFactors` of what ``read()`` loads (:func:`factor_object`'s form).
+
+    Raises:
+        FactorCacheError: unreadable, or another format; names ``where``.
+    """
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = read()
         if obj.get("format") != FACTORS_FORMAT:
             raise ValueError(f"format {obj.get('format')!r}, expected {FACTORS_FORMAT!r}")
         key = json.loads(obj["key"])
@@ -259,7 +275,7 @@ def load_factors(path: str | Path, expected_key: dict | None = None) -> Influenc
                 if t in entry:
                     setattr(lf, t, entry[t])
             layers[name] = lf
-        factors = InfluenceFactors(
+        return InfluenceFactors(
             obj["method"],
             obj["fisher"],
             layers,
@@ -273,12 +289,9 @@ def load_factors(path: str | Path, expected_key: dict | None = None) -> Influenc
         )
     except Exception as exc:
         raise FactorCacheError(
-            f"{path}: not a readable epochlens factors file ({type(exc).__name__}: {str(exc)[:200]}). "
+            f"{where}: not a readable epochlens factors file ({type(exc).__name__}: {str(exc)[:200]}). "
             "Delete it and fit the factors again."
         ) from exc
-    if expected_key is not None:
-        check_key(key, expected_key, path)
-    return factors
 
 
 def load_or_fit_factors(

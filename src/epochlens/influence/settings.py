@@ -154,6 +154,13 @@ class InfluenceSettings:
             "execution": True,
         },
     )
+    factor_memory_gb: float = field(
+        default=4.0,
+        metadata={
+            "help": "GiB of factors fitted and scored at a time: more layers, more groups",
+            "execution": True,
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seed of the sampled labels of the true Fisher"})
 
     def __post_init__(self) -> None:
@@ -189,8 +196,9 @@ class InfluenceSettings:
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        if not (math.isfinite(self.query_memory_gb) and self.query_memory_gb > 0):
-            problems.append(f"query_memory_gb={self.query_memory_gb} must be a number > 0")
+        for name in ("query_memory_gb", "factor_memory_gb"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                problems.append(f"{name}={getattr(self, name)} must be a number > 0")
         if self.query_gradient_rank is not None and self.query_gradient_rank < 1:
             problems.append(f"query_gradient_rank={self.query_gradient_rank} must be >= 1 (or None: exact)")
         if problems:
@@ -217,7 +225,7 @@ def influence_settings(settings: Mapping, execution: Mapping | None = None) -> I
             exclude_layers, seed, damping, damping_mode, precondition_dtype, query_gradient_rank);
             others are ignored.
         execution: batch sizes (factor_batch_size, train_batch_size, query_batch_size),
-            query_memory_gb and eigh_workers, which do not change results.
+            query_memory_gb, factor_memory_gb and eigh_workers, which do not change results.
     """
     keys = (
         "method",
@@ -237,6 +245,7 @@ def influence_settings(settings: Mapping, execution: Mapping | None = None) -> I
     for k in ("factor_batch_size", "train_batch_size", "query_batch_size", "eigh_workers"):
         if execution and k in execution:
             kwargs[k] = int(execution[k])
-    if execution and "query_memory_gb" in execution:
-        kwargs["query_memory_gb"] = float(execution["query_memory_gb"])
+    for k in ("query_memory_gb", "factor_memory_gb"):
+        if execution and k in execution:
+            kwargs[k] = float(execution[k])
     return InfluenceSettings(**kwargs)

@@ -17,14 +17,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from epochlens.influence.covariances import CovarianceSums, covariance_sums
+from epochlens.influence.covariances import CovarianceSums, covariance_sums, resolve_layers
+from epochlens.influence.factor_groups import group_settings, plan_groups
 from epochlens.influence.factors import (
     CorrectionSums,
     InfluenceFactors,
@@ -82,29 +83,55 @@ def _setup(job: CheckpointJob, settings: Mapping, execution: Mapping, task_spec)
     return settings, task, active, x, y, trained, key
 
 
+@dataclasses.dataclass
+class FactorFit:
+    """A checkpoint's factors fitted a layer group at a time: the groups' layer names and cache
+    key, ``groups`` (fits each group as it is iterated) and the spectra of those fitted so far."""
+
+    names: list[list[str]]
+    key: dict
+    groups: Iterator[InfluenceFactors]
+    spectra: list[pd.DataFrame]
+
+    def spectrum(self) -> pd.DataFrame:
+        return pd.concat(self.spectra, ignore_index=True)
+
+
 def fit_checkpoint_factors(
     job: CheckpointJob,
     settings: Mapping,
     execution: Mapping,
     progress: bool = False,
     task: str | Mapping | None = None,
-) -> tuple[InfluenceFactors, pd.DataFrame]:
+) -> FactorFit:
     """The factors of ``settings["method"]`` at the job's checkpoint (timings only in the log) and
-    their spectrum; ``execution`` holds the batch sizes (they change no result); ``task`` is the
-    run's task (``runs.<run>.task``; None: classification over the checkpoint's classes)."""
+    their spectrum, a layer group at a time (:mod:`epochlens.influence.factor_groups`);
+    ``execution`` holds the batch sizes and the groups' size (they change no result); ``task`` is
+    the run's task (``runs.<run>.task``; None: classification over the checkpoint's classes)."""
     settings, task, active, x, y, trained, key = _setup(job, settings, execution, task)
+    names = plan_groups(resolve_layers(job.model, settings), settings.method, settings.factor_memory_gb)
     log.info(
-        "epoch %d %s: fitting on %d images, %s, %s",
+        "epoch %d %s: fitting on %d images, %s, %s, %d layer group(s) of at most %g GiB",
         job.epoch,
         settings.method,
         len(trained),
         _describe(task),
         job.device,
+        len(names),
+        settings.factor_memory_gb,
     )
-    factors = fit_factors(
-        job.model, x, y, active, settings, trained, device=job.device, key=key, progress=progress, task=task
-    )
-    return _finish(factors)
+    fit = FactorFit(names, key, iter(()), [])
+
+    def groups():
+        for group in names:
+            spec = settings if len(names) == 1 else group_settings(settings, group)
+            factors = fit_factors(job.model, x, y, active, spec, trained, job.device, key, progress, task)
+            factors, table = _finish(factors)
+            fit.spectra.append(table)
+            yield factors
+
+    fit.groups = groups()
+    return fit
 
 
 def _describe(task) -> str:

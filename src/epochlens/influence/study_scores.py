@@ -26,7 +26,8 @@ import pandas as pd
 from epochlens.atomic import write_atomic
 from epochlens.errors import InfluenceError
 from epochlens.influence.accumulate import accumulate_tracin
-from epochlens.influence.io import factor_cache_key, load_factors
+from epochlens.influence.factor_groups import factor_groups, group_names, group_settings
+from epochlens.influence.io import factor_cache_key
 from epochlens.influence.scores import pairwise_influence, self_influence
 from epochlens.influence.settings import InfluenceSettings, influence_settings
 from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples, with_labels
@@ -181,10 +182,10 @@ def score_shard(
     samples = _shard_samples(job, method, params, execution, shard, nshards)
     _log_shard(job, method, params, samples, queries, shard, nshards)
     inputs = job.input_hashes()
-    factors = _checkpoint_factors(job, samples, factors_path, inputs)
+    groups = _checkpoint_factors(job, samples, factors_path, inputs)
     models = _checkpoint_models(job, method, params, tracin_checkpoints, samples, inputs)
     start = time.perf_counter()
-    scored = _score_models(job, method, models, factors, samples, queries, progress)
+    scored = _score_models(job, method, models, groups, samples, queries, progress)
     elapsed = time.perf_counter() - start
     arrays = _shard_arrays(scored, queries)
     info = {
@@ -247,23 +248,26 @@ def _log_shard(job, method, params, samples: _ShardSamples, queries: ScoreQuerie
 
 
 def _checkpoint_factors(job: CheckpointJob, samples: _ShardSamples, factors_path, inputs: dict):
-    """The fitted factors (None for methods without), checked against the cache key of the
-    checkpoint's trained samples; their hash goes into ``inputs``."""
+    """A function giving the fitted factors of each layer group in turn (one held at a time) with
+    the settings that track its layers, checked against the cache key of the checkpoint's trained
+    samples (their hash goes into ``inputs``); one group of no factors for methods without."""
     if factors_path is None:
-        return None
+        return lambda: iter([(None, samples.settings)])
+    x, y, trained = samples.x_all, samples.y_all, samples.trained_all
     key = factor_cache_key(
-        job.model,
-        samples.x_all,
-        samples.y_all,
-        samples.active,
-        samples.settings,
-        samples.trained_all,
-        checkpoint_sha256=inputs["checkpoint"],
-        task=samples.task,
+        job.model, x, y, samples.active, samples.settings, trained, inputs["checkpoint"], samples.task
     )
-    factors = load_factors(factors_path, expected_key=key)
     inputs["factors"] = file_sha256(factors_path)
-    return factors
+    grouped = group_names(factors_path) is not None
+
+    def groups():
+        for factors in factor_groups(factors_path, expected_key=key):
+            yield (
+                factors,
+                group_settings(samples.settings, list(factors.layers)) if grouped else samples.settings,
+            )
+
+    return groups
 
 
 def _checkpoint_models(job, method, params, tracin_checkpoints, samples: _ShardSamples, inputs: dict) -> list:
@@ -290,39 +294,59 @@ class _Scored:
     timings: dict[str, float]
 
 
-def _score_models(job, method, models, factors, samples: _ShardSamples, queries: ScoreQueries, progress):
-    """Self-influence and influence on every transform's queries at each checkpoint, timed."""
+def _score_models(job, method, models, groups, samples: _ShardSamples, queries: ScoreQueries, progress):
+    """Self-influence and influence on every transform's queries at each checkpoint, summed over the
+    factors' layer groups (``groups()``: each group's factors and settings, in turn), timed."""
     s_ = samples
     timings: dict[str, float] = {}
-    self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in queries.images}, None, None
+    self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in queries.images}, None, []
     skipped: set = set()
     for e, net, tk, act in models:
         suffix = f"_{e}" if method == "tracin" else ""
-        t0 = time.perf_counter()
-        s = self_influence(
-            net, factors, s_.x, s_.y, act, s_.settings, s_.trained, job.device, progress=progress, task=tk
-        )
-        timings["self" + suffix] = time.perf_counter() - t0
-        self_parts.append(s.scores)
-        skipped.update(s.skipped.tolist())
-        diagnostics = s.diagnostics
-        if e == job.epoch:
-            losses = s.losses
-        for t, images in queries.images.items():
-            pair_parts[t].append(
-                _pairwise(net, factors, images, queries, act, tk, s_, job, progress, timings, t + suffix)
+        total, pairs, diagnostics = None, dict.fromkeys(queries.images), []
+        for factors, settings in groups():
+            t0 = time.perf_counter()
+            s = self_influence(
+                net, factors, s_.x, s_.y, act, settings, s_.trained, job.device, progress=progress, task=tk
             )
+            timings["self" + suffix] = timings.get("self" + suffix, 0.0) + time.perf_counter() - t0
+            total = s.scores if total is None else total + s.scores
+            skipped.update(s.skipped.tolist())
+            diagnostics.append(s.diagnostics)
+            losses = s.losses if e == job.epoch else losses
+            for t, images in queries.images.items():
+                pair = _pairwise(
+                    net, factors, settings, images, queries, act, tk, s_, job, progress, timings, t + suffix
+                )
+                pairs[t] = pair if pairs[t] is None else pairs[t] + pair
+        self_parts.append(total)
+        for t in queries.images:
+            pair_parts[t].append(pairs[t])
     if losses is None:  # TracIn without the influence epoch's own checkpoint
         losses = self_influence(
             job.model, None, s_.x, s_.y, s_.active, s_.settings, s_.trained, job.device, task=s_.task
         ).losses
-    return _Scored(self_parts, pair_parts, losses, diagnostics, skipped, timings)
+    return _Scored(
+        self_parts, pair_parts, losses, pd.concat(diagnostics, ignore_index=True), skipped, timings
+    )
 
 
 def _pairwise(
-    net, factors, images, queries: ScoreQueries, act, task, s_: _ShardSamples, job, progress, timings, name
+    net,
+    factors,
+    settings,
+    images,
+    queries: ScoreQueries,
+    act,
+    task,
+    s_: _ShardSamples,
+    job,
+    progress,
+    timings,
+    name,
 ):
-    """One checkpoint's (Q, n) influence of the shard's samples on the queries under one transform."""
+    """One checkpoint's (Q, n) influence of the shard's samples on the queries under one transform,
+    through one layer group's factors; its seconds are added to ``timings[pairwise_<name>]``."""
     selected = queries.selected
     if len(selected.labels) == 0:
         return np.zeros((0, len(s_.trained)))
@@ -334,7 +358,7 @@ def _pairwise(
         s_.y,
         *with_labels(images, selected.labels),
         act,
-        s_.settings,
+        settings,
         s_.trained,
         selected.test_indices,
         job.device,
@@ -342,7 +366,7 @@ def _pairwise(
         task=task,
         train_total=len(s_.trained_all),  # every shard holds the queries the same way
     )
-    timings[f"pairwise_{name}"] = time.perf_counter() - t0
+    timings[f"pairwise_{name}"] = timings.get(f"pairwise_{name}", 0.0) + time.perf_counter() - t0
     return pair.scores
 
 
