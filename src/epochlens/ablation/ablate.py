@@ -32,7 +32,6 @@ mean per-sample squared error.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data import Dataset
 from epochlens.device import autocast, model_device
 from epochlens.errors import ConfigError, LayerError
+from epochlens.in_place import evaluated
 from epochlens.models.layers import channels_first, check_finite_weights, resolve_layers
 from epochlens.models.networks import positions_in, restrict_logits
 from epochlens.outcome import sequence_outcome, shifts, squared_error
@@ -293,9 +293,8 @@ def ablation_table(
         x, targets, active, cohorts = _classified(images, labels, active_classes, new_classes)
 
     dev = model_device(model, device)
-    net = copy.deepcopy(model).to(dev).eval().requires_grad_(False)
-    check_finite_weights(net)
-    with autocast(dev, settings.precision):  # float32, or 16-bit forward passes
+    with evaluated(model, dev) as net, autocast(dev, settings.precision):  # float32, or 16-bit passes
+        check_finite_weights(net)
         groups = unit_groups(net, x[:1].to(dev, torch.float32), settings)
         means = None
         if "mean" in settings.modes:

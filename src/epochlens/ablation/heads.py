@@ -28,7 +28,6 @@ or a text-to-text model's outcome is its loss on each sample's target tokens and
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from epochlens.ablation.settings import MODES, AblationSettings
 from epochlens.data.text import TextDataset
 from epochlens.device import autocast, model_device
 from epochlens.errors import ConfigError, LayerError
+from epochlens.in_place import evaluated
 from epochlens.models.networks import positions_in
 from epochlens.outcome import sample_classes
 
@@ -265,8 +265,7 @@ def head_ablation_table(
         for g, name in enumerate(data.group_names):
             cohorts[f"data: {name}"] = groups[keep] == g
     dev = model_device(model, device)
-    net = copy.deepcopy(model).to(dev).eval().requires_grad_(False)
-    with autocast(dev, settings.precision):  # float32, or 16-bit forward passes
+    with evaluated(model, dev) as net, autocast(dev, settings.precision):  # float32, or 16-bit passes
         units = text_units(net, settings)
         means = None
         if "mean" in settings.modes:

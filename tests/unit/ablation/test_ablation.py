@@ -134,6 +134,25 @@ def test_ablation_hook_is_removed_and_model_untouched(trained) -> None:
         torch.testing.assert_close(v, state[k], rtol=0, atol=0)
 
 
+def test_the_ablations_run_on_the_model_itself_and_leave_it_as_it_was(trained) -> None:
+    """No copy of the weights (a 7B model's would take 29 GB more): the forward passes run on the
+    caller's modules, whose training flags and requires_grad are put back afterwards."""
+    model, x, _ = trained
+    model.train()
+    ran_on = set()
+    handle = model.fc.register_forward_hook(lambda module, *_: ran_on.add(module is model.fc))
+    try:
+        ablation_table(
+            model, x, np.zeros(len(x), dtype=np.int64), ACTIVE, NEW, AblationSettings(modes=("zero",))
+        )
+    finally:
+        handle.remove()
+        training = model.training
+        model.eval()
+    assert ran_on == {True}
+    assert training and all(p.requires_grad for p in model.parameters())
+
+
 def test_bad_inputs_are_named(trained) -> None:
     model, x, y = trained
     with pytest.raises(LayerError, match=r"no layer\(s\) \['block7'\]. Available layers"):
