@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from epochlens.atomic import atomic_path
@@ -37,6 +38,20 @@ from epochlens.influence.settings import InfluenceSettings
 GROUPS_FORMAT = "epochlens-influence-factor-groups-v1"
 INDEX = "groups.json"
 _DATE = (1980, 1, 1, 0, 0, 0)
+
+
+@dataclasses.dataclass
+class FactorFit:
+    """Factors fitted a layer group at a time: the groups' layers, the cache key, ``groups`` (fits
+    each group as it is iterated) and the spectra of those fitted so far."""
+
+    names: list[list[str]]
+    key: dict
+    groups: Iterator[InfluenceFactors]
+    spectra: list[pd.DataFrame]
+
+    def spectrum(self) -> pd.DataFrame:
+        return pd.concat(self.spectra, ignore_index=True)
 
 
 def layer_bytes(info: LayerInfo, method: str) -> int:
@@ -112,6 +127,16 @@ def factor_groups(path: str | Path, expected_key: dict | None = None) -> Iterato
             with archive.open(f"group-{g:03d}.pt") as f:
                 load = lambda f=f: torch.load(f, map_location="cpu", weights_only=True)  # noqa: E731
                 yield factors_from_object(load, f"{path} (layer group {g})")
+
+
+def scoring_groups(
+    path: str | Path, settings: InfluenceSettings, expected_key: dict | None = None
+) -> Iterator[tuple[InfluenceFactors, InfluenceSettings]]:
+    """Each group's factors of ``path`` (:func:`factor_groups`) with ``settings`` tracking its
+    layers (``settings`` as they are for factors in one group)."""
+    grouped = group_names(path) is not None
+    for factors in factor_groups(path, expected_key):
+        yield factors, group_settings(settings, list(factors.layers)) if grouped else settings
 
 
 def merged_groups(groups: Iterable[InfluenceFactors]) -> InfluenceFactors:

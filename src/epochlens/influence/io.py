@@ -254,11 +254,8 @@ def load_factors(path: str | Path, expected_key: dict | None = None) -> Influenc
 
 
 def factors_from_object(read, where: str | Path) -> InfluenceFactors:
-    """The :class:`InfluenceFactors` of what ``read()`` loads (:func:`factor_object`'s form).
-
-    Raises:
-        FactorCacheError: unreadable, or another format; names ``where``.
-    """
+    """The :class:`InfluenceFactors` of what ``read()`` loads (:func:`factor_object`'s form); a
+    FactorCacheError naming ``where`` where it cannot be read or is of another format."""
     try:
         obj = read()
         if obj.get("format") != FACTORS_FORMAT:

@@ -156,10 +156,7 @@ class InfluenceSettings:
     )
     factor_memory_gb: float = field(
         default=4.0,
-        metadata={
-            "help": "GiB of factors fitted and scored at a time: more layers, more groups",
-            "execution": True,
-        },
+        metadata={"help": "GiB of factors a job holds: layers in groups of it", "execution": True},
     )
     seed: int = field(default=0, metadata={"help": "seed of the sampled labels of the true Fisher"})
 
@@ -227,25 +224,16 @@ def influence_settings(settings: Mapping, execution: Mapping | None = None) -> I
         execution: batch sizes (factor_batch_size, train_batch_size, query_batch_size),
             query_memory_gb, factor_memory_gb and eigh_workers, which do not change results.
     """
-    keys = (
-        "method",
-        "fisher",
-        "seed",
-        "damping",
-        "damping_mode",
-        "precondition_dtype",
-        "query_gradient_rank",
-    )
+    keys = ("method", "fisher", "seed", "damping", "damping_mode", "precondition_dtype")
+    keys += ("query_gradient_rank",)
     kwargs = {k: settings[k] for k in keys if k in settings}
     if kwargs.get("fisher") is True:  # YAML's unquoted true
         kwargs["fisher"] = "true"
     for k in ("layers", "exclude_layers"):
         if k in settings:
             kwargs[k] = tuple(settings[k])
-    for k in ("factor_batch_size", "train_batch_size", "query_batch_size", "eigh_workers"):
+    counts = dict.fromkeys(("factor_batch_size", "train_batch_size", "query_batch_size", "eigh_workers"), int)
+    for k, kind in {**counts, "query_memory_gb": float, "factor_memory_gb": float}.items():
         if execution and k in execution:
-            kwargs[k] = int(execution[k])
-    for k in ("query_memory_gb", "factor_memory_gb"):
-        if execution and k in execution:
-            kwargs[k] = float(execution[k])
+            kwargs[k] = kind(execution[k])
     return InfluenceSettings(**kwargs)

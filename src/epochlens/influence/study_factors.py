@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from epochlens.influence.covariances import CovarianceSums, covariance_sums, resolve_layers
-from epochlens.influence.factor_groups import group_settings, plan_groups
+from epochlens.influence.factor_groups import FactorFit, group_settings, plan_groups
 from epochlens.influence.factors import (
     CorrectionSums,
     InfluenceFactors,
@@ -83,20 +83,6 @@ def _setup(job: CheckpointJob, settings: Mapping, execution: Mapping, task_spec)
     return settings, task, active, x, y, trained, key
 
 
-@dataclasses.dataclass
-class FactorFit:
-    """A checkpoint's factors fitted a layer group at a time: the groups' layer names and cache
-    key, ``groups`` (fits each group as it is iterated) and the spectra of those fitted so far."""
-
-    names: list[list[str]]
-    key: dict
-    groups: Iterator[InfluenceFactors]
-    spectra: list[pd.DataFrame]
-
-    def spectrum(self) -> pd.DataFrame:
-        return pd.concat(self.spectra, ignore_index=True)
-
-
 def fit_checkpoint_factors(
     job: CheckpointJob,
     settings: Mapping,
@@ -110,16 +96,10 @@ def fit_checkpoint_factors(
     the run's task (``runs.<run>.task``; None: classification over the checkpoint's classes)."""
     settings, task, active, x, y, trained, key = _setup(job, settings, execution, task)
     names = plan_groups(resolve_layers(job.model, settings), settings.method, settings.factor_memory_gb)
-    log.info(
-        "epoch %d %s: fitting on %d images, %s, %s, %d layer group(s) of at most %g GiB",
-        job.epoch,
-        settings.method,
-        len(trained),
-        _describe(task),
-        job.device,
-        len(names),
-        settings.factor_memory_gb,
-    )
+    classes = isinstance(task, ClassificationTask) and task.active is not None
+    whom = f"{len(task.active)} active classes" if classes else f"task {task.name}"
+    on = f"{len(trained)} images, {whom}, {job.device}, {len(names)} layer group(s) of <="
+    log.info("epoch %d %s: fitting on %s %g GiB", job.epoch, settings.method, on, settings.factor_memory_gb)
     fit = FactorFit(names, key, iter(()), [])
 
     def groups():
@@ -134,20 +114,23 @@ def fit_checkpoint_factors(
     return fit
 
 
-def _describe(task) -> str:
-    if isinstance(task, ClassificationTask) and task.active is not None:
-        return f"{len(task.active)} active classes"
-    return f"task {task.name}"
+def _unfitted(job: CheckpointJob, settings, key: dict) -> InfluenceFactors:
+    """Empty factors of the job's model, its compute dtype recorded (the sharded passes fill them)."""
+    factors = empty_factors(job.model, settings, key)
+    factors.compute_dtype = str(resolve_compute_dtype(job.model, settings.compute_dtype)).removeprefix(
+        "torch."
+    )
+    return factors
 
 
 def _finish(factors: InfluenceFactors) -> tuple[InfluenceFactors, pd.DataFrame]:
     table = factor_spectrum(factors)
+    timings = {k: round(v, 2) for k, v in factors.timings.items()}
+    fitted = f"{len(table)} layers, {factors.n_samples} samples ({len(factors.skipped)} skipped)"
     log.info(
-        "%d layers, %d samples (%d skipped), timings %s; largest undamped condition number %.3g",
-        len(table),
-        factors.n_samples,
-        len(factors.skipped),
-        {k: round(v, 2) for k, v in factors.timings.items()},
+        "%s, timings %s; largest undamped condition number %.3g",
+        fitted,
+        timings,
         table["cond_positive"].max(),
     )
     # Timings go to the log, not the file: the same inputs give the same bytes.
@@ -175,18 +158,9 @@ def factor_shard(
     their key. The shards' sums add up to the unsharded pass's (:func:`factors_from_shards`)."""
     settings, task, active, x, y, trained, key = _setup(job, settings, execution, task)
     rows = shard_rows(len(trained), shard, nshards)
-    log.info(
-        "epoch %d %s: %s shard %d of %d, training images %d..%d of %d, %s",
-        job.epoch,
-        settings.method,
-        kind,
-        shard,
-        nshards,
-        rows[0] if len(rows) else 0,
-        rows[-1] if len(rows) else 0,
-        len(trained),
-        job.device,
-    )
+    span = f"{rows[0] if len(rows) else 0}..{rows[-1] if len(rows) else 0} of {len(trained)}"
+    where = f"{kind} shard {shard} of {nshards}, training images {span}, {job.device}"
+    log.info("epoch %d %s: %s", job.epoch, settings.method, where)
     args = (x[torch.as_tensor(rows, dtype=torch.long)], y[rows], active, settings, trained[rows])
     options = {"device": job.device, "progress": progress, "task": task}
     t0 = time.perf_counter()
@@ -221,10 +195,7 @@ def eigenbasis_from_shards(
     """K-FAC's factors (and EK-FAC's eigenbasis) from the covariance shards, in order."""
     settings, task, active, x, y, trained, key = _setup(job, settings, execution, task)
     sums = _merged(covariances, key, "covariances")
-    factors = empty_factors(job.model, settings, key)
-    factors.compute_dtype = str(resolve_compute_dtype(job.model, settings.compute_dtype)).replace(
-        "torch.", ""
-    )
+    factors = _unfitted(job, settings, key)
     t0 = time.perf_counter()
     eigendecompose(factors, sums, settings, job.device)
     factors.timings["eigendecomposition"] = time.perf_counter() - t0
@@ -254,9 +225,6 @@ def factors_from_shards(
                 raise ValueError("EK-FAC's sharded factors need the eigenbasis file")
             factors = load_factors(eigenbasis, expected_key=key)
         else:
-            factors = empty_factors(job.model, settings_, key)
-            factors.compute_dtype = str(resolve_compute_dtype(job.model, settings_.compute_dtype)).replace(
-                "torch.", ""
-            )
+            factors = _unfitted(job, settings_, key)
         apply_corrections(factors, _merged(corrections, key, "corrections"))
     return _finish(report_left_out(factors))

@@ -26,7 +26,7 @@ import pandas as pd
 from epochlens.atomic import write_atomic
 from epochlens.errors import InfluenceError
 from epochlens.influence.accumulate import accumulate_tracin
-from epochlens.influence.factor_groups import factor_groups, group_names, group_settings
+from epochlens.influence.factor_groups import scoring_groups
 from epochlens.influence.io import factor_cache_key
 from epochlens.influence.scores import pairwise_influence, self_influence
 from epochlens.influence.settings import InfluenceSettings, influence_settings
@@ -248,26 +248,16 @@ def _log_shard(job, method, params, samples: _ShardSamples, queries: ScoreQuerie
 
 
 def _checkpoint_factors(job: CheckpointJob, samples: _ShardSamples, factors_path, inputs: dict):
-    """A function giving the fitted factors of each layer group in turn (one held at a time) with
-    the settings that track its layers, checked against the cache key of the checkpoint's trained
-    samples (their hash goes into ``inputs``); one group of no factors for methods without."""
+    """A function giving each layer group's factors and settings in turn, checked against the key of
+    the trained samples (the file's hash into ``inputs``); one group of none for methods without."""
     if factors_path is None:
         return lambda: iter([(None, samples.settings)])
-    x, y, trained = samples.x_all, samples.y_all, samples.trained_all
+    s = samples
     key = factor_cache_key(
-        job.model, x, y, samples.active, samples.settings, trained, inputs["checkpoint"], samples.task
+        job.model, s.x_all, s.y_all, s.active, s.settings, s.trained_all, inputs["checkpoint"], s.task
     )
     inputs["factors"] = file_sha256(factors_path)
-    grouped = group_names(factors_path) is not None
-
-    def groups():
-        for factors in factor_groups(factors_path, expected_key=key):
-            yield (
-                factors,
-                group_settings(samples.settings, list(factors.layers)) if grouped else samples.settings,
-            )
-
-    return groups
+    return lambda: scoring_groups(factors_path, samples.settings, key)
 
 
 def _checkpoint_models(job, method, params, tracin_checkpoints, samples: _ShardSamples, inputs: dict) -> list:
@@ -295,8 +285,7 @@ class _Scored:
 
 
 def _score_models(job, method, models, groups, samples: _ShardSamples, queries: ScoreQueries, progress):
-    """Self-influence and influence on every transform's queries at each checkpoint, summed over the
-    factors' layer groups (``groups()``: each group's factors and settings, in turn), timed."""
+    """Self-influence and influence on each transform's queries per checkpoint, over layer groups."""
     s_ = samples
     timings: dict[str, float] = {}
     self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in queries.images}, None, []
@@ -305,9 +294,10 @@ def _score_models(job, method, models, groups, samples: _ShardSamples, queries: 
         suffix = f"_{e}" if method == "tracin" else ""
         total, pairs, diagnostics = None, dict.fromkeys(queries.images), []
         for factors, settings in groups():
+            g = dataclasses.replace(s_, settings=settings)  # the group's layers tracked
             t0 = time.perf_counter()
             s = self_influence(
-                net, factors, s_.x, s_.y, act, settings, s_.trained, job.device, progress=progress, task=tk
+                net, factors, g.x, g.y, act, settings, g.trained, job.device, progress=progress, task=tk
             )
             timings["self" + suffix] = timings.get("self" + suffix, 0.0) + time.perf_counter() - t0
             total = s.scores if total is None else total + s.scores
@@ -316,7 +306,7 @@ def _score_models(job, method, models, groups, samples: _ShardSamples, queries: 
             losses = s.losses if e == job.epoch else losses
             for t, images in queries.images.items():
                 pair = _pairwise(
-                    net, factors, settings, images, queries, act, tk, s_, job, progress, timings, t + suffix
+                    net, factors, images, queries, act, tk, g, job, progress, timings, t + suffix
                 )
                 pairs[t] = pair if pairs[t] is None else pairs[t] + pair
         self_parts.append(total)
@@ -326,27 +316,13 @@ def _score_models(job, method, models, groups, samples: _ShardSamples, queries: 
         losses = self_influence(
             job.model, None, s_.x, s_.y, s_.active, s_.settings, s_.trained, job.device, task=s_.task
         ).losses
-    return _Scored(
-        self_parts, pair_parts, losses, pd.concat(diagnostics, ignore_index=True), skipped, timings
-    )
+    return _Scored(self_parts, pair_parts, losses, pd.concat(diagnostics), skipped, timings)
 
 
 def _pairwise(
-    net,
-    factors,
-    settings,
-    images,
-    queries: ScoreQueries,
-    act,
-    task,
-    s_: _ShardSamples,
-    job,
-    progress,
-    timings,
-    name,
+    net, factors, images, queries: ScoreQueries, act, task, s_: _ShardSamples, job, progress, timings, name
 ):
-    """One checkpoint's (Q, n) influence of the shard's samples on the queries under one transform,
-    through one layer group's factors; its seconds are added to ``timings[pairwise_<name>]``."""
+    """One checkpoint's (Q, n) influence of the shard's samples on the queries under one transform."""
     selected = queries.selected
     if len(selected.labels) == 0:
         return np.zeros((0, len(s_.trained)))
@@ -358,7 +334,7 @@ def _pairwise(
         s_.y,
         *with_labels(images, selected.labels),
         act,
-        settings,
+        s_.settings,
         s_.trained,
         selected.test_indices,
         job.device,
