@@ -316,6 +316,7 @@ def compare_kronfluence(name: str, args: argparse.Namespace, device: torch.devic
         query_batch_size=args.query_batch_size,
         query_memory_gb=memory_gb,
         eigh_workers=args.eigh_workers,
+        eigh_float32_from=args.eigh_float32_from,
     )
     state: dict = {}
 
@@ -426,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query-batch-size", type=int, default=16)
     parser.add_argument("--precondition-dtype", choices=["float64", "float32"], default="float64")
     parser.add_argument("--eigh-workers", type=int, default=1, help="eigendecompositions at once")
+    parser.add_argument(
+        "--eigh-float32-from",
+        type=lambda v: None if v == "none" else int(v),
+        default=2048,
+        help="factors of this dimension or more eigendecomposed in float32 ('none': all float64)",
+    )
     parser.add_argument(
         "--kronfluence",
         metavar="PYTHON",

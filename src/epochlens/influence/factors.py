@@ -263,7 +263,9 @@ def eigendecompose(
         else:
             cov = lf.gradient_cov = sums.gradient[n] / sums.n_valid
             what = "pre-activation-gradient covariance S"
-        e = symmetric_eigh(cov, f"layer {n!r}: {what}", eig_device, settings.max_device_eigh_dim)
+        e = symmetric_eigh(
+            cov, f"layer {n!r}: {what}", eig_device, settings.max_device_eigh_dim, settings.eigh_float32_from
+        )
         lf.solver[short], lf.min_raw[short] = e.solver, e.min_raw
         if short == "A":
             lf.activation_values, lf.activation_vectors = e.values, e.vectors

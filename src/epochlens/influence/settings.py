@@ -136,23 +136,23 @@ class InfluenceSettings:
     precondition_dtype: Literal["float64", "float32"] = field(
         default="float64", metadata={"help": "dtype of per-sample gradients, solves and scores"}
     )
+    eigh_float32_from: int | None = field(
+        default=2048,
+        metadata={
+            "help": "factors of this dimension or more eigendecomposed in float32 (~3x faster); None: none"
+        },
+    )
     eigh_device: Literal["auto", "cpu"] = field(
         default="auto",
         metadata={"help": "auto: eigendecompose on the compute device, CPU fallback", "execution": True},
     )
     eigh_workers: int = field(
         default=1,
-        metadata={
-            "help": "eigendecompositions of the layers' factors run at once (threads)",
-            "execution": True,
-        },
+        metadata={"help": "eigendecompositions of the layers' factors at once (threads)", "execution": True},
     )
     max_device_eigh_dim: int = field(
         default=8192,
-        metadata={
-            "help": "factors larger than this are eigendecomposed on the CPU (solver limits)",
-            "execution": True,
-        },
+        metadata={"help": "factors larger than this eigendecomposed on the CPU", "execution": True},
     )
     factor_memory_gb: float = field(
         default=4.0,
@@ -184,26 +184,26 @@ class InfluenceSettings:
             problems.append(f"damping_growth={self.damping_growth} must be > 1")
         if self.max_damping_steps < 0:
             problems.append(f"max_damping_steps={self.max_damping_steps} must be >= 0")
-        for name in (
-            "factor_batch_size",
-            "train_batch_size",
-            "query_batch_size",
-            "eigh_workers",
-            "max_device_eigh_dim",
-        ):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("query_memory_gb", "factor_memory_gb"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                problems.append(f"{name}={getattr(self, name)} must be a number > 0")
-        if self.query_gradient_rank is not None and self.query_gradient_rank < 1:
-            problems.append(f"query_gradient_rank={self.query_gradient_rank} must be >= 1 (or None: exact)")
+        problems += self._size_problems()
         if problems:
             raise ConfigError("influence settings: " + "; ".join(problems) + ". Fix the config.")
 
+    def _size_problems(self) -> list[str]:
+        """Batch sizes, counts and memory that are not positive."""
+        counts = ("factor_batch_size", "train_batch_size", "query_batch_size", "eigh_workers")
+        counts += ("max_device_eigh_dim",)
+        problems = [f"{n}={getattr(self, n)} must be >= 1" for n in counts if getattr(self, n) < 1]
+        for name in ("query_memory_gb", "factor_memory_gb"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                problems.append(f"{name}={getattr(self, name)} must be a number > 0")
+        for name, none in (("eigh_float32_from", "float64"), ("query_gradient_rank", "exact")):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1 (or None: {none})")
+        return problems
+
     def factor_key(self) -> dict:
         """The settings the fitted factors depend on (damping and batch sizes excluded)."""
-        keys = ("method", "fisher", "layers", "exclude_layers", "compute_dtype", "seed")
+        keys = ("method", "fisher", "layers", "exclude_layers", "compute_dtype", "seed", "eigh_float32_from")
         out = {k: v for k, v in asdict(self).items() if k in keys}
         out["layers"], out["exclude_layers"] = list(self.layers), list(self.exclude_layers)
         if self.fisher != "true":
@@ -225,7 +225,7 @@ def influence_settings(settings: Mapping, execution: Mapping | None = None) -> I
             query_memory_gb, factor_memory_gb and eigh_workers, which do not change results.
     """
     keys = ("method", "fisher", "seed", "damping", "damping_mode", "precondition_dtype")
-    keys += ("query_gradient_rank",)
+    keys += ("query_gradient_rank", "eigh_float32_from")
     kwargs = {k: settings[k] for k in keys if k in settings}
     if kwargs.get("fisher") is True:  # YAML's unquoted true
         kwargs["fisher"] = "true"
