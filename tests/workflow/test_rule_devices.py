@@ -85,7 +85,8 @@ def test_memory_and_time_plans_under_the_slurm_profile(rules, tmp_path, monkeypa
     for rule in job_time.RULES:  # computed from the run; the profile sets no time for them
         assert times[rule].split()[1:4] == ["the", "run", str(job_time.minutes(rule, shape))], rule
     assert "240 (profile)" in times["influence_eigenbasis"] and "480 (profile)" in times["lds_retrain"]
-    assert "240 (workflow)" in times["train_digits"] and "60 (profile default)" in times["class_order"]
+    assert "240 (workflow)" in times["train_digits"] and "60 (profile default)" in times["training_data"]
+    assert "15 (profile)" in times["class_order"] and "30 (profile)" in times["probes_epoch"]  # grouped
 
 
 def test_device_cpu_asks_for_no_gpu(tmp_path):
