@@ -274,8 +274,9 @@ def test_pipeline_on_slurm(slurm, tmp_path):
     local_rules = set(re.findall(r"^localrule (\S+):", output, re.MULTILINE))  # what ran here
     assert local_rules and all(LOCAL_RULES.fullmatch(rule) for rule in local_rules), local_rules
     plan = planned_jobs(dry_run(wf, work, cfg, env, "--forceall"), local_rules)
-    subs = dict(submissions(plan))
-    assert len(subs) == len(submissions(plan)), "two sbatch jobs of one name: tell them apart"
+    units = submissions(plan)
+    subs = dict(units)
+    assert len(subs) == len(units), "two sbatch jobs of one name: tell them apart"
     assert {j["rule"] for j in plan if not j["local"]} >= EXPECTED_RULES, plan
     grouped = {name: sorted(m["rule"] for m in members) for name, members in subs.items()}
     assert grouped["evaluate_evaluate_checkpoint"] == ["evaluate_checkpoint"] * 3, grouped  # epochs 0, 1, 2

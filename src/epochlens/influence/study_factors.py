@@ -100,18 +100,17 @@ def fit_checkpoint_factors(
     whom = f"{len(task.active)} active classes" if classes else f"task {task.name}"
     on = f"{len(trained)} images, {whom}, {job.device}, {len(names)} layer group(s) of <="
     log.info("epoch %d %s: fitting on %s %g GiB", job.epoch, settings.method, on, settings.factor_memory_gb)
-    fit = FactorFit(names, key, iter(()), [])
+    spectra: list[pd.DataFrame] = []
 
     def groups():
         for group in names:
             spec = settings if len(names) == 1 else group_settings(settings, group)
             factors = fit_factors(job.model, x, y, active, spec, trained, job.device, key, progress, task)
             factors, table = _finish(factors)
-            fit.spectra.append(table)
+            spectra.append(table)
             yield factors
 
-    fit.groups = groups()
-    return fit
+    return FactorFit(names, key, groups(), spectra)
 
 
 def _unfitted(job: CheckpointJob, settings, key: dict) -> InfluenceFactors:

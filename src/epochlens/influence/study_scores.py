@@ -288,7 +288,7 @@ def _score_models(job, method, models, groups, samples: _ShardSamples, queries: 
     """Self-influence and influence on each transform's queries per checkpoint, over layer groups."""
     s_ = samples
     timings: dict[str, float] = {}
-    self_parts, pair_parts, losses, diagnostics = [], {t: [] for t in queries.images}, None, []
+    self_parts, pair_parts, losses = [], {t: [] for t in queries.images}, None
     skipped: set = set()
     for e, net, tk, act in models:
         suffix = f"_{e}" if method == "tracin" else ""
@@ -297,7 +297,7 @@ def _score_models(job, method, models, groups, samples: _ShardSamples, queries: 
             g = dataclasses.replace(s_, settings=settings)  # the group's layers tracked
             t0 = time.perf_counter()
             s = self_influence(
-                net, factors, g.x, g.y, act, settings, g.trained, job.device, progress=progress, task=tk
+                net, factors, s_.x, s_.y, act, settings, s_.trained, job.device, progress=progress, task=tk
             )
             timings["self" + suffix] = timings.get("self" + suffix, 0.0) + time.perf_counter() - t0
             total = s.scores if total is None else total + s.scores
