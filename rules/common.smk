@@ -177,7 +177,8 @@ def get_mem_mb(wildcards, input, attempt, rulename):
     """A job's memory (MB) from its run's shapes: the data set's samples (a shard job's share),
     the model's bytes, x the attempt (epochlens.memory); evaluated again once the job's inputs
     exist."""
-    return job_mem_mb(rulename, input, attempt, share=shard_share(wildcards))
+    run = config["runs"].get(getattr(wildcards, "run", None), {})
+    return job_mem_mb(rulename, input, attempt, share=shard_share(wildcards), run=run)
 
 
 def get_runtime(wildcards, input, attempt, rulename):

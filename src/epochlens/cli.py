@@ -4,11 +4,13 @@ around it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 from epochlens import __version__
+from epochlens.scale_plan import add_parser as add_plan_parser  # torch-free
 
 #: The workflow of this checkout (the library lives in its src/).
 WORKFLOW = Path(__file__).resolve().parents[2]
@@ -81,12 +83,8 @@ def _explore(args: argparse.Namespace) -> int:
         import webbrowser
 
         webbrowser.open(url)
-    try:
+    with contextlib.suppress(KeyboardInterrupt), server:  # closed on the way out
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
     return 0
 
 
@@ -125,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.set_defaults(func=_doctor)
+    add_plan_parser(sub, WORKFLOW / "Snakefile")
     _explore_parser(sub)
     return parser
 

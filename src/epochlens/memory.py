@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from epochlens.memory_sources import held_bytes, size
+from epochlens.scale_plan import influence_cap
 
 #: Peak measured x HEADROOM: what the job asks for at its first attempt.
 HEADROOM = 1.5
@@ -48,23 +49,26 @@ class RunShape:
     model_bytes: int = 0
     input_bytes: int = 0
     text: bool = False
+    model_cap: float = math.inf  # the most an influence job holds for it (scale_plan.influence_cap)
 
 
 @dataclass(frozen=True)
 class Memory:
     """A rule's peak in MB: ``base_mb`` + ``per_sample`` bytes x samples + ``model_copies`` x the
-    model + ``input_copies`` x the files it reads whole."""
+    model (at most the shape's ``model_cap`` where ``capped``) + ``input_copies`` x the files it
+    reads whole."""
 
     base_mb: float = 400
     per_sample: float = 0.0
     model_copies: float = 0.0
     input_copies: float = 0.0
+    capped: bool = False
 
     def peak_mb(self, shape: RunShape) -> float:
         """The expected peak of a job of this rule on ``shape`` (MB, no headroom)."""
         held = (
             self.per_sample * shape.samples
-            + self.model_copies * shape.model_bytes
+            + min(self.model_copies * shape.model_bytes, shape.model_cap if self.capped else math.inf)
             + self.input_copies * shape.input_bytes
         )
         return self.base_mb + (TEXT_MB if shape.text else 0) + held / MB
@@ -87,6 +91,7 @@ RULES: dict[str, Memory] = {
     "evaluate_checkpoint": Memory(base_mb=530, per_sample=200, model_copies=8),
     "features_epoch": Memory(base_mb=510, per_sample=1500, model_copies=8),
     "ablation_epoch": Memory(base_mb=780, per_sample=200, model_copies=8),
+    "ablation_part": Memory(base_mb=780, per_sample=200, model_copies=8),
     "probes_epoch": Memory(base_mb=530, per_sample=1000),
     "curvature_shard": Memory(base_mb=400, per_sample=300, model_copies=12),
     "curvature_epoch": Memory(base_mb=200, input_copies=3),
@@ -98,11 +103,11 @@ RULES: dict[str, Memory] = {
     "poison_detection": Memory(base_mb=200, per_sample=1500),
 }
 #: Influence: the model, its gradients and each layer's Kronecker factors and eigenvectors in
-#: float64 (several times the weights), and the scores of every training sample against the
-#: queries (the study's 50: 400 B a sample in float64; its peaks were flat from 20,000 to 100,000
-#: images; 1 KB a sample leaves room for 125 queries).
+#: float64 (several times the weights; past a few GB, layer groups bound them: influence_cap),
+#: and the scores of every training sample against the queries (the study's 50: 400 B a sample
+#: in float64; peaks flat from 20,000 to 100,000 images; 1 KB a sample: room for 125 queries).
 for _rule in ("covariances", "eigenbasis", "corrections", "factors", "score_shard", "scores"):
-    RULES[f"influence_{_rule}"] = Memory(base_mb=710, per_sample=1000, model_copies=16)
+    RULES[f"influence_{_rule}"] = Memory(base_mb=710, per_sample=1000, model_copies=16, capped=True)
 #: A text run's jobs import transformers and tokenizers (about 200 MB more on the demo's
 #: polarity run than on its image runs).
 TEXT_MB = 200
@@ -117,9 +122,6 @@ def mem_mb(rule: str, shape: RunShape, attempt: int = 1) -> int:
     """What a job of ``rule`` asks for on ``shape`` at its ``attempt`` (MB): the expected peak x
     :data:`HEADROOM` x the attempt."""
     return math.ceil(rule_memory(rule).peak_mb(shape) * HEADROOM * max(1, attempt))
-
-
-# -- the shapes of a job's inputs --------------------------------------------------------------
 
 
 def dataset_shape(path: str | Path) -> RunShape:
@@ -208,25 +210,23 @@ def shard_share(wildcards: Any) -> float:
 
 
 def job_mem_mb(
-    rule: str, inputs: Mapping[str, Any], attempt: int = 1, folder_bytes: int = 0, share: float = 1.0
+    rule: str, inputs: Mapping, attempt: int = 1, folder_bytes: int = 0, share: float = 1.0, run=None
 ) -> int:
     """``mem_mb`` of a job of ``rule`` with these named inputs at its ``attempt``; ``folder_bytes``:
     what it reads whole of a data folder that is not among its inputs
     (:func:`~epochlens.memory_sources.data_folder_bytes`); ``share``: a shard job's share of the
-    samples (1 / its shard count), what it holds per sample."""
+    samples (1 / its shard count), what it holds per sample; ``run``: its run's config section."""
     shape = job_shape(inputs)
     samples, input_bytes = math.ceil(shape.samples * share), shape.input_bytes + folder_bytes
-    return mem_mb(rule, replace(shape, samples=samples, input_bytes=input_bytes), attempt)
+    cap = influence_cap(shape.model_bytes, (run or {}).get("influence"))
+    return mem_mb(rule, replace(shape, samples=samples, input_bytes=input_bytes, model_cap=cap), attempt)
 
 
 def describe(rule: str) -> str:
     """``rule``'s memory as a formula (MB, before the headroom): ``450 + 100 B x samples + ...``."""
     m = rule_memory(rule)
-    terms = [f"{m.base_mb:g}"]
-    terms += [f"{m.per_sample:g} B x samples"] if m.per_sample else []
-    terms += [f"{m.model_copies:g} x model"] if m.model_copies else []
-    terms += [f"{m.input_copies:g} x input files"] if m.input_copies else []
-    return " + ".join(terms)
+    terms = ((m.per_sample, " B x samples"), (m.model_copies, " x model"), (m.input_copies, " x input files"))
+    return " + ".join([f"{m.base_mb:g}"] + [f"{v:g}{unit}" for v, unit in terms if v])
 
 
 def run_shapes(config: Mapping[str, Any], workdir: str | Path = ".") -> dict[str, RunShape]:
@@ -242,5 +242,6 @@ def run_shapes(config: Mapping[str, Any], workdir: str | Path = ".") -> dict[str
             continue
         indices, epochs = run.get("indices") or [0], run.get("epochs") or []
         ckpt = Path(workdir) / checkpoint_path(name, run, indices[0], epochs[-1]) if epochs else None
-        shapes[name] = replace(dataset_shape(dataset), model_bytes=model_bytes(ckpt) if ckpt else 0)
+        shape = replace(dataset_shape(dataset), model_bytes=model_bytes(ckpt) if ckpt else 0)
+        shapes[name] = replace(shape, model_cap=influence_cap(shape.model_bytes, run.get("influence")))
     return shapes

@@ -208,10 +208,11 @@ def profile_settings(profile: str, snakefile: str | Path) -> ProfileSettings:
 
 
 def workflow_rules(
-    snakefile: str | Path, configfiles: Sequence[str | Path] = ()
+    snakefile: str | Path, configfiles: Sequence[str | Path] = (), workdir: str | Path | None = None
 ) -> tuple[list[RuleSpec], dict]:
     """The workflow's rules that run a script (targets such as ``all`` left out) and the config
-    they were built from: ``configfiles``, or the workflow's embedded default."""
+    they were built from: ``configfiles``, or the workflow's embedded default; the config's paths
+    relative to ``workdir`` (default: the Snakefile's folder)."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import (
         ConfigSettings,
@@ -236,7 +237,7 @@ def workflow_rules(
                 workflow_settings=WorkflowSettings(),
                 deployment_settings=DeploymentSettings(),
                 snakefile=snakefile,
-                workdir=snakefile.parent,
+                workdir=Path(workdir).resolve() if workdir else snakefile.parent,
             )._workflow
             rules = []
             for rule in workflow.rules:

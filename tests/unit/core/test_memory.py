@@ -147,3 +147,22 @@ def test_a_shard_job_asks_for_its_share_of_the_samples(tmp_path, rule):
     held_mb = rule_memory(rule).per_sample * 1_010_000 / memory.MB
     assert whole - quarter == pytest.approx(held_mb * 3 / 4 * HEADROOM, abs=2)
     assert quarter > mem_mb(rule, RunShape())
+
+
+def test_an_influence_job_of_a_large_model_asks_for_its_layer_groups_not_16_copies(tmp_path):
+    """A 29 GB checkpoint (a 7B model in float32): 16 copies would be 464 GB; the run's budgets
+    bound the factors and held queries (scale_plan.influence_cap); a small model keeps 16 copies."""
+    big, small = tmp_path / "big.safetensors", tmp_path / "small.pt"
+    with open(big, "wb") as f:
+        f.truncate(29_000_000_000)  # sparse: no disk used
+    small.write_bytes(b"\0" * 45_000_000)  # a ResNet-18
+    run = {"influence": {"factor_memory_gb": 24, "query_memory_gb": 8}}
+    capped = job_mem_mb("influence_factors", {"checkpoint": str(big)}, run=run)
+    cap_mb = (3 * 29e9 + (1.5 * 24 + 8) * 2**30) / memory.MB
+    assert capped == pytest.approx((rule_memory("influence_factors").base_mb + cap_mb) * HEADROOM, abs=2)
+    assert job_mem_mb("influence_factors", {"checkpoint": str(big)}) > 16 * 29_000 * HEADROOM
+    for rule in ("influence_factors", "influence_scores"):
+        assert job_mem_mb(rule, {"checkpoint": str(small)}, run=run) == job_mem_mb(
+            rule, {"checkpoint": str(small)}
+        )
+    assert job_mem_mb("curvature_shard", {"checkpoint": str(big)}, run=run) > 12 * 29_000  # influence only
