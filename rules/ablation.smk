@@ -6,12 +6,51 @@
 include: "helpers/ablation.smk"
 
 
-rule ablation_epoch:
+rule ablation_part:
     input:
         dataset=rules.prepare_data.output.dataset,
         class_order=rules.class_order.output.order,
         checkpoint=get_checkpoint,
         model_code=get_model_code,
+        code=get_code("ablation_epoch.py"),
+    output:
+        table=ablation_part_table(),
+    log:
+        layout.log(
+            "ablation",
+            index="{index}",
+            epoch="{epoch}",
+            name="part_{part}-of-{nparts}",
+        ),
+    benchmark:
+        layout.benchmark(
+            "ablation",
+            index="{index}",
+            epoch="{epoch}",
+            name="part_{part}-of-{nparts}",
+        )
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
+    params:
+        ablation=get_ablation_params,
+        model=get_model_param,
+        schedule=get_class_schedule,
+    script:
+        "../scripts/ablation_epoch.py"
+
+
+# One job per checkpoint (ablation.parts: 1), or the merge of its parts' tables (no model).
+rule ablation_epoch:
+    input:
+        dataset=in_one_part(lambda wc: layout.dataset(wc.run)),
+        class_order=in_one_part(lambda wc: layout.class_order(wc.run, wc.index)),
+        checkpoint=in_one_part(get_checkpoint),
+        model_code=in_one_part(get_model_code),
+        parts=get_ablation_parts,
         code=get_code("ablation_epoch.py"),
     output:
         table=layout.ablation_table(),

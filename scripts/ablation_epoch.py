@@ -1,10 +1,13 @@
-"""Rule ablation_epoch: change in accuracy and loss on old and new classes when each unit group
-of one checkpoint is zero- or mean-ablated (a text run: each attention head and MLP neuron group).
+"""Rules ablation_epoch and ablation_part: change in accuracy and loss on old and new classes when
+each unit group of one checkpoint is zero- or mean-ablated (a text run: each attention head and MLP
+neuron group); with ablation.parts above 1, each ablation_part job ablates a block of the units and
+ablation_epoch merges their tables.
 
 By hand, from the run's working directory:
     python scripts/ablation_epoch.py run=digits index=0 epoch=0030
 """
 
+import pandas as pd
 from _helpers import execution, job_files, run_script
 
 from epochlens.ablation.ablate import ablation_table, evaluation_images, reference_images
@@ -18,12 +21,16 @@ from epochlens.runner import log
 
 def main(snakemake) -> None:
     p, wc = snakemake.params, snakemake.wildcards
+    if snakemake.input.get("parts"):  # ablation.parts > 1: this checkpoint's table is theirs in order
+        tables = [pd.read_csv(path) for path in snakemake.input.parts]  # floats read back exactly
+        write_atomic(snakemake.output.table, lambda path: pd.concat(tables).to_csv(path, index=False))
+        return
     job = load_checkpoint_job(model=p.model, schedule=p.schedule, **job_files(snakemake))
     split = p.ablation["split"]
-    # Batch size and device do not change the results: read from the config, not params.
-    settings = AblationSettings(
-        **p.ablation["settings"], batch_size=execution(snakemake, "ablation")["batch_size"]
-    )
+    # Batch size, parts and device do not change the results: read from the config, not params.
+    part = {"part": int(wc.get("part", 0)), "parts": int(wc.get("nparts", 1))}  # rule ablation_part
+    batch = execution(snakemake, "ablation")["batch_size"]
+    settings = AblationSettings(**p.ablation["settings"], batch_size=batch, **part)
     context = {"run": wc.run, "index": int(wc.index), "epoch": job.epoch, "split": split}
     if isinstance(job.data, TextDataset):
         log.info(

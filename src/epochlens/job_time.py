@@ -65,6 +65,7 @@ RULES: dict[str, Time] = {
     "curvature_shard": Time(passes=39),
     "features_epoch": Time(passes=160),
     "ablation_epoch": Time(passes=41),
+    "ablation_part": Time(passes=41),  # at most: a part makes its share of the passes
     "influence_factors": Time(passes=47),
     "influence_covariances": Time(passes=24),
     "influence_corrections": Time(passes=24),

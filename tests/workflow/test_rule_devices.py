@@ -25,6 +25,7 @@ GPU_RULES = {
     "curvature_shard",
     "features_epoch",
     "ablation_epoch",
+    "ablation_part",
     "influence_covariances",
     "influence_eigenbasis",
     "influence_corrections",

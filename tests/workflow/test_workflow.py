@@ -6,9 +6,12 @@ training run would: digits, 10 classes, 4 initial +3 every 2 epochs -> checkpoin
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from dossier_checks import check_summaries, check_training_rows
 from dossier_checks import read as read_dossier
 from wfutil import (
@@ -356,3 +359,19 @@ def test_data_folder_in_the_wrong_layout(tiny, tmp_path):
     assert proc.returncode != 0
     assert f"{folder}: not a cifar-100-python folder" in proc.stdout
     assert "found ['img_0.png']" in proc.stdout
+
+
+def test_ablation_in_parts_makes_the_same_table(tiny_done, tmp_path):
+    """ablation.parts: 3 splits a checkpoint's units over three jobs; its table, merged from
+    theirs, is the one job's byte for byte (a copy of the finished run: the others keep theirs)."""
+    wf, work, cfg, _ = tiny_done
+    copy = shutil.copytree(work, tmp_path / "work", symlinks=True)  # times kept: nothing else reruns
+    spec = yaml.safe_load(cfg.read_text())
+    spec["runs"]["tiny"]["ablation"]["parts"] = 3
+    parts = write_config(tmp_path / "parts.yaml", spec)
+    table = RESULTS.ablation_table("tiny", 0, 6)
+    whole = (copy / table).read_bytes()
+    assert planned_jobs(wf, copy, table, configfile=parts) == {"ablation_part": 3, "ablation_epoch": 1}
+    snakemake(wf, copy, table, configfile=parts)
+    assert (copy / table).read_bytes() == whole
+    assert len(list((copy / table.removesuffix(".csv")).glob("part_*-of-3.csv"))) == 3

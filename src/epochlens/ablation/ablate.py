@@ -125,7 +125,7 @@ def block_shapes(model: nn.Module, blocks: Sequence[str], sample: torch.Tensor) 
 def unit_groups(
     model: nn.Module, sample: torch.Tensor, settings: AblationSettings | None = None
 ) -> list[UnitGroup]:
-    """The unit groups of ``model``: per block, the whole block, then its channel groups.
+    """This job's part (``settings.share``) of the unit groups: per block, whole, then by channels.
 
     ``sample`` is one normalised input (1, C, H, W) that fixes the blocks' channel counts.
     Raises LayerError for unknown block names (listing the available ones).
@@ -140,7 +140,7 @@ def unit_groups(
             groups.append(UnitGroup(b, "all", 0, c))
         for start, stop in channel_ranges(c, settings.channel_groups):
             groups.append(UnitGroup(b, f"ch{start}-{stop - 1}", start, stop))
-    return groups
+    return settings.share(groups)
 
 
 @torch.no_grad()

@@ -222,9 +222,9 @@ def ablated_units(
 
 
 def text_units(model: nn.Module, settings: AblationSettings) -> list[UnitSlice]:
-    """Every attention head, and ``channel_groups`` neuron groups of every MLP (none for 0)."""
-    units = head_sites(model)
-    return units + (mlp_sites(model, settings.channel_groups) if settings.channel_groups else [])
+    """This job's share of every attention head and ``channel_groups`` neuron groups of each MLP."""
+    mlp = mlp_sites(model, settings.channel_groups) if settings.channel_groups else []
+    return settings.share(head_sites(model) + mlp)
 
 
 def head_ablation_table(

@@ -35,17 +35,17 @@ class AblationSettings:
     batch_size: int = field(
         default=256, metadata={"help": "images per forward pass (bounds memory)", "execution": True}
     )
+    parts: int = field(
+        default=1, metadata={"help": "jobs per checkpoint, a block of units each", "execution": True}
+    )
+    part: int = field(default=0, metadata={"help": "this job's block (0 .. parts - 1)", "execution": True})
 
     def __post_init__(self) -> None:
         self.modes = tuple(self.modes)
         if isinstance(self.blocks, str):
             self.blocks = [self.blocks]
         problems = []
-        if (
-            not self.modes
-            or any(m not in MODES for m in self.modes)
-            or len(set(self.modes)) != len(self.modes)
-        ):
+        if not self.modes or not set(self.modes) <= set(MODES) or len(set(self.modes)) != len(self.modes):
             problems.append(f"modes={list(self.modes)} must be distinct values of {list(MODES)}")
         if self.channel_groups < 0:
             problems.append(f"channel_groups={self.channel_groups} must be >= 0")
@@ -55,5 +55,16 @@ class AblationSettings:
             problems.append(f"precision={self.precision!r} must be one of {list(PRECISIONS)}")
         if self.batch_size < 1:
             problems.append(f"batch_size={self.batch_size} must be >= 1")
+        if not 0 <= self.part < self.parts:
+            problems.append(f"part {self.part} of parts={self.parts}: parts must be >= 1, part below it")
         if problems:
             raise ConfigError("ablation settings: " + "; ".join(problems) + ". Fix the config.")
+
+    def share(self, units: list) -> list:
+        """This job's contiguous block of ``units`` (in table order; one part: all); ConfigError
+        where it has none (more parts than units)."""
+        n = len(units)
+        block = units[self.part * n // self.parts : (self.part + 1) * n // self.parts]
+        if not block:
+            raise ConfigError(f"ablation.parts={self.parts} is more than the {n} unit groups: lower it.")
+        return block

@@ -208,3 +208,25 @@ def test_a_regression_ablation_changes_the_squared_error_of_every_sample(reducti
     np.testing.assert_allclose(row["loss"], float(reduce(err).mean()), rtol=1e-6)
     np.testing.assert_allclose(row["loss_base"], float(reduce(base).mean()), rtol=1e-6)
     np.testing.assert_allclose(row["delta_loss"], row["loss"] - row["loss_base"], rtol=1e-9)
+
+
+def test_the_units_in_parts_make_the_whole_table(trained, tmp_path) -> None:
+    """ablation.parts: each part a contiguous block of the unit groups; their tables, written and
+    read back as the workflow merges them, are the one job's table (same rows, same numbers)."""
+    import pandas as pd
+
+    model, x, y = trained
+    whole = ablation_table(model, x, y, ACTIVE, NEW, AblationSettings(channel_groups=2, batch_size=50))
+    paths = []
+    for k in range(3):
+        settings = AblationSettings(channel_groups=2, batch_size=50, part=k, parts=3)
+        ablation_table(model, x, y, ACTIVE, NEW, settings).to_csv(tmp_path / f"{k}.csv", index=False)
+        paths.append(tmp_path / f"{k}.csv")
+    merged = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    pd.testing.assert_frame_equal(merged, whole, check_exact=True)
+    assert len({tuple(pd.read_csv(p)["block"].unique()) for p in paths}) == 3  # different blocks
+    n = len(unit_groups(model, x[:1], AblationSettings(channel_groups=2)))
+    with pytest.raises(ConfigError, match=f"ablation.parts={n + 1} is more than the {n} unit groups"):
+        unit_groups(model, x[:1], AblationSettings(channel_groups=2, part=0, parts=n + 1))
+    with pytest.raises(ConfigError, match="part 3 of parts=3"):
+        AblationSettings(part=3, parts=3)

@@ -221,3 +221,21 @@ def test_bart_heads_of_encoder_decoder_and_cross_attention_are_their_out_proj_co
                                      for k in range(LAYERS)}  # fmt: skip
     widths = {side: max(u.stop for u in mlp if side in u.site) for side in ("encoder", "decoder")}
     assert widths == {"encoder": 32, "decoder": 24}  # each side's ffn width
+
+
+def test_a_text_checkpoints_heads_in_parts_make_the_whole_table():
+    import pandas as pd
+
+    from epochlens.ablation.heads import head_ablation_table
+    from epochlens.ablation.settings import AblationSettings
+
+    data, model = polarity_bert()
+    args = (model, data, "test", np.array([0, 1]), np.array([1]))
+
+    def table(**part):
+        return head_ablation_table(*args, AblationSettings(channel_groups=2, batch_size=7, **part), 10)
+
+    parts = [table(part=k, parts=3) for k in range(3)]
+    pd.testing.assert_frame_equal(pd.concat(parts, ignore_index=True), table(), check_exact=True)
+    units = [len(p[["block", "group"]].drop_duplicates()) for p in parts]
+    assert units == [2, 3, 3]  # 8 units (4 heads, then 4 MLP neuron groups) in contiguous blocks
