@@ -71,9 +71,11 @@ def settings(a: argparse.Namespace):
     from epochlens.ablation.settings import AblationSettings
     from epochlens.influence import InfluenceSettings
 
+    # Batches no larger than the data: the plan counts a full batch's activations.
     influence = InfluenceSettings(
-        method="ekfac", factor_memory_gb=a.budget, train_batch_size=8, query_memory_gb=a.query_memory
-    )
+        method="ekfac", factor_memory_gb=a.budget, query_memory_gb=a.query_memory, train_batch_size=8,
+        factor_batch_size=min(64, a.train), query_batch_size=min(16, a.queries),
+    )  # fmt: skip
     return influence, AblationSettings(channel_groups=4, batch_size=a.ablation_batch)
 
 

@@ -11,7 +11,7 @@ peak memory and the number of jobs. A job's peak is the sum of what it holds at 
   (:func:`activations`);
 * ``influence_factors``, the larger of its two moments for its largest layer group: the
   eigendecompositions (covariance sums, covariances and eigenvectors in float64, and the solver's
-  temporaries of the largest matrix, :data:`EIGH_BYTES` n²) or a pass over the data (a batch's
+  temporaries of the largest matrix, :data:`EIGH_BYTES`) or a pass over the data (a batch's
   activations, what the pass sums, per-sample gradients of the largest layer);
 * ``influence_scores``: the largest group's factors as stored (eigenvectors and eigenvalues, or the
   diagonal), the queries' preconditioned gradients held (``query_memory_gb`` at most) and the
@@ -42,9 +42,10 @@ MB = 1e6
 #: Snakemake's modules, the job's own; the demo's polarity jobs (a 2-layer BERT of hidden 32) peaked
 #: at 575-627 MB (Snakemake's max_rss of evaluate, influence_factors and influence_scores).
 BASE_MB = 630
-#: Bytes per n² of the eigendecomposition's temporaries of an n x n factor beyond the factors
-#: themselves: the input's copy (8 n² in float64) and syevd's workspace (16 n²).
-EIGH_BYTES = 24
+#: Bytes per n² of the eigendecomposition's temporaries of an n x n factor, beyond the factor and
+#: its float64 eigenvectors: measured (``ru_maxrss`` around epochlens.influence.eigen.symmetric_eigh
+#: of a 6144 x 6144 matrix on this CPU) 10.9 n² solving in float32, 15.3 n² in float64.
+EIGH_BYTES = {"float32": 11, "float64": 16}
 #: Per-sample gradient matrices of a layer a pass forms at once (the gradient, what is formed from it
 #: and the rotation's two products: epochlens.influence.gradient_math.gradient_chunks).
 GRADIENT_COPIES = 4
@@ -134,8 +135,10 @@ def factors_peak(layers: list, method: str, settings, activations: int) -> float
     squares = sum(i.in_dim**2 + i.out_dim**2 for i in layers)
     rect = sum(i.out_dim * i.in_dim for i in layers)
     n = _largest(layers, lambda i: max(i.in_dim, i.out_dim))
-    per_n2 = 16 if settings.eigh_float32_from is not None and n >= settings.eigh_float32_from else EIGH_BYTES
-    eigen = 0 if method == "diagonal" else 3 * 8 * squares + per_n2 * n**2
+    single = settings.eigh_float32_from is not None and n >= settings.eigh_float32_from
+    eigen = (
+        0 if method == "diagonal" else 3 * 8 * squares + EIGH_BYTES["float32" if single else "float64"] * n**2
+    )
     summed = {"ekfac": 2 * squares + 2 * rect, "kfac": squares, "diagonal": 2 * rect}[method]
     return max(eigen, activations + _gradients(layers) + 8 * summed)
 

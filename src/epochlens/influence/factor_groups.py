@@ -93,11 +93,14 @@ def save_factor_groups(
     index = json.dumps({"format": GROUPS_FORMAT, "key": key, "groups": names}, sort_keys=True)
     with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as archive:
         archive.writestr(zipfile.ZipInfo(INDEX, _DATE), index)
-        for g, factors in enumerate(groups):
-            if list(factors.layers) != names[g]:
-                raise ValueError(f"group {g}: layers {list(factors.layers)}, planned {names[g]}")
+        fitted = iter(groups)  # not enumerate(): its reused tuple would hold the last group
+        for g, planned in enumerate(names):
+            factors = next(fitted)
+            if list(factors.layers) != planned:
+                raise ValueError(f"group {g}: layers {list(factors.layers)}, planned {planned}")
             with archive.open(zipfile.ZipInfo(f"group-{g:03d}.pt", _DATE), "w", force_zip64=True) as f:
                 torch.save(factor_object(factors), f)
+            del factors  # written: not held while the next group is fitted
 
 
 def group_names(path: str | Path) -> list[list[str]] | None:

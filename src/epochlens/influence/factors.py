@@ -428,6 +428,7 @@ def fit_factors(
         t0 = time.perf_counter()
         eigendecompose(result, sums, settings, p.device)
         result.timings["eigendecomposition"] = _elapsed(t0, p.device)
+        del sums  # the covariances are the factors now: the corrections' pass runs without their sums
     if settings.method in ("ekfac", "diagonal"):
         t0 = time.perf_counter()
         corr = correction_sums(model, result if settings.method == "ekfac" else None, *args)

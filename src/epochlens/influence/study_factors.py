@@ -109,6 +109,7 @@ def fit_checkpoint_factors(
             factors, table = _finish(factors)
             spectra.append(table)
             yield factors
+            del factors  # written: the next group is fitted without it (one group held at a time)
 
     return FactorFit(names, key, groups(), spectra)
 

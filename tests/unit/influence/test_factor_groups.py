@@ -105,3 +105,29 @@ def test_the_grouped_file_is_the_same_bytes_for_the_same_factors_and_checks_its_
         one, iter([fit_factors(m, x, y, np.arange(4), settings, key={"k": 1})]), [["fc1", "fc2"]], {}
     )
     assert group_names(one) is None and [list(f.layers) for f in factor_groups(one)] == [["fc1", "fc2"]]
+
+
+def test_a_written_group_is_not_held_while_the_next_is_fitted(tmp_path) -> None:
+    """save_factor_groups drops each group once written: a job holds one group's factors, not two
+    (a 7B layer's are ~4.5 GB)."""
+    import gc
+    import weakref
+
+    m = constant_output_mlp(3, seed=2)
+    x, y = data(30, (3,), 4, 2)
+    settings = InfluenceSettings(method="ekfac", fisher="expected")
+    names = [[n] for n in select_layers(m)]
+    held = []
+
+    def groups():
+        for group in names:
+            gc.collect()
+            held.append(sum(ref() is not None for ref in refs))  # earlier groups still alive
+            factors = fit_factors(m, x, y, np.arange(4), group_settings(settings, group), key={})
+            refs.append(weakref.ref(factors))
+            yield factors
+            del factors
+
+    refs: list = []
+    save_factor_groups(tmp_path / "factors.pt", groups(), names, {})
+    assert len(names) == 2 and held == [0, 0]
