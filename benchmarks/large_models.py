@@ -1,5 +1,7 @@
-"""Influence (EK-FAC) of Mistral-shaped causal LMs as their layers grow: each job's peak memory and
-seconds, with the factors in one group and in layer groups (influence.factor_memory_gb).
+"""Influence (EK-FAC) and ablation of Mistral-shaped causal LMs as their layers grow: each job's peak
+memory beside ``epochlens plan``'s prediction (epochlens.scale_plan), and its seconds, with the
+factors in one group and in layer groups (influence.factor_memory_gb). ``ablation`` runs an
+ablation job's passes (the means, the intact pass, the first units zero- and mean-ablated).
 
 Each case runs in a process of its own (its peak is that process's ``ru_maxrss``), as the
 workflow's jobs do: ``factors`` fits the factors a group at a time and writes them
@@ -10,7 +12,7 @@ costs), the prompts are random tokens, the loss is the language-model task's.
 
     PYTHONPATH=src .venv/bin/python benchmarks/large_models.py [--layers 4 8] [--budgets 4 0.5]
         [--hidden 512 --mlp 1792 --heads 8 --kv-heads 2] [--train 160 --queries 40 --length 32]
-        [--query-memory 2]
+        [--query-memory 2] [--factor-batch 64] [--ablation-batch 256] [--jobs factors scores ablation]
 
 Prints one row per (layers, budget, job) and, per budget, the ratio of the peaks at the most
 layers to the fewest.
@@ -74,7 +76,7 @@ def settings(a: argparse.Namespace):
     # Batches no larger than the data: the plan counts a full batch's activations.
     influence = InfluenceSettings(
         method="ekfac", factor_memory_gb=a.budget, query_memory_gb=a.query_memory, train_batch_size=8,
-        factor_batch_size=min(64, a.train), query_batch_size=min(16, a.queries),
+        factor_batch_size=min(a.factor_batch, a.train), query_batch_size=min(16, a.queries),
     )  # fmt: skip
     return influence, AblationSettings(channel_groups=4, batch_size=a.ablation_batch)
 
@@ -177,6 +179,7 @@ SHAPE = (
     "threads",
     "query_memory",
     "ablation_batch",
+    "factor_batch",
 )
 
 
@@ -198,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
     for name, default in (("train", 160), ("queries", 40), ("length", 32), ("threads", 2)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--ablation-batch", type=int, default=256, help="ablation.batch_size")
+    p.add_argument("--factor-batch", type=int, default=64, help="influence.factor_batch_size")
     p.add_argument("--query-memory", type=float, default=2.0, help="query_memory_gb (GiB of held queries)")
     p.add_argument("--jobs", nargs="+", default=list(JOBS), choices=JOBS, help="which jobs to measure")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
