@@ -1,7 +1,6 @@
 """Rules ablation_epoch and ablation_part: change in accuracy and loss on old and new classes when
-each unit group of one checkpoint is zero- or mean-ablated (a text run: each attention head and MLP
-neuron group); with ablation.parts above 1, each ablation_part job ablates a block of the units and
-ablation_epoch merges their tables.
+each unit group of one checkpoint is zero- or mean-ablated (text: each head and MLP neuron group);
+with ablation.parts above 1 each ablation_part job ablates a block of them, ablation_epoch merges.
 
 By hand, from the run's working directory:
     python scripts/ablation_epoch.py run=digits index=0 epoch=0030

@@ -112,7 +112,8 @@ def test_doctor_checks_the_device_against_the_profile(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     failed = [c["detail"] for c in report["checks"] if c["name"] == "devices" and c["status"] == "fail"]
-    assert len(failed) == 11  # every GPU rule (influence shards, LDS, sample outputs); no training
+    # every GPU rule (influence shards, ablation parts, LDS, sample outputs); no training
+    assert len(failed) == 12
     assert any("each curvature_shard job is given 1 GPU(s), which it sees as cuda:0" in d for d in failed)
     rules = {r["rule"]: r for r in report["rules"]}
     assert rules["evaluate_checkpoint"]["device"] == "cpu" and rules["features_epoch"]["device"] == "cuda:1"

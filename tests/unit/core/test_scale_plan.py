@@ -87,28 +87,18 @@ def test_a_run_without_checkpoints_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_predicted_peaks_are_within_30_percent_of_measured(tmp_path):
-    """Each influence and ablation job of a 2-layer Mistral-shaped LM, with its factors in one group
-    and in 6, in a process of its own: its peak (ru_maxrss) against ``epochlens plan``'s."""
+    """Each influence and ablation job of a 2-layer Mistral-shaped LM, its factors in 6 groups, in a
+    process of its own: its peak (ru_maxrss) against ``epochlens plan``'s (one group, the 4 and 8
+    layers of docs/measurements.md: benchmarks/large_models.py)."""
     rows = tmp_path / "rows.json"
-    shape = "--hidden 256 --mlp 3072 --heads 4 --kv-heads 2 --train 8 --queries 8 --length 16"
-    argv = [
-        sys.executable,
-        str(REPO / "benchmarks/large_models.py"),
-        "--layers",
-        "2",
-        "--budgets",
-        "4",
-        "0.3",
-    ]
-    argv += [*shape.split(), "--ablation-batch", "64", "--threads", "1", "--json", str(rows)]
+    shape = (
+        "--hidden 256 --mlp 3072 --heads 4 --kv-heads 2 --train 8 --queries 8 --length 16 --ablation-batch 64"
+    )
+    argv = [sys.executable, str(REPO / "benchmarks/large_models.py"), "--layers", "2", "--budgets", "0.3"]
+    argv += [*shape.split(), "--threads", "1", "--json", str(rows)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     subprocess.run(argv, check=True, env=env, capture_output=True, timeout=600)
     measured = json.loads(rows.read_text())
-    assert len(measured) == 5
+    assert [(r["job"], r["groups"]) for r in measured] == [("factors", 6), ("scores", 6), ("ablation", 6)]
     for row in measured:
         assert 0.7 <= row["predicted_mb"] / row["peak_mb"] <= 1.3, row
-    by = {(r["job"], r["budget"]): r for r in measured}
-    for job in ("factors", "scores"):  # the groups' saving is real and predicted
-        assert by[job, 0.3]["groups"] > 1
-        assert by[job, 0.3]["peak_mb"] < by[job, 4.0]["peak_mb"]
-        assert by[job, 0.3]["predicted_mb"] < by[job, 4.0]["predicted_mb"]
