@@ -85,8 +85,7 @@ def predicted(a: argparse.Namespace, layers: int, budget: float) -> dict[str, fl
     """Each job's peak as ``epochlens plan`` predicts it (MB)."""
     from epochlens import scale_plan
 
-    a.budget = budget
-    influence, ablation = settings(a)
+    influence, ablation = settings(argparse.Namespace(**{**vars(a), "budget": budget}))  # a stays as given
     shape = scale_plan.model_shape(mistral(a, layers), "causal_lm", a.length)
     jobs = scale_plan.influence_jobs(shape, "ekfac", influence, a.queries)
     out = {rule.removeprefix("influence_"): peak / 1e6 for rule, (peak, _) in jobs.items()}

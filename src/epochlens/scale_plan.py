@@ -231,13 +231,13 @@ def _settings(cls: type, section: Mapping[str, Any], exclude: str = ""):
     )
 
 
-def run_plan(name: str, run: Mapping[str, Any], workdir: str | Path = ".") -> list[JobPlan]:
-    """The influence and ablation jobs of one run: each rule's job count and predicted peak."""
+def run_plan(name: str, run: Mapping[str, Any], folder: str | Path | Mapping) -> list[JobPlan]:
+    """The influence and ablation jobs of one run whose model config is ``folder``
+    (:func:`run_model`): each rule's job count and predicted peak."""
     from epochlens.ablation.settings import AblationSettings
     from epochlens.config.epochs import influence_epochs, influence_indices, section_epochs
     from epochlens.influence.settings import InfluenceSettings
 
-    folder = run_model(name, run, workdir)
     spec = run.get("influence") or {}
     settings = _settings(InfluenceSettings, spec, exclude="method")
     tokens = run["data"].get("text", {}).get("max_length", 128)
@@ -270,10 +270,11 @@ def study_plan(config: Mapping[str, Any], workdir: str | Path = ".") -> tuple[li
     ``epochlens doctor --profile`` sizes those from their checkpoints)."""
     plans, others = [], []
     for name, run in config.get("runs", {}).items():
-        if run_model(name, run, workdir) is None:
+        folder = run_model(name, run, workdir)  # lists the run's checkpoints: once a run
+        if folder is None:
             others.append(name)
         else:
-            plans += run_plan(name, run, workdir)
+            plans += run_plan(name, run, folder)
     return plans, others
 
 
