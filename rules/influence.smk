@@ -8,6 +8,9 @@
 # eigendecomposed; kfac's factors are that) -> influence_corrections (ekfac, diagonal) ->
 # influence_factors (summed); influence_score_shard -> influence_scores (concatenated). A killed
 # shard reruns alone. With S = 1 influence_factors and influence_scores do the passes themselves.
+# The projected methods (logra) write each training image's projected gradient once per checkpoint
+# (influence_store_shard, S jobs: the gradient store) and score any queries with one read of it
+# (influence_store_scores: the same scores.npz as influence_scores).
 # Per run: poison_detection (tables) -> plot_influence (figures); with influence.lds the linear
 # datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds. A run whose
 # training is its own command is retrained by that command (its {subset}): its files and {data}
@@ -231,6 +234,73 @@ rule influence_scores:
         config=get_influence_score_params,
     script:
         "../scripts/influence_scores.py"
+
+
+rule influence_store_shard:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        checkpoint=get_checkpoint,
+        model_code=get_model_code,
+        code=get_code("influence_store_shard.py"),
+    output:
+        gradients=layout.influence_store("npy"),
+        info=layout.influence_store("pt"),
+    log:
+        layout.log(
+            "influence", index="{index}", epoch="{epoch}", name=shard_log("store")
+        ),
+    benchmark:
+        layout.benchmark(
+            "influence", index="{index}", epoch="{epoch}", name=shard_log("store")
+        )
+    wildcard_constraints:
+        method=PROJECTED,
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
+    params:
+        config=get_influence_factor_params,
+    script:
+        "../scripts/influence_store_shard.py"
+
+
+rule influence_store_scores:
+    input:
+        dataset=rules.prepare_data.output.dataset,
+        class_order=rules.class_order.output.order,
+        checkpoint=get_checkpoint,
+        model_code=get_model_code,
+        gradients=get_influence_store_gradients,
+        infos=get_influence_store_infos,
+        code=get_code("influence_store_scores.py"),
+    output:
+        scores=layout.influence_file("scores.npz"),
+        metadata=layout.influence_file("metadata.json"),
+        diagnostics=layout.influence_file("diagnostics.csv"),
+    log:
+        layout.log(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/scores"
+        ),
+    benchmark:
+        layout.benchmark(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/scores"
+        )
+    wildcard_constraints:
+        method=PROJECTED,
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    resources:
+        **get_gpu_resources(),
+    params:
+        config=get_influence_score_params,
+    script:
+        "../scripts/influence_store_scores.py"
 
 
 rule poison_detection:

@@ -2,8 +2,11 @@
 
 from types import SimpleNamespace
 
+from epochlens.influence.projection_settings import PROJECTED_METHODS
 from epochlens.influence.settings import FACTOR_METHODS
 
+#: The projected methods' wildcard constraint.
+PROJECTED = "|".join(PROJECTED_METHODS)
 INFLUENCE_FIGURES = ("poison_roc", "top_influential_images", "influence_conditioning")
 
 
@@ -93,6 +96,24 @@ def get_influence_score_shards(wildcards):
     if get_influence_shards(wildcards) == 1:
         return []
     return influence_shard_files(wildcards, "scores")
+
+
+def influence_store_files(wildcards, ext):
+    w, n = wildcards, get_influence_shards(wildcards)
+    return [
+        layout.influence_store(ext, w.run, w.index, w.epoch, w.method, k, n)
+        for k in range(n)
+    ]
+
+
+def get_influence_store_gradients(wildcards):
+    """The gradient store's rows, one file per shard (influence.shards), in order."""
+    return influence_store_files(wildcards, "npy")
+
+
+def get_influence_store_infos(wildcards):
+    """What each of the store's shards holds (positions, losses, Gauss-Newton sums, key)."""
+    return influence_store_files(wildcards, "pt")
 
 
 def get_influence_factors(wildcards):

@@ -71,6 +71,8 @@ RULES: dict[str, Time] = {
     "influence_corrections": Time(passes=24),
     "influence_scores": Time(passes=44),
     "influence_score_shard": Time(passes=44),
+    "influence_store_shard": Time(passes=24),  # a loss and a Fisher backward a sample
+    "influence_store_scores": Time(passes=2),  # the queries' gradients and one read of the store
 }
 
 

@@ -317,6 +317,20 @@ class Layout:
         ext = "npz" if kind == "scores" else "pt"
         return f"{self.influence_dir(run, index, epoch, method)}/shards/{kind}_{shard}-of-{nshards}.{ext}"
 
+    def influence_store(
+        self,
+        ext: str,
+        run: str = "{run}",
+        index: Val = "{index}",
+        epoch: Val = "{epoch}",
+        method: str = "{method}",
+        shard: Val = "{shard}",
+        nshards: Val = "{nshards}",
+    ) -> str:
+        """One shard of a projected method's gradient store: the rows (``npy``) or what they are
+        (``pt``: positions, scales, losses, the projected Gauss-Newton sums, the key)."""
+        return f"{self.influence_dir(run, index, epoch, method)}/store/store_{shard}-of-{nshards}.{ext}"
+
     def lds_dir(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         """The linear datamodeling score's retrainings of one analysed checkpoint."""
         return f"{self.index_dir(run, index)}/influence/{epoch_name(epoch)}/lds"

@@ -108,6 +108,9 @@ RULES: dict[str, Memory] = {
 #: in float64; peaks flat from 20,000 to 100,000 images; 1 KB a sample: room for 125 queries).
 for _rule in ("covariances", "eigenbasis", "corrections", "factors", "score_shard", "scores"):
     RULES[f"influence_{_rule}"] = Memory(base_mb=710, per_sample=1000, model_copies=16, capped=True)
+RULES["influence_store_scores"] = RULES["influence_scores"]
+#: The store's shards write their rows as they go: a sample's positions, scale and loss stay.
+RULES["influence_store_shard"] = Memory(base_mb=710, per_sample=100, model_copies=16, capped=True)
 #: A text run's jobs import transformers and tokenizers (about 200 MB more on the demo's
 #: polarity run than on its image runs).
 TEXT_MB = 200

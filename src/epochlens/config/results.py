@@ -21,6 +21,7 @@ from epochlens.config.run_kinds import has_token_labels, is_regression_run
 from epochlens.curvature.settings import CurvatureSettings
 from epochlens.errors import ConfigError
 from epochlens.features.settings import FeatureSettings, RepresentationSettings
+from epochlens.influence.projection_settings import PROJECTED_METHODS, ProjectionSettings
 from epochlens.influence.settings import FACTOR_METHODS, InfluenceSettings
 from epochlens.outcome import regression_reduction
 from epochlens.probes.settings import ProbeSettings, probe_targets
@@ -231,6 +232,9 @@ def influence_settings(run: Mapping, method: str) -> dict:
         settings["fisher"] = "true" if spec["fisher"] is True else spec["fisher"]  # YAML's bare true
     else:
         settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
+    if method in PROJECTED_METHODS:  # the store's gradients: the Fisher's draws and the projection
+        settings.update(fisher="true" if spec["fisher"] is True else spec["fisher"], seed=spec["seed"])
+        settings["projection"] = result_settings(spec["projection"], ProjectionSettings, exclude={"seed"})
     return settings
 
 
@@ -255,7 +259,7 @@ def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> 
     spec = run["influence"]
     params = influence_factor_params(run, method)
     score = result_settings(spec, InfluenceSettings, exclude=_factor_fields())
-    if method not in FACTOR_METHODS:  # identity and tracin invert no curvature
+    if method not in FACTOR_METHODS + PROJECTED_METHODS:  # identity and tracin invert no curvature
         score = {k: v for k, v in score.items() if not k.startswith("damping")}
     params["settings"].update(score)
     # How the scores are reduced over the queries changes the tables only.
