@@ -10,7 +10,7 @@ import numpy as np
 from _helpers import execution, job_files, run_script
 
 from epochlens.atomic import write_atomic, write_json
-from epochlens.influence.study_store import store_checkpoint_scores
+from epochlens.influence.study_store_scores import store_checkpoint_scores
 from epochlens.job import load_checkpoint_job
 from epochlens.study.score_queries import score_queries
 

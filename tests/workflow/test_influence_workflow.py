@@ -3,7 +3,8 @@ of a tiny trained run with flipped labels, and what a config change reruns.
 
 The tiny run (wfutil.tiny_config: digits, 4 initial classes +3 every 2 epochs), trained by the
 pipeline (6 epochs, seconds) on data with 10% of the training labels flipped, influence at the last
-checkpoint (epoch 6) by EK-FAC, identity and TracIn (epochs 2, 4, 6).
+checkpoint (epoch 6) by EK-FAC, identity, TracIn (epochs 2, 4, 6) and LoGra (the projected
+gradient store).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from epochlens.study.detection import DETECTION_COLUMNS
 pytestmark = pytest.mark.workflow
 
 OFF = {"enabled": False}
+METHODS = ["ekfac", "identity", "tracin", "logra"]
 # The linear datamodeling score of the tiny run: 3 retrainings (seconds each) in 2 jobs.
 LDS = {"enabled": True, "subsets": 3, "parts": 2, "bootstrap": 20}
 
@@ -42,7 +44,7 @@ def influence_config(tmp_path, influence=None, corruption=None, **run) -> dict:
     spec.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     spec["influence"] = {
         "enabled": True,
-        "methods": ["ekfac", "identity", "tracin"],
+        "methods": METHODS,
         "queries": {"max_count": 8},
         "transforms": ["none", "hflip"],
         "top_k": 6,
@@ -134,7 +136,7 @@ def test_detection_table_and_figures(tiny_run):
     assert tuple(table.columns) == DETECTION_COLUMNS
     rows = set(zip(table["method"], table["signal"], strict=True))
     signals = {"self_influence", "query_influence", "query_influence_hflip"}
-    assert rows == {(m, s) for m in ("ekfac", "identity", "tracin") for s in signals} | {
+    assert rows == {(m, s) for m in METHODS for s in signals} | {
         ("loss", "loss"),
         ("random", "random"),
     }
@@ -145,7 +147,7 @@ def test_detection_table_and_figures(tiny_run):
     above("worst self-influence AUROC of the flipped labels", self_rows["auroc"].min(), 0.7, table)
 
     agreement = pd.read_csv(work / RESULTS.table("influence_transform_agreement", "tiny"))
-    assert set(agreement["method"]) == {"ekfac", "identity", "tracin"}
+    assert set(agreement["method"]) == set(METHODS)
     assert set(zip(agreement["transform_a"], agreement["transform_b"], strict=True)) == {("none", "hflip")}
     assert agreement["spearman"].between(-1, 1).all()
     top = pd.read_csv(work / RESULTS.table("influence_top_ranked", "tiny"))
@@ -162,7 +164,7 @@ def test_detection_table_and_figures(tiny_run):
 def test_scores_files(tiny_run):
     _, work, _, _ = tiny_run
     data = read_dataset(work / RESULTS.dataset("tiny"))
-    for method in ("ekfac", "identity", "tracin"):
+    for method in METHODS:
         folder = work / RESULTS.influence_dir("tiny", 0, 6, method)
         with np.load(folder / "scores.npz") as npz:
             self_scores, pairwise = npz["self_influence"], npz["pairwise_none"]
@@ -184,6 +186,16 @@ def test_scores_files(tiny_run):
     assert "factors" in ekfac["provenance"]["inputs"]
     assert (work / RESULTS.influence_file("factors.pt", "tiny", 0, 6, "ekfac")).exists()
     assert not (work / RESULTS.influence_file("factors.pt", "tiny", 0, 6, "identity")).exists()
+    logra = json.loads((work / RESULTS.influence_file("metadata.json", "tiny", 0, 6, "logra")).read_text())
+    assert logra["settings"]["projection"] == {
+        "dim": 32,
+        "dtype": "float32",
+        "precondition": "gauss_newton",
+        "seed": 0,
+    }
+    assert set(logra["timings"]) == {"store", "curvature", "queries", "scores"}
+    rows = np.load(work / RESULTS.influence_store("npy", "tiny", 0, 6, "logra", 0, 1), mmap_mode="r")
+    assert rows.shape == (len(data.train_labels[~data.holdout]), 9 * 16 + 32 * 32 + 32 * 32 + 10 * 32)
 
 
 def test_what_config_changes_rerun(tiny_run):
@@ -203,6 +215,7 @@ def test_what_config_changes_rerun(tiny_run):
     # Damping changes the scores of the methods that invert a curvature, not their factors.
     assert planned(damping=0.01) == {
         "influence_scores": 1,
+        "influence_store_scores": 1,  # the store is not recomputed
         "poison_detection": 1,
         "plot_influence": 1,
         "lds_tables": 1,
@@ -236,6 +249,10 @@ def test_what_config_changes_rerun(tiny_run):
     jobs = planned_jobs(wf, work, "influence", configfile=write_config(path.parent / "corrupt.yaml", changed))
     assert jobs["prepare_data"] == 1 and jobs["train_tiny"] == 1
     assert jobs["influence_factors"] == 1 and jobs["influence_scores"] == 3
+    assert jobs["influence_store_shard"] == jobs["influence_store_scores"] == 1
+    # Other queries rerun the scoring only: the store of the training gradients stays.
+    more = planned(queries={**spec["influence"]["queries"], "max_count": 6})
+    assert more["influence_store_scores"] == 1 and "influence_store_shard" not in more
 
     def planned_after_editing(module: str) -> dict:
         """The plan with ``src/epochlens/<module>`` edited; the file restored afterwards."""
@@ -251,6 +268,17 @@ def test_what_config_changes_rerun(tiny_run):
     # Editing the scoring module reruns the scores and what reads them, not the factors.
     assert planned_after_editing("influence/scores.py") == {
         "influence_scores": 3,
+        "influence_store_scores": 1,  # it shares the score files' format (study_scores)
+        "poison_detection": 1,
+        "plot_influence": 1,
+        "lds_tables": 1,
+        "plot_lds": 1,
+        "influence": 1,
+    }
+    # Editing the projection reruns the projected method's store and scores only.
+    assert planned_after_editing("influence/projection.py") == {
+        "influence_store_shard": 1,
+        "influence_store_scores": 1,
         "poison_detection": 1,
         "plot_influence": 1,
         "lds_tables": 1,
@@ -264,7 +292,7 @@ def test_what_config_changes_rerun(tiny_run):
 def test_lds_table_and_figure(tiny_run):
     _, work, _, _ = tiny_run
     table = pd.read_csv(work / RESULTS.table("lds", "tiny"))
-    assert list(table["method"]) == ["ekfac", "identity", "tracin", "random"]
+    assert list(table["method"]) == [*METHODS, "random"]
     assert (table["epoch"] == 6).all() and (table["n_subsets"] == 3).all()
     assert (table["fraction"] == 0.5).all()
     assert table["lds"].between(-1, 1).all() and (table["ci_low"] <= table["ci_high"]).all()
@@ -319,7 +347,7 @@ def test_the_dossier_is_the_runs_arrays_and_tables(tiny_run):
     check_summaries(rows)
     dossier, meta = read_dossier(paths, "tiny")
     assert meta["task"] == "classification" and meta["epochs"] == [0, 2, 4, 6]
-    check_influence(paths, "tiny", 0, 6, ["ekfac", "identity", "tracin"])
+    check_influence(paths, "tiny", 0, 6, METHODS)
     check_detectors(rows, meta)
     assert {"curvature", "grad_norm", "curvature_mean", "text", "group"}.isdisjoint(dossier)  # not computed
     # The holdout's correctness per class and checkpoint is the evaluation's accuracy.

@@ -32,6 +32,8 @@ GPU_RULES = {
     "influence_factors",
     "influence_score_shard",
     "influence_scores",
+    "influence_store_shard",
+    "influence_store_scores",
     "lds_retrain",
     "sample_outputs_shard",
 }
@@ -112,8 +114,8 @@ def test_doctor_checks_the_device_against_the_profile(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     failed = [c["detail"] for c in report["checks"] if c["name"] == "devices" and c["status"] == "fail"]
-    # every GPU rule (influence shards, ablation parts, LDS, sample outputs); no training
-    assert len(failed) == 12
+    # every GPU rule (influence shards and store, ablation parts, LDS, sample outputs); no training
+    assert len(failed) == 14
     assert any("each curvature_shard job is given 1 GPU(s), which it sees as cuda:0" in d for d in failed)
     rules = {r["rule"]: r for r in report["rules"]}
     assert rules["evaluate_checkpoint"]["device"] == "cpu" and rules["features_epoch"]["device"] == "cuda:1"

@@ -213,3 +213,52 @@ def store_scores(
         pairwise[:, rows] = queries @ g.T
         self_[rows] = np.einsum("nd,nd->n", curvature.apply(g), g)
     return pairwise, self_
+
+
+@dataclass
+class TopK:
+    """Exact top-k of the store's influence on each query and of each stored sample over the queries.
+
+    Attributes:
+        query_indices, query_scores: (Q, k) rows of the store (positions in the concatenated store)
+            with the k largest influences on each query, largest first (-1 and NaN past the usable).
+        sample_indices, sample_scores: (N, k') the k' = min(k, Q) queries each stored sample
+            influences most, largest first (NaN for unusable rows).
+    """
+
+    query_indices: np.ndarray
+    query_scores: np.ndarray
+    sample_indices: np.ndarray
+    sample_scores: np.ndarray
+
+
+def _largest(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, values) of the k largest finite entries of each row, largest first; NaN never wins."""
+    filled = np.where(np.isfinite(scores), scores, -np.inf)
+    k = min(k, scores.shape[1])
+    top = np.argpartition(-filled, k - 1, axis=1)[:, :k] if k < scores.shape[1] else np.argsort(-filled, 1)
+    order = np.argsort(-np.take_along_axis(filled, top, 1), axis=1, kind="stable")
+    top = np.take_along_axis(top, order, 1)
+    values = np.take_along_axis(filled, top, 1)
+    return np.where(np.isfinite(values), top, -1), np.where(np.isfinite(values), values, np.nan)
+
+
+def store_topk(store: GradientStore, queries: np.ndarray, k: int, chunk_bytes: int = CHUNK_BYTES) -> TopK:
+    """The exact top-k of (P g̃_q)ᵀ g̃_n (``queries`` = P g̃_q, (Q, width)) per query over the store,
+    and per stored sample over the queries, in one read of the store: memory Q x (k + chunk rows),
+    not Q x N."""
+    q, n = len(queries), len(store)
+    best_idx, best_val = np.full((q, 0), -1, np.int64), np.full((q, 0), np.nan)
+    per_sample = min(k, q)
+    sample_idx, sample_val = np.full((n, per_sample), -1, np.int64), np.full((n, per_sample), np.nan)
+    for rows, g in store.chunks(chunk_bytes):
+        scores = queries @ g.T  # (Q, rows)
+        idx, val = _largest(np.concatenate([best_val, scores], 1), k)
+        candidates = np.concatenate(
+            [best_idx, np.broadcast_to(np.arange(rows.start, rows.stop), scores.shape)], 1
+        )
+        best_idx = np.where(idx >= 0, np.take_along_axis(candidates, np.maximum(idx, 0), 1), -1)
+        best_val = val
+        if per_sample:
+            sample_idx[rows], sample_val[rows] = _largest(scores.T, per_sample)
+    return TopK(best_idx, best_val, sample_idx, sample_val)

@@ -1,38 +1,32 @@
-"""The projected methods at one checkpoint of a run, for the data-quality study: what the workflow's
-``influence_store_shard`` and ``influence_store_scores`` jobs do, as functions of a
-:class:`~epochlens.job.CheckpointJob`.
+"""The projected methods' store at one checkpoint of a run: what the workflow's
+``influence_store_shard`` jobs do, as a function of a :class:`~epochlens.job.CheckpointJob`.
 
-:func:`store_shard` writes one shard of the training samples' projected gradients and projected
-Gauss-Newton sums (:mod:`.gradient_store`); :func:`store_checkpoint_scores` reads the whole store once
-to give the same ``scores.npz``, metadata and diagnostics as the factor methods
-(:mod:`.study_scores`): self-influence, losses and the (Q, N) influence on each query transform. A new
-query set recomputes only the queries' projected gradients and one read of the store.
+:func:`store_shard` writes one shard of the training samples' projected gradients and the sums of the
+projected curvature (:mod:`.gradient_store`); :mod:`.study_store_scores` scores queries against the
+store. Nothing here imports the scoring of the factor methods: editing it reruns no store.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from epochlens.errors import InfluenceError
 from epochlens.influence.covariances import resolve_layers
-from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores
-from epochlens.influence.projected_curvature import projected_curvature
+from epochlens.influence.gradient_store import ShardInfo, StoreWriter
 from epochlens.influence.projection import layer_projections, project_samples
 from epochlens.influence.projection_settings import projection_settings
 from epochlens.influence.settings import influence_settings
-from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples, with_labels
-from epochlens.influence.study_scores import CheckpointScores, ScoreQueries, ScoreShard, merge_scores
+from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples
 from epochlens.job import CheckpointJob
 
 log = logging.getLogger("epochlens")
 
 
-def _setup(job: CheckpointJob, params: Mapping, execution: Mapping):
+def store_setup(job: CheckpointJob, params: Mapping, execution: Mapping):
     """(influence settings, projection settings, task, active classes, the store's key)."""
     spec = params["settings"]
     settings = influence_settings({**spec, "method": "identity"}, execution)
@@ -63,7 +57,7 @@ def store_shard(
 ) -> ShardInfo:
     """Project the loss gradients of shard ``shard`` of ``nshards`` of the trained samples into
     ``gradients_path`` (batch by batch) and write their :class:`ShardInfo` to ``info_path``."""
-    settings, projection, task, active, key = _setup(job, params, execution)
+    settings, projection, task, active, key = store_setup(job, params, execution)
     x_all, y_all, trained_all = trained_samples(job)
     x, y, trained = shard_samples(x_all, y_all, trained_all, shard_rows(len(trained_all), shard, nshards))
     projections = layer_projections(resolve_layers(job.model, settings), projection)
@@ -87,103 +81,3 @@ def store_shard(
     )  # fmt: skip
     info.save(info_path)
     return info
-
-
-def store_checkpoint_scores(
-    job: CheckpointJob,
-    method: str,
-    params: Mapping,
-    execution: Mapping,
-    store: Sequence[tuple[str | Path, str | Path]],
-    progress: bool = False,
-    *,
-    queries: ScoreQueries,
-) -> CheckpointScores:
-    """Self-influence of every training sample and influence on the queries, from the store's
-    shards ((gradients .npy, info .pt) in order) and the queries' projected gradients."""
-    settings, projection, task, active, key = _setup(job, params, execution)
-    grads = _open_store(store, key, trained_samples(job)[2])
-    t0 = time.perf_counter()
-    sums, n_fisher = grads.fisher()
-    curvature = projected_curvature(sums, n_fisher, grads.infos[0].layers, settings, projection.precondition)
-    timings = {"store": sum(i.timings["store"] for i in grads.infos), "curvature": time.perf_counter() - t0}
-    selected, blocks = queries.selected, []
-    for images in queries.images.values():
-        q = np.full((len(selected.labels), grads.width), np.nan)
-        if len(q):
-            qx, qy = with_labels(images, selected.labels)
-            project_samples(
-                job.model, qx, qy, q, settings=settings, projection=projection, mode="measurement",
-                curvature=False, active_classes=active, sample_indices=selected.test_indices,
-                device=job.device, task=task,
-            )  # fmt: skip
-        blocks.append(curvature.apply(q))
-    t1 = time.perf_counter()
-    pairwise, self_ = store_scores(
-        grads, curvature, np.concatenate(blocks) if blocks else np.zeros((0, grads.width))
-    )
-    timings["queries"] = t1 - t0 - timings["curvature"]
-    timings["scores"] = time.perf_counter() - t1
-    arrays = _arrays(grads, pairwise, self_, queries)
-    info = _info(job, method, settings, projection, task, active, grads, queries, timings, key["inputs"])
-    result = merge_scores([ScoreShard(grads.positions, arrays, curvature.diagnostics, info)], params)
-    result.metadata["shards"] = len(grads.infos)
-    return result
-
-
-def _open_store(store, key: dict, trained: np.ndarray) -> GradientStore:
-    """The store, checked against the settings and checkpoint of this job and its training samples."""
-    grads = GradientStore(store)
-    if grads.key != key:
-        diff = sorted(k for k in set(key) | set(grads.key) if key.get(k) != grads.key.get(k))
-        raise InfluenceError(
-            f"{store[0][1]}: the gradient store was written with other {diff} than this job's; its shards "
-            "are stale: delete them and compute them again."
-        )
-    if not np.array_equal(grads.positions, trained):
-        raise InfluenceError(f"{store[0][1]}: the store's shards do not cover the trained samples in order")
-    return grads
-
-
-def _arrays(grads: GradientStore, pairwise: np.ndarray, self_: np.ndarray, queries: ScoreQueries) -> dict:
-    selected, q = queries.selected, len(queries.selected.labels)
-    arrays = {
-        "self_influence": self_,
-        "loss": grads.concatenated("losses"),
-        "query_test_indices": selected.test_indices,
-        "query_labels": selected.labels,
-        "query_true_labels": selected.true_labels,
-        "query_predicted": selected.predicted,
-        "query_sign": np.float64(selected.sign),
-    }
-    for k, t in enumerate(queries.images):
-        arrays[f"pairwise_{t}"] = pairwise[k * q : (k + 1) * q]
-    return arrays
-
-
-def _info(
-    job, method, settings, projection, task, active, grads, queries: ScoreQueries, timings, inputs
-) -> dict:
-    selected = queries.selected
-    return {
-        "epoch": job.epoch,
-        "method": method,
-        "allowed_classes": [int(c) for c in job.active] if job.active is not None else None,
-        "task": task.key(),
-        "settings": {**vars(settings), "method": method, "projection": projection.key()},
-        "queries": {
-            "n": len(selected.labels),
-            "qualified": selected.candidates,
-            "select": queries.select,
-            "labels": queries.labels,
-            "triggered": selected.triggered,
-            "max_count": queries.max_count,
-        },
-        "n_train": int(len(job.data.train_labels)),
-        "shard": [0, 1],
-        "skipped": sorted({i for info in grads.infos for i in info.skipped}),
-        "device": str(job.device),
-        "compute_time_seconds": sum(timings.values()),
-        "timings": timings,
-        "inputs": inputs,
-    }

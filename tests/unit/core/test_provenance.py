@@ -104,6 +104,8 @@ OWN = {
     "influence_scores": {"influence"},
     "influence_factor_shard": {"influence"},
     "influence_score_shard": {"influence"},
+    "influence_store_shard": {"influence"},
+    "influence_store_scores": {"influence"},
     "poison_detection": {"influence"},
     "lds_retrain": set(),  # retrains with the run's recipe or its command; no influence code
     "lds_tables": set(),  # reads the scores' files, not the influence package

@@ -20,7 +20,7 @@ from epochlens.influence import (
     self_influence,
 )
 from epochlens.influence.covariances import resolve_layers
-from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores
+from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores, store_topk
 from epochlens.influence.projected_curvature import projected_curvature
 from epochlens.influence.projection import layer_projections, project_samples
 from epochlens.influence.projection_settings import ProjectionSettings, projection_settings
@@ -175,6 +175,19 @@ def test_store_shards_and_float16(tmp_path):
     np.testing.assert_allclose(scores[2, "float32"][1], scores[1, "float32"][1], rtol=1e-9)
     half, full = scores[1, "float16"][0], scores[1, "float32"][0]
     assert np.abs(half - full).max() < 3e-3 * np.abs(full).max()
+
+    # Exact chunked top-k (chunks of 2 rows across two shards) = the full matrix's sorted rows.
+    store = _store(tmp_path / "topk", net, x, y, active, settings, projection, 2)
+    sums, n = store.fisher()
+    curvature = projected_curvature(sums, n, layers, settings)
+    pre = curvature.apply(queries)
+    pairwise, _ = store_scores(store, curvature, pre)
+    top = store_topk(store, pre, 5, chunk_bytes=2 * store.width * 8)
+    np.testing.assert_array_equal(top.query_indices, np.argsort(-pairwise, 1, kind="stable")[:, :5])
+    np.testing.assert_allclose(top.query_scores, -np.sort(-pairwise, 1)[:, :5], rtol=1e-12)
+    np.testing.assert_array_equal(top.sample_indices, np.argsort(-pairwise.T, 1, kind="stable")[:, :5])
+    few = store_topk(store, pre[:3], 5)  # fewer queries than k: each sample ranks all 3
+    assert few.sample_indices.shape == (40, 3) and few.query_indices.shape == (3, 5)
 
 
 def test_store_writer_fills_gaps_and_files_are_checked(tmp_path):

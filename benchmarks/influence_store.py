@@ -1,0 +1,244 @@
+"""Benchmark: the projected-gradient store (method logra) beside EK-FAC, and at a million samples.
+
+``compare`` (default): on ResNet-18 (``--model resnet18_lop``: random CIFAR-shaped inputs, 100
+classes, 50 active), the small CNN (``small_cnn``, 1x8x8) or a Mistral-shaped causal LM (``mistral``:
+``--layers`` decoder layers of hidden 512, MLP 1792, random prompts of 32 tokens, the language-model
+task), N training samples and Q queries, the influence jobs of each method as the workflow runs them:
+
+* ``ekfac``: the factors (covariances, eigendecomposition, corrections: two passes) and the scores
+  (self-influence and the influence on the queries: ceil(Q / held) passes over the training set);
+* ``logra``: the store (one pass: each sample's projected loss gradient written to disk, the
+  projected Gauss-Newton sums of the Fisher's), then the scores (the projected curvature, the queries'
+  gradients, one read of the store);
+* ``logra_requery``: Q other queries scored against the kept store (what a new query set costs).
+
+The three are interleaved (A B C, C B A, ...; ``--repeats`` rounds, the fastest of each kept), each
+with its peak memory (the increase of the process's peak RSS during it). Printed: seconds, the
+ratios logra / ekfac and logra_requery / logra, peak MiB, and the Spearman correlation of logra's
+pairwise and self-influence with EK-FAC's (mean over queries; all of them flattened).
+
+``scale``: the small CNN on N in ``--sizes`` random 1x8x8 images (each size in a process of its own:
+its peak is that process's ``ru_maxrss``), Q queries: the store's seconds a sample and bytes on disk,
+and the exact top-k (``--top-k``) of every query over the store and of every sample over the queries
+(gradient_store.store_topk: one read of the store, memory Q x (k + a chunk), not Q x N): seconds and
+the peak. Memory flat in N is the claim it checks.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/influence_store.py --model mistral --layers 8 \\
+        --n-train 160 --n-query 40
+    PYTHONPATH=src .venv/bin/python benchmarks/influence_store.py --scale --sizes 10000 100000 1000000 \\
+        --n-query 1000 --dtype float16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+
+from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
+from epochlens.influence.covariances import resolve_layers
+from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores, store_topk
+from epochlens.influence.projected_curvature import projected_curvature
+from epochlens.influence.projection import layer_projections, project_samples
+from epochlens.influence.projection_settings import ProjectionSettings
+from epochlens.models.networks import build_model
+from epochlens.tasks import LanguageModelTask
+
+SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}
+
+
+class Case:
+    """Model, task, training data and two query sets of the comparison."""
+
+    def _labels(self, n: int, gen: torch.Generator) -> np.ndarray:
+        return torch.randint(0, len(self.active), (n,), generator=gen).numpy()
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        gen = torch.Generator().manual_seed(0)
+        if a.model == "mistral":
+            import large_models
+
+            shape = argparse.Namespace(
+                vocab=1000, hidden=512, mlp=1792, heads=8, kv_heads=2, length=32, n_layers=a.layers
+            )
+            self.net, self.task, self.active = large_models.model(shape), LanguageModelTask(), None
+            self.x, self.y = large_models.Prompts(a.n_train, 32, 1000, 1), None
+            self.queries = [(large_models.Prompts(a.n_query, 32, 1000, s), None) for s in (2, 3)]
+        else:
+            channels, side, classes, active = SHAPES[a.model]
+            torch.manual_seed(0)
+            self.net, self.task = build_model(a.model, classes, channels).eval(), None
+            self.active = np.arange(active)
+            self.x = torch.randn(a.n_train, channels, side, side, generator=gen)
+            self.y = torch.randint(0, active, (a.n_train,), generator=gen).numpy()
+            self.queries = [
+                (torch.randn(a.n_query, channels, side, side, generator=gen), self._labels(a.n_query, gen))
+                for _ in range(2)
+            ]
+        self.settings = InfluenceSettings(
+            method="identity", train_batch_size=a.batch, factor_batch_size=a.batch, query_batch_size=a.n_query
+        )
+        self.projection = ProjectionSettings(dim=a.dim, dtype=a.dtype, precondition=a.precondition)
+
+
+def ekfac(c: Case) -> tuple[np.ndarray, np.ndarray]:
+    s = InfluenceSettings(**{**vars(c.settings), "method": "ekfac"})
+    factors = fit_factors(c.net, c.x, c.y, c.active, s, task=c.task)
+    own = self_influence(c.net, factors, c.x, c.y, c.active, s, task=c.task).scores
+    pair = pairwise_influence(c.net, factors, c.x, c.y, *c.queries[0], c.active, s, task=c.task).scores
+    return pair, own
+
+
+def write_store(c: Case, folder: Path) -> GradientStore:
+    """The store of the training samples in one shard, as an influence_store_shard job writes it."""
+    projections = layer_projections(resolve_layers(c.net, c.settings), c.projection)
+    width = sum(p.size for p in projections.values())
+    layers = [[n, p.out_dim, p.in_dim, p.k_out, p.k_in, p.offset] for n, p in projections.items()]
+    n = len(c.x)
+    with StoreWriter(folder / "store.npy", n, width, c.projection.dtype) as writer:
+        r = project_samples(
+            c.net, c.x, c.y, settings=c.settings, projection=c.projection, active_classes=c.active,
+            task=c.task, write=writer,
+        )  # fmt: skip
+    info = ShardInfo(np.arange(n), r.scales, r.losses, r.usable, layers, r.fisher, r.n_fisher, [], [], {}, {})
+    info.save(folder / "store.pt")
+    return GradientStore([(folder / "store.npy", folder / "store.pt")])
+
+
+def score_store(c: Case, store: GradientStore, queries) -> tuple[np.ndarray, np.ndarray]:
+    """An influence_store_scores job: the curvature, the queries' projected gradients, one read."""
+    sums, n = store.fisher()
+    curvature = projected_curvature(sums, n, store.infos[0].layers, c.settings, c.projection.precondition)
+    q = np.full((len(queries[0]), store.width), np.nan)
+    project_samples(
+        c.net, *queries, q, settings=c.settings, projection=c.projection, mode="measurement",
+        curvature=False, active_classes=c.active, task=c.task,
+    )  # fmt: skip
+    return store_scores(store, curvature, curvature.apply(q))
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(mean over rows, flattened) Spearman correlation of two (Q, N) score matrices."""
+    rows = [spearmanr(x, y).statistic for x, y in zip(a, b, strict=True)]
+    return float(np.mean(rows)), float(spearmanr(a.ravel(), b.ravel()).statistic)
+
+
+def compare(a: argparse.Namespace) -> dict:
+    torch.set_num_threads(a.threads)
+    c, device = Case(a), torch.device("cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, kept = Path(tmp), {}
+
+        def logra():
+            kept["store"] = write_store(c, folder)
+            return score_store(c, kept["store"], c.queries[0])
+
+        sides = {
+            "ekfac": lambda: ekfac(c),
+            "logra": logra,
+            "logra_requery": lambda: score_store(c, kept["store"], c.queries[1]),
+        }
+        seconds, results, peaks = _common.interleaved(sides, a.repeats, device, memory=True)
+        disk = (folder / "store.npy").stat().st_size
+    (ek_pair, ek_self), (lg_pair, lg_self) = results["ekfac"], results["logra"]
+    report = {
+        "model": a.model, "layers": a.layers if a.model == "mistral" else None, "n_train": a.n_train,
+        "n_query": a.n_query, "projection": vars(c.projection), "seconds": seconds, "peak_mib": peaks,
+        "logra_over_ekfac": seconds["logra"] / seconds["ekfac"],
+        "requery_over_logra": seconds["logra_requery"] / seconds["logra"],
+        "spearman_pairwise": _spearman(lg_pair, ek_pair),
+        "spearman_self": float(spearmanr(lg_self, ek_self).statistic), "store_bytes": disk,
+    }  # fmt: skip
+    return report
+
+
+def scale_child(a: argparse.Namespace) -> dict:
+    """One size of the scale run, in this process: store, then the exact top-k of the queries."""
+    torch.set_num_threads(a.threads)
+    a.model = "small_cnn"
+    c = Case(argparse.Namespace(**{**vars(a), "n_train": 1}))
+    gen = torch.Generator().manual_seed(1)
+    c.x = torch.randn(a.n_train, 1, 8, 8, generator=gen)  # in-memory inputs: 256 B a sample
+    c.y = torch.randint(0, 5, (a.n_train,), generator=gen).numpy()
+    folder = Path(a.path)
+    t0 = time.perf_counter()
+    store = write_store(c, folder)
+    t1 = time.perf_counter()
+    sums, n = store.fisher()
+    curvature = projected_curvature(sums, n, store.infos[0].layers, c.settings, c.projection.precondition)
+    q = np.full((a.n_query, store.width), np.nan)
+    project_samples(c.net, *c.queries[0], q, settings=c.settings, projection=c.projection, mode="measurement",
+                    curvature=False, active_classes=c.active)  # fmt: skip
+    top = store_topk(store, curvature.apply(q), a.top_k)
+    t2 = time.perf_counter()
+    assert (top.query_indices >= 0).all()
+    return {
+        "n_train": a.n_train, "store_seconds": t1 - t0, "store_us_per_sample": 1e6 * (t1 - t0) / a.n_train,
+        "store_bytes": (folder / "store.npy").stat().st_size + (folder / "store.pt").stat().st_size,
+        "width": store.width, "query_seconds": t2 - t1,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }  # fmt: skip
+
+
+def scale(a: argparse.Namespace) -> list[dict]:
+    rows = []
+    for n in a.sizes:
+        with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
+            argv = [sys.executable, __file__, "--child", "--path", tmp, "--n-train", str(n)]
+            for k in ("n_query", "top_k", "dim", "dtype", "precondition", "threads", "batch"):
+                argv.append(f"--{k.replace('_', '-')}={getattr(a, k)}")
+            out = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                raise SystemExit(f"N = {n} failed:\n{out.stderr[-3000:]}")
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=[*SHAPES, "mistral"], default="small_cnn")
+    p.add_argument("--layers", type=int, default=8, help="decoder layers of --model mistral")
+    p.add_argument("--n-train", type=int, default=256)
+    p.add_argument("--n-query", type=int, default=40)
+    p.add_argument("--batch", type=int, default=32, help="training and factor batch size")
+    p.add_argument("--dim", type=int, default=32, help="influence.projection.dim")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    p.add_argument("--precondition", choices=["gauss_newton", "ekfac", "none"], default="gauss_newton")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--scale", action="store_true", help="the scale run (small CNN, --sizes)")
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--tmp", help="folder of the scale run's stores (default: the system's temporary folder)")
+    p.add_argument("--json", type=Path, help="also write the report to this JSON file")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--path", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if a.child:
+        print(json.dumps(scale_child(a)))
+        return 0
+    report = scale(a) if a.scale else compare(a)
+    if not a.scale:
+        print(json.dumps(report, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
