@@ -8,9 +8,10 @@ task), N training samples and Q queries, the influence jobs of each method as th
 * ``ekfac``: the factors (covariances, eigendecomposition, corrections: two passes) and the scores
   (self-influence and the influence on the queries: ceil(Q / held) passes over the training set);
 * ``logra``: the store (one pass: each sample's projected loss gradient written to disk, the
-  projected Gauss-Newton sums of the Fisher's), then the scores (the projected curvature, the queries'
-  gradients, one read of the store);
-* ``logra_requery``: Q other queries scored against the kept store (what a new query set costs).
+  projected Gauss-Newton sums of the Fisher's), its curvature (eigendecomposed once), then the
+  scores (the curvature damped, the queries' gradients, one read of the store);
+* ``logra_requery``: Q other queries scored against the kept store and curvature (what a new query
+  set costs: the ``influence_store_scores`` job alone).
 
 The three are interleaved (A B C, C B A, ...; ``--repeats`` rounds, the fastest of each kept), each
 with its peak memory (the increase of the process's peak RSS during it). Printed: seconds, the
@@ -48,7 +49,7 @@ from scipy.stats import spearmanr
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores, store_topk
-from epochlens.influence.projected_curvature import projected_curvature
+from epochlens.influence.projected_curvature import projected_basis, projected_curvature
 from epochlens.influence.projection import layer_projections, project_samples
 from epochlens.influence.projection_settings import ProjectionSettings
 from epochlens.models.networks import build_model
@@ -115,10 +116,15 @@ def write_store(c: Case, folder: Path) -> GradientStore:
     return GradientStore([(folder / "store.npy", folder / "store.pt")])
 
 
-def score_store(c: Case, store: GradientStore, queries) -> tuple[np.ndarray, np.ndarray]:
-    """An influence_store_scores job: the curvature, the queries' projected gradients, one read."""
+def store_basis(c: Case, store: GradientStore):
+    """An influence_store_curvature job: the store's projected curvature eigendecomposed once."""
     sums, n = store.fisher()
-    curvature = projected_curvature(sums, n, store.infos[0].layers, c.settings, c.projection.precondition)
+    return projected_basis(sums, n, store.infos[0].layers, c.projection.precondition)
+
+
+def score_store(c: Case, store: GradientStore, basis, queries) -> tuple[np.ndarray, np.ndarray]:
+    """An influence_store_scores job: the damped curvature, the queries' projected gradients, one read."""
+    curvature = projected_curvature(basis, c.settings)
     q = np.full((len(queries[0]), store.width), np.nan)
     project_samples(
         c.net, *queries, q, settings=c.settings, projection=c.projection, mode="measurement",
@@ -139,14 +145,15 @@ def compare(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder, kept = Path(tmp), {}
 
-        def logra():
+        def logra():  # the store, its curvature, the scores: the three jobs of a first run
             kept["store"] = write_store(c, folder)
-            return score_store(c, kept["store"], c.queries[0])
+            kept["basis"] = store_basis(c, kept["store"])
+            return score_store(c, kept["store"], kept["basis"], c.queries[0])
 
         sides = {
             "ekfac": lambda: ekfac(c),
             "logra": logra,
-            "logra_requery": lambda: score_store(c, kept["store"], c.queries[1]),
+            "logra_requery": lambda: score_store(c, kept["store"], kept["basis"], c.queries[1]),
         }
         seconds, results, peaks = _common.interleaved(sides, a.repeats, device, memory=True)
         disk = (folder / "store.npy").stat().st_size
@@ -174,8 +181,7 @@ def scale_child(a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     store = write_store(c, folder)
     t1 = time.perf_counter()
-    sums, n = store.fisher()
-    curvature = projected_curvature(sums, n, store.infos[0].layers, c.settings, c.projection.precondition)
+    curvature = projected_curvature(store_basis(c, store), c.settings)
     q = np.full((a.n_query, store.width), np.nan)
     project_samples(c.net, *c.queries[0], q, settings=c.settings, projection=c.projection, mode="measurement",
                     curvature=False, active_classes=c.active)  # fmt: skip

@@ -9,8 +9,9 @@
 # influence_factors (summed); influence_score_shard -> influence_scores (concatenated). A killed
 # shard reruns alone. With S = 1 influence_factors and influence_scores do the passes themselves.
 # The projected methods (logra) write each training image's projected gradient once per checkpoint
-# (influence_store_shard, S jobs: the gradient store) and score any queries with one read of it
-# (influence_store_scores: the same scores.npz as influence_scores).
+# (influence_store_shard, S jobs: the gradient store), eigendecompose its projected curvature once
+# (influence_store_curvature) and score any queries with one read of it (influence_store_scores:
+# the same scores.npz as influence_scores).
 # Per run: poison_detection (tables) -> plot_influence (figures); with influence.lds the linear
 # datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds. A run whose
 # training is its own command is retrained by that command (its {subset}): its files and {data}
@@ -268,6 +269,35 @@ rule influence_store_shard:
         "../scripts/influence_store_shard.py"
 
 
+rule influence_store_curvature:
+    input:
+        infos=get_influence_store_infos,
+        code=get_code("influence_store_curvature.py"),
+    output:
+        curvature=layout.influence_file("curvature.pt"),
+    log:
+        layout.log(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/curvature"
+        ),
+    benchmark:
+        layout.benchmark(
+            "influence", index="{index}", epoch="{epoch}", name="{method}/curvature"
+        )
+    wildcard_constraints:
+        method=PROJECTED,
+    conda:
+        "../envs/epochlens.yaml"
+    envmodules:
+        *config["envmodules"],
+    resources:
+        mem_mb=get_mem_mb,
+        runtime=get_runtime,
+    params:
+        config=get_influence_curvature_params,
+    script:
+        "../scripts/influence_store_curvature.py"
+
+
 rule influence_store_scores:
     input:
         dataset=rules.prepare_data.output.dataset,
@@ -276,6 +306,7 @@ rule influence_store_scores:
         model_code=get_model_code,
         gradients=get_influence_store_gradients,
         infos=get_influence_store_infos,
+        curvature=rules.influence_store_curvature.output.curvature,
         code=get_code("influence_store_scores.py"),
     output:
         scores=layout.influence_file("scores.npz"),

@@ -1,6 +1,6 @@
 """Rule influence_store_scores: self-influence of every training image and its influence on the
 queries (one (Q, N) matrix per query transform) at one checkpoint for a projected method (logra),
-from its gradient store: the queries' projected gradients and one read of the store.
+from its gradient store and its curvature: the queries' projected gradients and one read of the store.
 
 By hand, from the run's working directory:
     python scripts/influence_store_scores.py run=digits_noisy index=0 epoch=0075 method=logra
@@ -20,7 +20,7 @@ def main(snakemake) -> None:
     job = load_checkpoint_job(model=cfg["model"], schedule=cfg["schedule"], **job_files(snakemake))
     store = list(zip(inp.gradients, inp.infos, strict=True))
     result = store_checkpoint_scores(
-        job, wc.method, cfg, execution(snakemake, "influence"), store, progress=True,
+        job, wc.method, cfg, execution(snakemake, "influence"), store, inp.curvature, progress=True,
         queries=score_queries(job, cfg),
     )  # fmt: skip
 

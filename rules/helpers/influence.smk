@@ -30,6 +30,10 @@ def get_influence_factor_params(wildcards):
     return run_config.influence_factor_params(get_run(wildcards), wildcards.method)
 
 
+def get_influence_curvature_params(wildcards):
+    return run_config.influence_curvature_params(get_run(wildcards), wildcards.method)
+
+
 def get_influence_score_params(wildcards):
     return run_config.influence_score_params(
         wildcards.run, get_run(wildcards), wildcards.method, int(wildcards.epoch)

@@ -73,6 +73,7 @@ RULES: dict[str, Time] = {
     "influence_score_shard": Time(passes=44),
     "influence_store_shard": Time(passes=24),  # a loss and a Fisher backward a sample
     "influence_store_scores": Time(passes=2),  # the queries' gradients and one read of the store
+    "influence_store_curvature": Time(base_s=600, passes=0),  # eigendecompositions: the layers, not N
 }
 
 

@@ -299,7 +299,8 @@ class Layout:
     ) -> str:
         """``factors.pt``, ``factor_diagnostics.csv``, ``scores.npz``, ``metadata.json`` or
         ``diagnostics.csv`` of one influence method at one checkpoint (``eigenbasis.pt``: EK-FAC's
-        eigendecomposed factors before their corrections, when the fit is sharded)."""
+        eigendecomposed factors before their corrections, when the fit is sharded;
+        ``curvature.pt``: a projected method's eigendecomposed curvature)."""
         return f"{self.influence_dir(run, index, epoch, method)}/{name}"
 
     def influence_shard(

@@ -2,9 +2,10 @@
 unsharded computation, and a lost (killed) shard recomputed alone.
 
 The tiny run (wfutil.tiny_config) trained by the pipeline, influence at epoch 6 by EK-FAC and
-identity in 2 shards. A job killed before it wrote its output leaves no output (outputs are written
-atomically), and the jobs that merge the shards have not run yet: the tests delete a shard's file
-and what comes after it, which is what Snakemake finds after such a kill.
+identity in 2 shards, and LoGra's gradient store in 2 shards. A job killed before it wrote its
+output leaves no output (outputs are written atomically), and the jobs that merge the shards have
+not run yet: the tests delete a shard's file and what comes after it, which is what Snakemake finds
+after such a kill.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from wfutil import tiny_run as make_tiny_run
 from epochlens import config as run_config
 from epochlens.influence.factor_groups import group_names, merged_groups, save_factor_groups
 from epochlens.influence.io import load_factors
+from epochlens.influence.projected_curvature import store_curvature
 from epochlens.influence.study_factors import fit_checkpoint_factors
 from epochlens.influence.study_scores import checkpoint_scores
+from epochlens.influence.study_store import store_shard
+from epochlens.influence.study_store_scores import store_checkpoint_scores
 from epochlens.job import load_checkpoint_job
 from epochlens.layout import Layout
 from epochlens.study.score_queries import score_queries
@@ -30,7 +34,7 @@ from epochlens.study.score_queries import score_queries
 pytestmark = pytest.mark.workflow
 
 OFF = {"enabled": False}
-METHODS = ["ekfac", "identity"]
+METHODS = ["ekfac", "identity", "logra"]
 
 
 def sharded_config(tmp_path, shards: int, methods=METHODS) -> dict:
@@ -51,13 +55,15 @@ def sharded_config(tmp_path, shards: int, methods=METHODS) -> dict:
 
 def test_sharded_jobs_are_planned(tmp_path):
     wf = copy_workflow(tmp_path / "wf")
-    cfg = sharded_config(tmp_path, 3, ["ekfac", "kfac", "diagonal", "identity", "tracin"])
+    cfg = sharded_config(tmp_path, 3, ["ekfac", "kfac", "diagonal", "identity", "tracin", "logra"])
     jobs = planned_jobs(wf, tmp_path, configfile=write_config(tmp_path / "s.yaml", cfg))
     assert jobs["influence_covariances"] == 2 * 3  # ekfac, kfac
     assert jobs["influence_eigenbasis"] == 1  # ekfac (kfac's factors are its eigenbasis)
     assert jobs["influence_corrections"] == 2 * 3  # ekfac, diagonal
     assert jobs["influence_factors"] == 3
     assert jobs["influence_score_shard"] == 5 * 3 and jobs["influence_scores"] == 5
+    assert jobs["influence_store_shard"] == 3
+    assert jobs["influence_store_curvature"] == jobs["influence_store_scores"] == 1
     # One shard (1 of 3) of the diagonal's factors needs only the data and its checkpoint.
     shard = Layout().influence_shard("corrections", "tiny", 0, 6, "diagonal", 1, 3)
     assert planned_jobs(wf, tmp_path, shard, configfile=tmp_path / "s.yaml") == {
@@ -102,7 +108,7 @@ def test_sharded_results_equal_the_unsharded_job(sharded_run):
         paths.dataset("tiny"), paths.checkpoint("tiny", 0, 6), "small_cnn", 6, "cpu",
         paths.class_order("tiny", 0), spec["schedule"],
     )  # fmt: skip
-    for method in METHODS:
+    for method in ("ekfac", "identity"):
         scores_path, factors_path = _files(run, method)
         params = run_config.influence_score_params("tiny", spec, method, 6)
         fitted = None
@@ -136,6 +142,41 @@ def test_sharded_results_equal_the_unsharded_job(sharded_run):
         assert meta["shards"] == 2 and meta["n_scored"] == int(
             np.isfinite(ref_scores.arrays["self_influence"]).sum()
         )
+
+
+@pytest.mark.slow
+def test_a_sharded_store_gives_the_unsharded_scores(sharded_run, tmp_path):
+    """LoGra's store in 2 shard jobs, scored by the workflow, equals one shard written and scored
+    here, up to float32 rounding of the forward passes (other batches)."""
+    run, _ = sharded_run
+    cfg = run_config.validate(sharded_config(run.work, 2), run.wf / "config/schema.yaml")
+    spec = json.loads(json.dumps(cfg))["runs"]["tiny"]
+    paths = run.paths
+    job = load_checkpoint_job(
+        paths.dataset("tiny"), paths.checkpoint("tiny", 0, 6), "small_cnn", 6, "cpu",
+        paths.class_order("tiny", 0), spec["schedule"],
+    )  # fmt: skip
+    params = run_config.influence_score_params("tiny", spec, "logra", 6)
+    store = [(tmp_path / "s.npy", tmp_path / "s.pt")]
+    store_shard(job, params, spec["influence"], 0, 1, *store[0])
+    store_curvature([store[0][1]], "gauss_newton").save(tmp_path / "curvature.pt")
+    ref = store_checkpoint_scores(
+        job,
+        "logra",
+        params,
+        spec["influence"],
+        store,
+        tmp_path / "curvature.pt",
+        queries=score_queries(job, params),
+    )
+    with np.load(paths.influence_file("scores.npz", "tiny", 0, 6, "logra")) as npz:
+        for name in ("self_influence", "loss", "pairwise_none"):
+            want = ref.arrays[name]
+            np.testing.assert_allclose(
+                npz[name], want, rtol=1e-6, atol=1e-6 * np.nanmax(np.abs(want)), err_msg=name
+            )
+    meta = json.loads(Path(paths.influence_file("metadata.json", "tiny", 0, 6, "logra")).read_text())
+    assert meta["shards"] == 2 and meta["settings"]["projection"]["dim"] == 32
 
 
 @pytest.mark.slow

@@ -222,6 +222,11 @@ def test_what_config_changes_rerun(tiny_run):
         "plot_lds": 1,
         "influence": 1,
     }
+    # How logra preconditions changes its scores, not its store; the projection changes both.
+    rescored = {"poison_detection": 1, "plot_influence": 1, "lds_tables": 1, "plot_lds": 1, "influence": 1}
+    curvature = {"influence_store_curvature": 1, "influence_store_scores": 1}  # eigendecomposed once a store
+    assert planned(projection={"precondition": "ekfac"}) == {**curvature, **rescored}
+    assert planned(projection={"dim": 16}) == {"influence_store_shard": 1, **curvature, **rescored}
     # LDS: the bootstrap changes its tables only; the subsets rerun the retrainings.
     assert planned(lds={**LDS, "bootstrap": 30}) == {"lds_tables": 1, "plot_lds": 1, "influence": 1}
     assert planned(lds={**LDS, "fraction": 0.4}) == {
@@ -249,7 +254,12 @@ def test_what_config_changes_rerun(tiny_run):
     jobs = planned_jobs(wf, work, "influence", configfile=write_config(path.parent / "corrupt.yaml", changed))
     assert jobs["prepare_data"] == 1 and jobs["train_tiny"] == 1
     assert jobs["influence_factors"] == 1 and jobs["influence_scores"] == 3
-    assert jobs["influence_store_shard"] == jobs["influence_store_scores"] == 1
+    assert (
+        jobs["influence_store_shard"]
+        == jobs["influence_store_curvature"]
+        == jobs["influence_store_scores"]
+        == 1
+    )
     # Other queries rerun the scoring only: the store of the training gradients stays.
     more = planned(queries={**spec["influence"]["queries"], "max_count": 6})
     assert more["influence_store_scores"] == 1 and "influence_store_shard" not in more
@@ -278,6 +288,7 @@ def test_what_config_changes_rerun(tiny_run):
     # Editing the projection reruns the projected method's store and scores only.
     assert planned_after_editing("influence/projection.py") == {
         "influence_store_shard": 1,
+        "influence_store_curvature": 1,
         "influence_store_scores": 1,
         "poison_detection": 1,
         "plot_influence": 1,

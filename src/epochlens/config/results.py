@@ -234,7 +234,9 @@ def influence_settings(run: Mapping, method: str) -> dict:
         settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
     if method in PROJECTED_METHODS:  # the store's gradients: the Fisher's draws and the projection
         settings.update(fisher="true" if spec["fisher"] is True else spec["fisher"], seed=spec["seed"])
-        settings["projection"] = result_settings(spec["projection"], ProjectionSettings, exclude={"seed"})
+        # how the scores precondition is theirs: changing it rescores, it does not redo the store
+        skip = {"seed", "precondition"}
+        settings["projection"] = result_settings(spec["projection"], ProjectionSettings, exclude=skip)
     return settings
 
 
@@ -253,6 +255,13 @@ def influence_factor_params(run: Mapping, method: str) -> dict:
     }
 
 
+def influence_curvature_params(run: Mapping, method: str) -> dict:
+    """What a projected method's curvature depends on: its store's params and how it preconditions."""
+    params = influence_factor_params(run, method)
+    params["settings"]["projection"]["precondition"] = run["influence"]["projection"]["precondition"]
+    return params
+
+
 def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> dict:
     """What scores depend on: the factors' params, damping (methods that invert a curvature), the
     queries and their transforms, TracIn's checkpoints and the corruption (trigger queries)."""
@@ -262,6 +271,10 @@ def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> 
     if method not in FACTOR_METHODS + PROJECTED_METHODS:  # identity and tracin invert no curvature
         score = {k: v for k, v in score.items() if not k.startswith("damping")}
     params["settings"].update(score)
+    if method in PROJECTED_METHODS:  # scored in float64 from the store, never low-rank
+        params["settings"]["projection"]["precondition"] = spec["projection"]["precondition"]
+        for key in ("query_gradient_rank", "precondition_dtype"):
+            params["settings"].pop(key, None)
     # How the scores are reduced over the queries changes the tables only.
     params["settings"]["queries"] = result_settings(spec["queries"], QuerySettings)
     params["settings"].update(result_settings(spec, QueryTransformSettings))

@@ -117,6 +117,26 @@ class ShardInfo:
             ) from exc
 
 
+def merged_fisher(infos: Sequence[ShardInfo]) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
+    """The Fisher's sums (:class:`ShardInfo`) added over the shards, and the number of samples in them.
+
+    Raises:
+        InfluenceError: shards of other settings, checkpoints or layers.
+    """
+    first = infos[0]
+    if any(i.key != first.key or i.layers != first.layers for i in infos[1:]):
+        raise InfluenceError(
+            "the gradient store's shards were written with other settings or checkpoints; delete them "
+            "and compute them again"
+        )
+    sums = {kind: {n: t.clone() for n, t in part.items()} for kind, part in first.fisher.items()}
+    for info in infos[1:]:
+        for kind, part in sums.items():
+            for n in part:
+                part[n] += info.fisher[kind][n]
+    return sums, sum(i.n_fisher for i in infos)
+
+
 def _npy_layout(path: Path) -> tuple[tuple[int, int], np.dtype, int]:
     """(shape, dtype, offset of the data) of a ``.npy`` file."""
     with open(path, "rb") as f:
@@ -173,13 +193,8 @@ class GradientStore:
         return np.concatenate([getattr(i, name) for i in self.infos])
 
     def fisher(self) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
-        """The Fisher's sums (:class:`ShardInfo`) over every shard, and the number of samples in them."""
-        sums = {kind: {n: t.clone() for n, t in part.items()} for kind, part in self.infos[0].fisher.items()}
-        for info in self.infos[1:]:
-            for kind, part in sums.items():
-                for n in part:
-                    part[n] += info.fisher[kind][n]
-        return sums, sum(i.n_fisher for i in self.infos)
+        """The Fisher's sums over every shard (:func:`merged_fisher`)."""
+        return merged_fisher(self.infos)
 
     def __len__(self) -> int:
         return sum(len(i.positions) for i in self.infos)

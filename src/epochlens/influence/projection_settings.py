@@ -47,6 +47,10 @@ class ProjectionSettings:
     def key(self) -> dict:
         return asdict(self)
 
+    def store_key(self) -> dict:
+        """What the stored gradients depend on (not how the scores precondition them)."""
+        return {k: v for k, v in asdict(self).items() if k != "precondition"}
+
 
 def projection_settings(spec: Mapping | None, seed: int = 0) -> ProjectionSettings:
     """:class:`ProjectionSettings` from a run's ``influence.projection`` (the run's influence seed)."""

@@ -3,7 +3,8 @@
 
 :func:`store_shard` writes one shard of the training samples' projected gradients and the sums of the
 projected curvature (:mod:`.gradient_store`); :mod:`.study_store_scores` scores queries against the
-store. Nothing here imports the scoring of the factor methods: editing it reruns no store.
+store (:func:`epochlens.influence.projected_curvature.store_curvature`: its curvature, once). Nothing
+here imports the scoring of the factor methods: editing it reruns no store.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def store_setup(job: CheckpointJob, params: Mapping, execution: Mapping):
     projection = projection_settings(spec.get("projection"), settings.seed)
     task, active = run_task(params.get("task"), job.active)
     key = {
-        "projection": projection.key(),
+        "projection": projection.store_key(),
         "fisher": settings.fisher,
         "seed": settings.seed,
         "layers": list(settings.layers),

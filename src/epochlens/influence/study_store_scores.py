@@ -17,7 +17,7 @@ import numpy as np
 
 from epochlens.errors import InfluenceError
 from epochlens.influence.gradient_store import GradientStore, store_scores
-from epochlens.influence.projected_curvature import projected_curvature
+from epochlens.influence.projected_curvature import ProjectedBasis, projected_curvature
 from epochlens.influence.projection import project_samples
 from epochlens.influence.study_inputs import trained_samples, with_labels
 from epochlens.influence.study_scores import CheckpointScores, ScoreQueries, ScoreShard, merge_scores
@@ -31,17 +31,28 @@ def store_checkpoint_scores(
     params: Mapping,
     execution: Mapping,
     store: Sequence[tuple[str | Path, str | Path]],
+    curvature_path: str | Path,
     progress: bool = False,
     *,
     queries: ScoreQueries,
 ) -> CheckpointScores:
     """Self-influence of every training sample and influence on the queries, from the store's
-    shards ((gradients .npy, info .pt) in order) and the queries' projected gradients."""
+    shards ((gradients .npy, info .pt) in order), its projected curvature (:func:`store_curvature`)
+    and the queries' projected gradients."""
     settings, projection, task, active, key = store_setup(job, params, execution)
     grads = _open_store(store, key, trained_samples(job)[2])
     t0 = time.perf_counter()
-    sums, n_fisher = grads.fisher()
-    curvature = projected_curvature(sums, n_fisher, grads.infos[0].layers, settings, projection.precondition)
+    basis = ProjectedBasis.load(curvature_path)
+    if (
+        basis.key != grads.key
+        or basis.layers != grads.infos[0].layers
+        or basis.precondition != projection.precondition
+    ):
+        raise InfluenceError(
+            f"{curvature_path}: the projected curvature is of another store or preconditioner "
+            f"({basis.precondition}); delete it and compute it again."
+        )
+    curvature = projected_curvature(basis, settings)
     timings = {"store": sum(i.timings["store"] for i in grads.infos), "curvature": time.perf_counter() - t0}
     selected, blocks = queries.selected, []
     for images in queries.images.values():

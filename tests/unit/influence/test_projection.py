@@ -21,7 +21,12 @@ from epochlens.influence import (
 )
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores, store_topk
-from epochlens.influence.projected_curvature import projected_curvature
+from epochlens.influence.projected_curvature import (
+    ProjectedBasis,
+    projected_basis,
+    projected_curvature,
+    store_curvature,
+)
 from epochlens.influence.projection import layer_projections, project_samples
 from epochlens.influence.projection_settings import ProjectionSettings, projection_settings
 
@@ -55,7 +60,9 @@ def test_identity_projection_is_exact_block_gauss_newton(model, shape, classes):
     settings = InfluenceSettings(method="identity", fisher="expected", damping=0.1)
     out, result, layers = _project(net, x, y, active, settings, ProjectionSettings(dim=1000))
     assert all(r[1:3] == r[3:5] for r in layers)  # nothing projected
-    curvature = projected_curvature(result.fisher, result.n_fisher, layers, settings, "gauss_newton")
+    curvature = projected_curvature(
+        projected_basis(result.fisher, result.n_fisher, layers, "gauss_newton"), settings
+    )
     pair = curvature.apply(out) @ out.T
     exact_pair, exact_self = exact_scores(
         explicit_quantities(net, x, y, active), dampings_of(curvature.diagnostics)
@@ -75,7 +82,9 @@ def test_identity_projection_with_ekfac_equals_ekfac(fisher):
     active = np.arange(4)
     settings = InfluenceSettings(method="identity", fisher=fisher, damping=0.1)
     out, result, layers = _project(net, x, y, active, settings, ProjectionSettings(dim=64))
-    curvature = projected_curvature(result.fisher, result.n_fisher, layers, settings, "ekfac")
+    curvature = projected_curvature(
+        projected_basis(result.fisher, result.n_fisher, layers, "ekfac"), settings
+    )
     ekfac = InfluenceSettings(method="ekfac", fisher=fisher, damping=0.1)
     factors = fit_factors(net, x, y, active, ekfac)
     reference = pairwise_influence(net, factors, x, y, x[:5], y[:5], active, ekfac)
@@ -164,22 +173,32 @@ def test_store_shards_and_float16(tmp_path):
     settings = InfluenceSettings(method="identity", damping=0.1)
     projection = ProjectionSettings(dim=6)
     queries, _, layers = _project(net, x[:7], y[:7], active, settings, projection, curvature=False)
-    scores = {}
+    scores, curvatures = {}, {}
     for shards, dtype in ((1, "float32"), (2, "float32"), (1, "float16")):
         p = ProjectionSettings(dim=6, dtype=dtype)
         store = _store(tmp_path / f"{shards}{dtype}", net, x, y, active, settings, p, shards)
         sums, n = store.fisher()
-        curvature = projected_curvature(sums, n, layers, settings)
+        curvature = projected_curvature(projected_basis(sums, n, layers), settings)
         scores[shards, dtype] = store_scores(store, curvature, curvature.apply(queries), chunk_bytes=1000)
+        curvatures[shards, dtype] = curvature
     np.testing.assert_allclose(scores[2, "float32"][0], scores[1, "float32"][0], rtol=1e-9)
     np.testing.assert_allclose(scores[2, "float32"][1], scores[1, "float32"][1], rtol=1e-9)
     half, full = scores[1, "float16"][0], scores[1, "float32"][0]
     assert np.abs(half - full).max() < 3e-3 * np.abs(full).max()
 
+    # The curvature eigendecomposed once from the shards' .pt (curvature.pt), damped when scored.
+    basis = store_curvature([tmp_path / "2float32" / f"s{k}-float32.pt" for k in range(2)], "gauss_newton")
+    basis.save(tmp_path / "curvature.pt")
+    again = projected_curvature(ProjectedBasis.load(tmp_path / "curvature.pt"), settings)
+    np.testing.assert_allclose(again.apply(queries), curvatures[2, "float32"].apply(queries), rtol=1e-12)
+    (tmp_path / "bad.pt").write_bytes(b"nothing")
+    with pytest.raises(InfluenceError, match="bad.pt: not a readable projected curvature"):
+        ProjectedBasis.load(tmp_path / "bad.pt")
+
     # Exact chunked top-k (chunks of 2 rows across two shards) = the full matrix's sorted rows.
     store = _store(tmp_path / "topk", net, x, y, active, settings, projection, 2)
     sums, n = store.fisher()
-    curvature = projected_curvature(sums, n, layers, settings)
+    curvature = projected_curvature(projected_basis(sums, n, layers), settings)
     pre = curvature.apply(queries)
     pairwise, _ = store_scores(store, curvature, pre)
     top = store_topk(store, pre, 5, chunk_bytes=2 * store.width * 8)
