@@ -25,6 +25,7 @@ METHOD_COLORS = {
     "diagonal": "tab:green",
     "identity": "tab:purple",
     "tracin": "tab:brown",
+    "logra": "tab:cyan",
     "loss": "k",
     "random": "0.6",
 }

@@ -31,7 +31,7 @@ def plot_lds(lds: pd.DataFrame, queries: pd.DataFrame, title: str) -> plt.Figure
             ax.errorbar(x + dx, v, yerr=err, fmt="o", color=color, capsize=4, ms=6)
             ax.annotate(f"{v:.2f}", (x + dx, v), textcoords="offset points", xytext=(8, -3), fontsize=8)
     ax.axhline(0, color="0.6", lw=0.8, ls=":")
-    ax.set_xticks(range(len(methods)), methods)
+    ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
     ax.set_xlim(-0.6, len(methods) - 0.4)
     ax.set_ylabel("LDS (Spearman ρ, mean over queries)")
     first = lds.iloc[0]
@@ -49,7 +49,7 @@ def plot_lds(lds: pd.DataFrame, queries: pd.DataFrame, title: str) -> plt.Figure
             ax_q.scatter(k + jitter, values, s=6, alpha=0.5, color=METHOD_COLORS.get(methods[k], "0.3"))
         for line in parts["medians"]:
             line.set_color("k")
-        ax_q.set_xticks(range(len(methods)), methods)
+        ax_q.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
     ax_q.axhline(0, color="0.6", lw=0.8, ls=":")
     ax_q.set_ylabel("per-query Spearman ρ over the subsets")
     ax_q.set_title(f"{int(first['n_queries'])} queries (one point each)", fontsize=9)
