@@ -245,8 +245,8 @@ rule influence_store_shard:
         model_code=get_model_code,
         code=get_code("influence_store_shard.py"),
     output:
-        gradients=layout.influence_store("npy"),
-        info=layout.influence_store("pt"),
+        gradients=layout.influence_shard("store", ext="npy"),
+        info=layout.influence_shard("store"),
     log:
         layout.log(
             "influence", index="{index}", epoch="{epoch}", name=shard_log("store")

@@ -60,10 +60,10 @@ def get_influence_shards(wildcards):
     return get_run(wildcards)["influence"]["shards"]
 
 
-def influence_shard_files(wildcards, kind):
+def influence_shard_files(wildcards, kind, ext=None):
     w, n = wildcards, get_influence_shards(wildcards)
     return [
-        layout.influence_shard(kind, w.run, w.index, w.epoch, w.method, k, n)
+        layout.influence_shard(kind, w.run, w.index, w.epoch, w.method, k, n, ext)
         for k in range(n)
     ]
 
@@ -102,22 +102,14 @@ def get_influence_score_shards(wildcards):
     return influence_shard_files(wildcards, "scores")
 
 
-def influence_store_files(wildcards, ext):
-    w, n = wildcards, get_influence_shards(wildcards)
-    return [
-        layout.influence_store(ext, w.run, w.index, w.epoch, w.method, k, n)
-        for k in range(n)
-    ]
-
-
 def get_influence_store_gradients(wildcards):
     """The gradient store's rows, one file per shard (influence.shards), in order."""
-    return influence_store_files(wildcards, "npy")
+    return influence_shard_files(wildcards, "store", "npy")
 
 
 def get_influence_store_infos(wildcards):
     """What each of the store's shards holds (positions, losses, Gauss-Newton sums, key)."""
-    return influence_store_files(wildcards, "pt")
+    return influence_shard_files(wildcards, "store")
 
 
 def get_influence_factors(wildcards):

@@ -312,25 +312,13 @@ class Layout:
         method: str = "{method}",
         shard: Val = "{shard}",
         nshards: Val = "{nshards}",
+        ext: str | None = None,
     ) -> str:
         """One shard (a contiguous range of the training images) of an influence pass: ``kind``
-        covariances or corrections (sums, ``.pt``) or scores (``.npz``)."""
-        ext = "npz" if kind == "scores" else "pt"
+        covariances or corrections (sums, ``.pt``), scores (``.npz``) or a projected method's
+        gradient store (``store``: its rows, ``ext`` npy, and what they are, ``.pt``)."""
+        ext = ext or ("npz" if kind == "scores" else "pt")
         return f"{self.influence_dir(run, index, epoch, method)}/shards/{kind}_{shard}-of-{nshards}.{ext}"
-
-    def influence_store(
-        self,
-        ext: str,
-        run: str = "{run}",
-        index: Val = "{index}",
-        epoch: Val = "{epoch}",
-        method: str = "{method}",
-        shard: Val = "{shard}",
-        nshards: Val = "{nshards}",
-    ) -> str:
-        """One shard of a projected method's gradient store: the rows (``npy``) or what they are
-        (``pt``: positions, scales, losses, the projected Gauss-Newton sums, the key)."""
-        return f"{self.influence_dir(run, index, epoch, method)}/store/store_{shard}-of-{nshards}.{ext}"
 
     def lds_dir(self, run: str = "{run}", index: Val = "{index}", epoch: Val = "{epoch}") -> str:
         """The linear datamodeling score's retrainings of one analysed checkpoint."""

@@ -194,7 +194,7 @@ def test_scores_files(tiny_run):
         "seed": 0,
     }
     assert set(logra["timings"]) == {"store", "curvature", "queries", "scores"}
-    rows = np.load(work / RESULTS.influence_store("npy", "tiny", 0, 6, "logra", 0, 1), mmap_mode="r")
+    rows = np.load(work / RESULTS.influence_shard("store", "tiny", 0, 6, "logra", 0, 1, "npy"), mmap_mode="r")
     assert rows.shape == (len(data.train_labels[~data.holdout]), 9 * 16 + 32 * 32 + 32 * 32 + 10 * 32)
 
 

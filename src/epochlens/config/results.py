@@ -265,16 +265,14 @@ def influence_curvature_params(run: Mapping, method: str) -> dict:
 def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> dict:
     """What scores depend on: the factors' params, damping (methods that invert a curvature), the
     queries and their transforms, TracIn's checkpoints and the corruption (trigger queries)."""
-    spec = run["influence"]
-    params = influence_factor_params(run, method)
+    spec, projected = run["influence"], method in PROJECTED_METHODS
+    params = (influence_curvature_params if projected else influence_factor_params)(run, method)
     score = result_settings(spec, InfluenceSettings, exclude=_factor_fields())
     if method not in FACTOR_METHODS + PROJECTED_METHODS:  # identity and tracin invert no curvature
         score = {k: v for k, v in score.items() if not k.startswith("damping")}
+    if projected:  # scored in float64 from the store, never low-rank
+        score = {k: v for k, v in score.items() if k not in ("query_gradient_rank", "precondition_dtype")}
     params["settings"].update(score)
-    if method in PROJECTED_METHODS:  # scored in float64 from the store, never low-rank
-        params["settings"]["projection"]["precondition"] = spec["projection"]["precondition"]
-        for key in ("query_gradient_rank", "precondition_dtype"):
-            params["settings"].pop(key, None)
     # How the scores are reduced over the queries changes the tables only.
     params["settings"]["queries"] = result_settings(spec["queries"], QuerySettings)
     params["settings"].update(result_settings(spec, QueryTransformSettings))
