@@ -83,6 +83,18 @@ def sharded_run(tmp_path_factory):
     return run, targets
 
 
+def _checkpoint(run):
+    """(the validated run section, the epoch-6 checkpoint job) of the sharded run."""
+    cfg = run_config.validate(sharded_config(run.work, 2), run.wf / "config/schema.yaml")
+    spec = json.loads(json.dumps(cfg))["runs"]["tiny"]
+    paths = run.paths
+    job = load_checkpoint_job(
+        paths.dataset("tiny"), paths.checkpoint("tiny", 0, 6), "small_cnn", 6, "cpu",
+        paths.class_order("tiny", 0), spec["schedule"],
+    )  # fmt: skip
+    return spec, job
+
+
 def _files(run, method):
     paths = run.paths
     return (
@@ -149,13 +161,8 @@ def test_a_sharded_store_gives_the_unsharded_scores(sharded_run, tmp_path):
     """LoGra's store in 2 shard jobs, scored by the workflow, equals one shard written and scored
     here, up to float32 rounding of the forward passes (other batches)."""
     run, _ = sharded_run
-    cfg = run_config.validate(sharded_config(run.work, 2), run.wf / "config/schema.yaml")
-    spec = json.loads(json.dumps(cfg))["runs"]["tiny"]
+    spec, job = _checkpoint(run)
     paths = run.paths
-    job = load_checkpoint_job(
-        paths.dataset("tiny"), paths.checkpoint("tiny", 0, 6), "small_cnn", 6, "cpu",
-        paths.class_order("tiny", 0), spec["schedule"],
-    )  # fmt: skip
     params = run_config.influence_score_params("tiny", spec, "logra", 6)
     store = [(tmp_path / "s.npy", tmp_path / "s.pt")]
     store_shard(job, params, spec["influence"], 0, 1, *store[0])
@@ -231,13 +238,7 @@ def test_factors_in_layer_groups_give_the_whole_models_scores(sharded_run, tmp_p
     scores a group at a time; the scores equal those of the factors in one group up to the order
     of float64 sums."""
     run, _ = sharded_run
-    cfg = run_config.validate(sharded_config(run.work, 2), run.wf / "config/schema.yaml")
-    spec = json.loads(json.dumps(cfg))["runs"]["tiny"]
-    paths = run.paths
-    job = load_checkpoint_job(
-        paths.dataset("tiny"), paths.checkpoint("tiny", 0, 6), "small_cnn", 6, "cpu",
-        paths.class_order("tiny", 0), spec["schedule"],
-    )  # fmt: skip
+    spec, job = _checkpoint(run)
     fparams = run_config.influence_factor_params(spec, "ekfac")
     params = run_config.influence_score_params("tiny", spec, "ekfac", 6)
     queries = score_queries(job, params)
