@@ -227,13 +227,14 @@ def influence_settings(run: Mapping, method: str) -> dict:
     the layer selection for identity and tracin, which fit nothing)."""
     spec = run["influence"]
     settings = {"method": method}
+    fisher = "true" if spec["fisher"] is True else spec["fisher"]  # YAML's bare true
     if method in FACTOR_METHODS:
         settings.update(result_settings(spec, InfluenceSettings, exclude={"method"} | _score_fields()))
-        settings["fisher"] = "true" if spec["fisher"] is True else spec["fisher"]  # YAML's bare true
+        settings["fisher"] = fisher
     else:
         settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
     if method in PROJECTED_METHODS:  # the store's gradients: the Fisher's draws and the projection
-        settings.update(fisher="true" if spec["fisher"] is True else spec["fisher"], seed=spec["seed"])
+        settings.update(fisher=fisher, seed=spec["seed"])
         # how the scores precondition is theirs: changing it rescores, it does not redo the store
         skip = {"seed", "precondition"}
         settings["projection"] = result_settings(spec["projection"], ProjectionSettings, exclude=skip)

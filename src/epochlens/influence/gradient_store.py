@@ -106,7 +106,8 @@ class ShardInfo:
     @classmethod
     def load(cls, path: str | Path) -> ShardInfo:
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            # mapped: the Fisher's sums are read only where they are summed, not by every scoring
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             for k in ("positions", "scales", "losses", "usable"):
                 payload[k] = payload[k].numpy()
             return cls(**payload)
