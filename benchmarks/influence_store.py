@@ -49,7 +49,8 @@ from scipy.stats import spearmanr
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores, store_topk
-from epochlens.influence.projected_curvature import projected_basis, projected_curvature
+from epochlens.influence.projected_basis import projected_basis
+from epochlens.influence.projected_curvature import projected_curvature
 from epochlens.influence.projection import layer_projections, project_samples
 from epochlens.influence.projection_settings import ProjectionSettings
 from epochlens.models.networks import build_model

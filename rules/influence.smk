@@ -10,7 +10,7 @@
 # shard reruns alone. With S = 1 influence_factors and influence_scores do the passes themselves.
 # The projected methods (logra) write each training image's projected gradient once per checkpoint
 # (influence_store_shard, S jobs: the gradient store), eigendecompose its projected curvature once
-# (influence_store_curvature) and score any queries with one read of it (influence_store_scores:
+# (influence_store_eigen) and score any queries with one read of it (influence_store_scores:
 # the same scores.npz as influence_scores).
 # Per run: poison_detection (tables) -> plot_influence (figures); with influence.lds the linear
 # datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds. A run whose
@@ -269,10 +269,10 @@ rule influence_store_shard:
         "../scripts/influence_store_shard.py"
 
 
-rule influence_store_curvature:
+rule influence_store_eigen:
     input:
         infos=get_influence_store_infos,
-        code=get_code("influence_store_curvature.py"),
+        code=get_code("influence_store_eigen.py"),
     output:
         curvature=layout.influence_file("curvature.pt"),
     log:
@@ -295,7 +295,7 @@ rule influence_store_curvature:
     params:
         config=get_influence_curvature_params,
     script:
-        "../scripts/influence_store_curvature.py"
+        "../scripts/influence_store_eigen.py"
 
 
 rule influence_store_scores:
@@ -306,7 +306,7 @@ rule influence_store_scores:
         model_code=get_model_code,
         gradients=get_influence_store_gradients,
         infos=get_influence_store_infos,
-        curvature=rules.influence_store_curvature.output.curvature,
+        curvature=rules.influence_store_eigen.output.curvature,
         code=get_code("influence_store_scores.py"),
     output:
         scores=layout.influence_file("scores.npz"),

@@ -1,16 +1,16 @@
-"""Rule influence_store_curvature: the projected curvature of a checkpoint's gradient store (each
+"""Rule influence_store_eigen: the projected curvature of a checkpoint's gradient store (each
 layer's projected Gauss-Newton matrix, or EK-FAC in the projected space, from the shards' sums),
 eigendecomposed once for every scoring of the store; damped when scored.
 
 By hand, from the run's working directory:
-    python scripts/influence_store_curvature.py run=digits_noisy index=0 epoch=0075 method=logra
+    python scripts/influence_store_eigen.py run=digits_noisy index=0 epoch=0075 method=logra
 """
 
 import time
 
 from _helpers import run_script
 
-from epochlens.influence.projected_curvature import store_curvature
+from epochlens.influence.projected_basis import store_curvature
 from epochlens.runner import log
 
 
@@ -28,4 +28,4 @@ def main(snakemake) -> None:
 
 
 if __name__ == "__main__":
-    run_script(main, "influence_store_curvature", globals().get("snakemake"))
+    run_script(main, "influence_store_eigen", globals().get("snakemake"))

@@ -112,7 +112,7 @@ RULES["influence_store_scores"] = RULES["influence_scores"]
 #: The store's shards write their rows as they go: a sample's positions, scale and loss stay.
 RULES["influence_store_shard"] = Memory(base_mb=710, per_sample=100, model_copies=16, capped=True)
 #: The store's curvature: the shards' sums and each layer's eigenvectors, (k_out k_in)² numbers a layer.
-RULES["influence_store_curvature"] = Memory(base_mb=400, model_copies=4, capped=True)
+RULES["influence_store_eigen"] = Memory(base_mb=400, model_copies=4, capped=True)
 #: A text run's jobs import transformers and tokenizers (about 200 MB more on the demo's
 #: polarity run than on its image runs).
 TEXT_MB = 200

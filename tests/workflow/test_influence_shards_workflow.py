@@ -22,7 +22,7 @@ from wfutil import tiny_run as make_tiny_run
 from epochlens import config as run_config
 from epochlens.influence.factor_groups import group_names, merged_groups, save_factor_groups
 from epochlens.influence.io import load_factors
-from epochlens.influence.projected_curvature import store_curvature
+from epochlens.influence.projected_basis import store_curvature
 from epochlens.influence.study_factors import fit_checkpoint_factors
 from epochlens.influence.study_scores import checkpoint_scores
 from epochlens.influence.study_store import store_shard
@@ -63,7 +63,7 @@ def test_sharded_jobs_are_planned(tmp_path):
     assert jobs["influence_factors"] == 3
     assert jobs["influence_score_shard"] == 5 * 3 and jobs["influence_scores"] == 5
     assert jobs["influence_store_shard"] == 3
-    assert jobs["influence_store_curvature"] == jobs["influence_store_scores"] == 1
+    assert jobs["influence_store_eigen"] == jobs["influence_store_scores"] == 1
     # One shard (1 of 3) of the diagonal's factors needs only the data and its checkpoint.
     shard = Layout().influence_shard("corrections", "tiny", 0, 6, "diagonal", 1, 3)
     assert planned_jobs(wf, tmp_path, shard, configfile=tmp_path / "s.yaml") == {

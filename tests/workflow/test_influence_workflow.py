@@ -224,7 +224,7 @@ def test_what_config_changes_rerun(tiny_run):
     }
     # How logra preconditions changes its scores, not its store; the projection changes both.
     rescored = {"poison_detection": 1, "plot_influence": 1, "lds_tables": 1, "plot_lds": 1, "influence": 1}
-    curvature = {"influence_store_curvature": 1, "influence_store_scores": 1}  # eigendecomposed once a store
+    curvature = {"influence_store_eigen": 1, "influence_store_scores": 1}  # eigendecomposed once a store
     assert planned(projection={"precondition": "ekfac"}) == {**curvature, **rescored}
     assert planned(projection={"dim": 16}) == {"influence_store_shard": 1, **curvature, **rescored}
     # LDS: the bootstrap changes its tables only; the subsets rerun the retrainings.
@@ -255,10 +255,7 @@ def test_what_config_changes_rerun(tiny_run):
     assert jobs["prepare_data"] == 1 and jobs["train_tiny"] == 1
     assert jobs["influence_factors"] == 1 and jobs["influence_scores"] == 3
     assert (
-        jobs["influence_store_shard"]
-        == jobs["influence_store_curvature"]
-        == jobs["influence_store_scores"]
-        == 1
+        jobs["influence_store_shard"] == jobs["influence_store_eigen"] == jobs["influence_store_scores"] == 1
     )
     # Other queries rerun the scoring only: the store of the training gradients stays.
     more = planned(queries={**spec["influence"]["queries"], "max_count": 6})
@@ -288,7 +285,7 @@ def test_what_config_changes_rerun(tiny_run):
     # Editing the projection reruns the projected method's store and scores only.
     assert planned_after_editing("influence/projection.py") == {
         "influence_store_shard": 1,
-        "influence_store_curvature": 1,
+        "influence_store_eigen": 1,
         "influence_store_scores": 1,
         "poison_detection": 1,
         "plot_influence": 1,

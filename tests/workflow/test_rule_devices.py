@@ -56,7 +56,6 @@ def test_gpu_rules_get_the_device_and_the_others_the_cpu(rules, profile):
         "probes_stored",  # the probes of one representation of stored activations
         "features_stored",  # representations of stored activations: no model, CPU
         "activations_decoded",  # a parquet snapshot decoded once for them: CPU
-        "influence_store_curvature",  # eigendecompositions of a gradient store's sums: no model, CPU
     }
     tables_and_plots = {name for name in plan if name.startswith("plot_") or name.endswith("_tables")}
     assert all(plan[name].device is None for name in tables_and_plots)  # no torch device

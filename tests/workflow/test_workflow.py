@@ -107,7 +107,7 @@ def test_default_config_job_list(tmp_path):
         "influence_factors": 3 + 2,  # ekfac, kfac, diagonal; polarity: ekfac, kfac
         "influence_scores": 5 + 3,  # and identity, tracin; polarity: and identity
         "influence_store_shard": 1,  # digits_noisy: logra's store (influence.shards: 1)
-        "influence_store_curvature": 1,
+        "influence_store_eigen": 1,
         "influence_store_scores": 1,
         "poison_detection": 2,
         "plot_influence": 2,

@@ -3,7 +3,7 @@
 
 :func:`store_shard` writes one shard of the training samples' projected gradients and the sums of the
 projected curvature (:mod:`.gradient_store`); :mod:`.study_store_scores` scores queries against the
-store (:func:`epochlens.influence.projected_curvature.store_curvature`: its curvature, once). Nothing
+store (:func:`epochlens.influence.projected_basis.store_curvature`: its curvature, once). Nothing
 here imports the scoring of the factor methods: editing it reruns no store.
 """
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from epochlens.errors import InfluenceError
 from epochlens.influence.gradient_store import GradientStore, store_scores
-from epochlens.influence.projected_curvature import ProjectedBasis, projected_curvature
+from epochlens.influence.projected_basis import ProjectedBasis
+from epochlens.influence.projected_curvature import projected_curvature
 from epochlens.influence.projection import project_samples
 from epochlens.influence.study_inputs import trained_samples, with_labels
 from epochlens.influence.study_scores import CheckpointScores, ScoreQueries, ScoreShard, merge_scores

@@ -106,7 +106,7 @@ OWN = {
     "influence_score_shard": {"influence"},
     "influence_store_shard": {"influence"},
     "influence_store_scores": {"influence"},
-    "influence_store_curvature": {"influence"},
+    "influence_store_eigen": {"influence"},
     "poison_detection": {"influence"},
     "lds_retrain": set(),  # retrains with the run's recipe or its command; no influence code
     "lds_tables": set(),  # reads the scores' files, not the influence package
