@@ -383,3 +383,45 @@ def test_the_dossier_is_the_runs_arrays_and_tables(tiny_run):
     )
     assert queries["is_corrupted"].isna().all() and queries["position"].tolist() == list(range(len(queries)))
     assert (work / RESULTS.figure("data_map", "png", "tiny")).stat().st_size > 10_000
+
+
+def test_scores_too_large_to_keep_whole_give_the_same_tables_and_dossier(tiny_run, tmp_path):
+    """influence.projection.pairwise_gb: 0 in a copy of the finished study: logra's scores.npz holds the
+    store's summary (each sample's reductions over the queries, neighbours both ways) instead of the
+    (Q, N) scores; only its scoring job and what reads it rerun (the store and its curvature stay),
+    and the detection table and the dossier's logra columns are what the whole scores gave."""
+    import shutil
+
+    wf, work, cfg, path = tiny_run
+    targets = [RESULTS.dossier("tiny"), RESULTS.table("poison_detection", "tiny")]
+    snakemake(wf, work, *targets, configfile=path)  # nothing to do after the dossier's test
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy, symlinks=True)
+    changed = json.loads(json.dumps(cfg))
+    changed["runs"]["tiny"]["influence"]["projection"] = {"pairwise_gb": 0}
+    summary_cfg = write_config(tmp_path / "summary.yaml", changed)
+    assert planned_jobs(wf, copy, *targets, configfile=summary_cfg) == {
+        "influence_store_scores": 1, "poison_detection": 1, "sample_dossier": 1,
+    }  # fmt: skip
+    snakemake(wf, copy, *targets, configfile=summary_cfg)
+    scores = RESULTS.influence_file("scores.npz", "tiny", 0, 6, "logra")
+    with np.load(work / scores) as whole, np.load(copy / scores) as summary:
+        assert "pairwise_none" in whole.files and not any(k.startswith("pairwise_") for k in summary.files)
+        assert summary["proponents"].shape == (len(whole["self_influence"]), 8)  # k = min(10, 8 queries)
+        np.testing.assert_array_equal(summary["self_influence"], whole["self_influence"])
+    table = RESULTS.table("poison_detection", "tiny")
+    before, after = (pd.read_csv(w / table).query("method == 'logra'") for w in (work, copy))
+    pd.testing.assert_frame_equal(before, after, rtol=1e-9)
+    (a, _), (b, _) = (
+        read_dossier(Layout(work / "results"), "tiny"),
+        read_dossier(Layout(copy / "results"), "tiny"),
+    )
+    logra = [c for c in a.columns if c.endswith("_logra")]
+    assert {"query_influence_logra", "proponents_logra", "top_train_logra"} <= set(logra)
+    for column in logra:
+        x, y = a[column].to_numpy(), b[column].to_numpy()
+        if x.dtype == object:  # lists of positions (equal) and of scores; None on the other role's rows
+            x, y = ([np.asarray([] if v is None else v, float) for v in col] for col in (x, y))
+            assert [len(v) for v in x] == [len(v) for v in y], column
+            x, y = np.concatenate(x), np.concatenate(y)
+        np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float), rtol=1e-9, err_msg=column)

@@ -271,8 +271,9 @@ def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> 
     score = result_settings(spec, InfluenceSettings, exclude=_factor_fields())
     if method not in FACTOR_METHODS + PROJECTED_METHODS:  # identity and tracin invert no curvature
         score = {k: v for k, v in score.items() if not k.startswith("damping")}
-    if projected:  # scored in float64 from the store, never low-rank
+    if projected:  # scored in float64 from the store, never low-rank; kept whole up to pairwise_gb
         score = {k: v for k, v in score.items() if k not in ("query_gradient_rank", "precondition_dtype")}
+        params["settings"]["projection"]["pairwise_gb"] = spec["projection"]["pairwise_gb"]
     params["settings"].update(score)
     # How the scores are reduced over the queries changes the tables only.
     params["settings"]["queries"] = result_settings(spec["queries"], QuerySettings)

@@ -4,7 +4,9 @@ workflow's ``influence_store_scores`` jobs do, as a function of a :class:`~epoch
 :func:`store_checkpoint_scores` reads the checkpoint's gradient store (:mod:`.study_store`) once to give
 the same ``scores.npz``, metadata and diagnostics as the factor methods (:mod:`.study_scores`):
 self-influence, losses and the (Q, N) influence on each query transform. A new query set recomputes
-only the queries' projected gradients and one read of the store.
+only the queries' projected gradients and one read of the store. Where the (Q, N) scores would be
+larger than ``influence.projection.pairwise_gb``, the file holds their reductions over the queries and
+the top-k neighbours both ways instead (:mod:`.store_summary`, two reads; :func:`summary_arrays`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import numpy as np
 from epochlens.errors import InfluenceError
 from epochlens.influence.gradient_store import GradientStore, store_scores
 from epochlens.influence.projected_basis import ProjectedBasis
-from epochlens.influence.projected_curvature import projected_curvature
+from epochlens.influence.projected_curvature import ProjectedCurvature, projected_curvature
 from epochlens.influence.projection import project_samples
+from epochlens.influence.store_summary import PAIRWISE_GB, StoreSummary, store_summary, summarised
 from epochlens.influence.study_inputs import trained_samples, with_labels
 from epochlens.influence.study_scores import CheckpointScores, ScoreQueries, ScoreShard, merge_scores
 from epochlens.influence.study_store import store_setup
@@ -43,21 +46,51 @@ def store_checkpoint_scores(
     settings, projection, task, active, key = store_setup(job, params, execution)
     grads = _open_store(store, key, trained_samples(job)[2])
     t0 = time.perf_counter()
-    basis = ProjectedBasis.load(curvature_path)
+    curvature = _curvature(curvature_path, grads, projection, settings)
+    timings = {"store": sum(i.timings["store"] for i in grads.infos), "curvature": time.perf_counter() - t0}
+    pre = _query_gradients(job, queries, settings, projection, task, active, curvature, grads.width)
+    t1 = time.perf_counter()
+    timings["queries"] = t1 - t0 - timings["curvature"]
+    n_train, q, summary = len(job.data.train_labels), len(queries.selected.labels), None
+    if summarised(q, n_train, len(pre), params["settings"]["projection"].get("pairwise_gb", PAIRWISE_GB)):
+        summary = store_summary(grads, curvature, pre, queries.selected.sign)
+        arrays = _arrays(grads, summary.self_influence, {}, queries)
+    else:
+        stacked = np.concatenate(list(pre.values())) if pre else np.zeros((0, grads.width))
+        pairwise, self_ = store_scores(grads, curvature, stacked)
+        arrays = _arrays(grads, self_, {t: pairwise[k * q : (k + 1) * q] for k, t in enumerate(pre)}, queries)
+    timings["scores"] = time.perf_counter() - t1
+    info = _info(job, method, settings, projection, task, active, grads, queries, timings, key["inputs"])
+    result = merge_scores([ScoreShard(grads.positions, arrays, curvature.diagnostics, info)], params)
+    result.metadata.update(shards=len(grads.infos), pairwise="full" if summary is None else "summary")
+    if summary is not None:  # no (Q, N) matrix: its reductions and neighbours
+        result.arrays.update(summary_arrays(summary, grads.positions, n_train))
+        result.metadata["transforms"] = list(pre)
+    return result
+
+
+def _curvature(path, grads: GradientStore, projection, settings) -> ProjectedCurvature:
+    """The store's eigendecomposed curvature (:func:`store_curvature`), checked, damped."""
+    basis = ProjectedBasis.load(path)
     if (
         basis.key != grads.key
         or basis.layers != grads.infos[0].layers
         or basis.precondition != projection.precondition
     ):
         raise InfluenceError(
-            f"{curvature_path}: the projected curvature is of another store or preconditioner "
+            f"{path}: the projected curvature is of another store or preconditioner "
             f"({basis.precondition}); delete it and compute it again."
         )
-    curvature = projected_curvature(basis, settings)
-    timings = {"store": sum(i.timings["store"] for i in grads.infos), "curvature": time.perf_counter() - t0}
-    selected, blocks = queries.selected, []
-    for images in queries.images.values():
-        q = np.full((len(selected.labels), grads.width), np.nan)
+    return projected_curvature(basis, settings)
+
+
+def _query_gradients(
+    job, queries: ScoreQueries, settings, projection, task, active, curvature, width
+) -> dict:
+    """Per query transform, the queries' preconditioned projected gradients P g̃_q (Q, width)."""
+    selected, pre = queries.selected, {}
+    for transform, images in queries.images.items():
+        q = np.full((len(selected.labels), width), np.nan)
         if len(q):
             qx, qy = with_labels(images, selected.labels)
             project_samples(
@@ -65,18 +98,29 @@ def store_checkpoint_scores(
                 curvature=False, active_classes=active, sample_indices=selected.test_indices,
                 device=job.device, task=task,
             )  # fmt: skip
-        blocks.append(curvature.apply(q))
-    t1 = time.perf_counter()
-    pairwise, self_ = store_scores(
-        grads, curvature, np.concatenate(blocks) if blocks else np.zeros((0, grads.width))
-    )
-    timings["queries"] = t1 - t0 - timings["curvature"]
-    timings["scores"] = time.perf_counter() - t1
-    arrays = _arrays(grads, pairwise, self_, queries)
-    info = _info(job, method, settings, projection, task, active, grads, queries, timings, key["inputs"])
-    result = merge_scores([ScoreShard(grads.positions, arrays, curvature.diagnostics, info)], params)
-    result.metadata["shards"] = len(grads.infos)
-    return result
+        pre[transform] = curvature.apply(q)
+    return pre
+
+
+def summary_arrays(summary: StoreSummary, positions: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """A :class:`StoreSummary` (in the store's rows) as ``scores.npz`` arrays over the N training
+    samples (NaN, -1 for the holdout): ``query_influence_{reduce}_{transform}``, ``proponents`` and
+    ``proponent_scores`` (N, k), ``opponents`` ..., ``top_train`` and ``top_train_scores`` (Q, k) of
+    training positions, ``bottom_train`` ...."""
+
+    def over_n(values: np.ndarray, fill) -> np.ndarray:
+        out = np.full((n, *values.shape[1:]), fill, values.dtype)
+        out[positions] = values
+        return out
+
+    arrays = {f"query_influence_{key}": over_n(v, np.nan) for key, v in summary.reduced.items()}
+    for name, (index, scores) in summary.neighbours.items():
+        if name in ("proponents", "opponents"):
+            arrays[name], arrays[f"{name[:-1]}_scores"] = over_n(index, -1), over_n(scores, np.nan)
+        else:
+            arrays[name] = np.where(index >= 0, positions[np.maximum(index, 0)], -1)
+            arrays[f"{name}_scores"] = scores
+    return arrays
 
 
 def _open_store(store, key: dict, trained: np.ndarray) -> GradientStore:
@@ -93,8 +137,8 @@ def _open_store(store, key: dict, trained: np.ndarray) -> GradientStore:
     return grads
 
 
-def _arrays(grads: GradientStore, pairwise: np.ndarray, self_: np.ndarray, queries: ScoreQueries) -> dict:
-    selected, q = queries.selected, len(queries.selected.labels)
+def _arrays(grads: GradientStore, self_: np.ndarray, pairwise: dict, queries: ScoreQueries) -> dict:
+    selected = queries.selected
     arrays = {
         "self_influence": self_,
         "loss": grads.concatenated("losses"),
@@ -104,8 +148,7 @@ def _arrays(grads: GradientStore, pairwise: np.ndarray, self_: np.ndarray, queri
         "query_predicted": selected.predicted,
         "query_sign": np.float64(selected.sign),
     }
-    for k, t in enumerate(queries.images):
-        arrays[f"pairwise_{t}"] = pairwise[k * q : (k + 1) * q]
+    arrays.update({f"pairwise_{t}": scores for t, scores in pairwise.items()})
     return arrays
 
 

@@ -7,10 +7,13 @@ queries; each query's top-k training samples either way.
 (a proponent), negative where it raises it (an opponent). Holdout samples (not trained on) are NaN
 and never a neighbour. ``query_influence`` is :func:`epochlens.study.poison.reduce_query_influence`
 of the run's ``queries.reduce``, signed by the queries' ``query_sign``: higher = more suspect.
+A store's scores too large to keep whole hold these reductions and neighbours instead of
+``pairwise_*`` (``epochlens.influence.store_summary``: exact, the same ranks): read as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +75,22 @@ def rank_descending(values: np.ndarray) -> pd.array:
     return pd.array(ranks.to_numpy(), dtype="Int64")
 
 
+def _summarised(arrays: Mapping[str, np.ndarray]) -> bool:
+    """Whether ``arrays`` hold a store's summary (reductions and neighbours) instead of pairwise scores."""
+    return "query_influence_max_none" in arrays
+
+
+def _padded(index: np.ndarray, scores: np.ndarray, k: int) -> tuple[pa.ListArray, pa.ListArray]:
+    """(R, k') neighbours, -1 past the finite, as :func:`top_k`'s list arrays (the first k)."""
+    index, scores = index[:, :k], scores[:, :k]
+    keep = index >= 0
+    offsets = pa.array(np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int32))
+    return (
+        pa.ListArray.from_arrays(offsets, pa.array(index[keep].astype(np.int64))),
+        pa.ListArray.from_arrays(offsets, pa.array(scores[keep].astype(np.float64))),
+    )
+
+
 def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: int = NEIGHBOURS) -> dict:
     """The training rows' columns of one method (each of length N), named ``*_{method}``."""
     self_scores = np.asarray(arrays["self_influence"], np.float64)
@@ -79,6 +98,12 @@ def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: in
         f"self_influence_{method}": self_scores,
         f"self_influence_rank_{method}": rank_descending(self_scores),
     }
+    if _summarised(arrays):  # the store's summary (influence.store_summary): kept, not computed
+        cols[f"query_influence_{method}"] = arrays[f"query_influence_{reduce}_none"]
+        for name in ("proponents", "opponents"):
+            positions, scores = _padded(arrays[name], arrays[f"{name[:-1]}_scores"], k)
+            cols[f"{name}_{method}"], cols[f"{name[:-1]}_scores_{method}"] = positions, scores
+        return cols
     pairwise = arrays.get("pairwise_none")
     if pairwise is None or pairwise.shape[0] == 0:  # no queries: no query influence, no neighbours
         return cols
@@ -94,6 +119,13 @@ def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -
     """The query influence of one method under each query transform but ``none`` (the detection
     table's ``query_influence_{transform}`` signals), keyed ``{method}_query_influence_{transform}``:
     detectors of the dossier, not columns of their own."""
+    if _summarised(arrays):
+        prefix = f"query_influence_{reduce}_"
+        return {
+            f"{method}_query_influence_{key.removeprefix(prefix)}": arrays[key]
+            for key in arrays
+            if key.startswith(prefix) and key != f"{prefix}none"
+        }
     sign = float(arrays.get("query_sign", 1.0))
     return {
         f"{method}_query_influence_{key.removeprefix('pairwise_')}": reduce_query_influence(
@@ -107,11 +139,14 @@ def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -
 def query_columns(method: str, arrays: dict[str, np.ndarray], k: int = NEIGHBOURS) -> dict:
     """The query rows' columns of one method (each of length Q): top and bottom training samples."""
     pairwise = arrays.get("pairwise_none")
-    if pairwise is None or pairwise.shape[0] == 0:
+    if not _summarised(arrays) and (pairwise is None or pairwise.shape[0] == 0):
         return {}
     cols = {}
     for name, largest in (("top_train", True), ("bottom_train", False)):
-        positions, scores = top_k(pairwise, k, largest)
+        if _summarised(arrays):
+            positions, scores = _padded(arrays[name], arrays[f"{name}_scores"], k)
+        else:
+            positions, scores = top_k(pairwise, k, largest)
         cols[f"{name}_{method}"] = positions
         cols[f"{name}_scores_{method}"] = scores
     return cols

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from epochlens.errors import ConfigError
+from epochlens.errors import ConfigError, InfluenceError
 
 LDS_STARTS = ("scratch", "previous")
 LDS_COLUMNS = (
@@ -298,8 +298,12 @@ def lds_tables(
     by_checkpoint: dict[tuple[int, int], dict[str, dict[str, np.ndarray]]] = {}
     for job, path in zip(jobs, score_paths, strict=True):
         with np.load(path) as npz:
-            if "pairwise_none" not in npz:
-                raise ValueError(f"{path} has no scores of untransformed queries (pairwise_none)")
+            if "pairwise_none" not in npz:  # a store's summary (influence.projection.pairwise_gb)
+                raise InfluenceError(
+                    f"{path} has no scores of untransformed queries (pairwise_none): the LDS needs "
+                    "them whole; raise influence.projection.pairwise_gb above their size, or leave "
+                    f"{job['method']} out of the LDS run's methods."
+                )
             arrays = {k: npz[k] for k in ("pairwise_none", "query_test_indices", "query_labels")}
         by_checkpoint.setdefault((int(job["index"]), int(job["epoch"])), {})[job["method"]] = arrays
     rows, queries = [], []

@@ -184,6 +184,11 @@ def detection_tables(
         signals = study_signals(
             method, arrays["self_influence"], pairwise, float(arrays["query_sign"]), reduce
         )
+        if not transforms:  # a store's summary: each transform's signal kept, no pairwise scores
+            reduced = {k.removeprefix(f"query_influence_{reduce}_"): v for k, v in arrays.items()
+                       if k.startswith(f"query_influence_{reduce}_")}  # fmt: skip
+            transforms = list(reduced)
+            signals.update({(method, query_signal_name(t)): reduced[t] for t in transforms})
         if (index, epoch) not in baselines_done:  # the loss and random baselines once per checkpoint
             baselines_done.add((index, epoch))
             signals.update(baseline_signals(arrays["loss"], seed=seed + index))
@@ -193,8 +198,10 @@ def detection_tables(
         if len(transforms) > 1:
             per_transform = {t: signals[(method, query_signal_name(t))] for t in transforms}
             agree = transform_agreement(per_transform).assign(scores="query_signal")
-            flat = transform_agreement({t: pairwise[t] for t in transforms}).assign(scores="pairwise")
-            agreement.append(pd.concat([agree, flat]).assign(method=method, **key))
+            if pairwise:  # not of a summary
+                flat = transform_agreement(pairwise).assign(scores="pairwise")
+                agree = pd.concat([agree, flat])
+            agreement.append(agree.assign(method=method, **key))
         conditioning.append(pd.read_csv(diag_path).assign(method=method, **key))
 
     def first(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
