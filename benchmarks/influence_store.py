@@ -20,9 +20,12 @@ pairwise and self-influence with EK-FAC's (mean over queries; all of them flatte
 
 ``scale``: the small CNN on N in ``--sizes`` random 1x8x8 images (each size in a process of its own:
 its peak is that process's ``ru_maxrss``), Q queries: the store's seconds a sample and bytes on disk,
-and the exact top-k (``--top-k``) of every query over the store and of every sample over the queries
-(gradient_store.store_topk: one read of the store, memory Q x (k + a chunk), not Q x N): seconds and
-the peak. Memory flat in N is the claim it checks.
+and what influence_store_scores computes when the (Q, N) scores are too large to keep
+(store_summary.store_summary: self-influence, each sample's reductions over the queries, the exact
+top-k (``--top-k``) of every query over the store and of every sample over the queries; two reads
+of the store, memory a chunk and (Q + N) x k, not Q x N): seconds and the peak. Memory flat in N is
+the claim it checks. ``--faiss``: the same neighbours from faiss's exact inner-product index
+(faiss-cpu on PYTHONPATH), which holds the store in memory.
 
     PYTHONPATH=src .venv/bin/python benchmarks/influence_store.py --model mistral --layers 8 \\
         --n-train 160 --n-query 40
@@ -48,11 +51,12 @@ from scipy.stats import spearmanr
 
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 from epochlens.influence.covariances import resolve_layers
-from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores, store_topk
+from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores
 from epochlens.influence.projected_basis import projected_basis
 from epochlens.influence.projected_curvature import projected_curvature
 from epochlens.influence.projection import layer_projections, project_samples
 from epochlens.influence.projection_settings import ProjectionSettings
+from epochlens.influence.store_summary import store_summary
 from epochlens.models.networks import build_model
 from epochlens.tasks import LanguageModelTask
 
@@ -186,15 +190,42 @@ def scale_child(a: argparse.Namespace) -> dict:
     q = np.full((a.n_query, store.width), np.nan)
     project_samples(c.net, *c.queries[0], q, settings=c.settings, projection=c.projection, mode="measurement",
                     curvature=False, active_classes=c.active)  # fmt: skip
-    top = store_topk(store, curvature.apply(q), a.top_k)
+    pre = curvature.apply(q)
+    t_summary = time.perf_counter()
+    summary = store_summary(store, curvature, {"none": pre}, k=a.top_k)
     t2 = time.perf_counter()
-    assert (top.query_indices >= 0).all()
-    return {
+    assert (summary.neighbours["top_train"][0] >= 0).all()
+    row = {
         "n_train": a.n_train, "store_seconds": t1 - t0, "store_us_per_sample": 1e6 * (t1 - t0) / a.n_train,
         "store_bytes": (folder / "store.npy").stat().st_size + (folder / "store.pt").stat().st_size,
-        "width": store.width, "query_seconds": t2 - t1,
+        "width": store.width, "query_seconds": t2 - t1, "summary_seconds": t2 - t_summary,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }  # fmt: skip
+    if a.faiss:  # the same neighbours by faiss: an exact inner-product index of the store in memory
+        row.update(faiss_neighbours(store, pre, a.top_k, summary))
+    return row
+
+
+def faiss_neighbours(store: GradientStore, pre: np.ndarray, k: int, summary) -> dict:
+    """Each query's top-k over the store and each sample's over the queries by faiss's IndexFlatIP
+    (the store added chunk by chunk; float32), the seconds and peak after it, and whether the
+    neighbours are store_summary's."""
+    import faiss
+
+    t0 = time.perf_counter()
+    index = faiss.IndexFlatIP(store.width)
+    for _, g in store.chunks():
+        index.add(np.ascontiguousarray(g, np.float32))
+    _, per_query = index.search(np.ascontiguousarray(pre, np.float32), k)
+    queries = faiss.IndexFlatIP(store.width)
+    queries.add(np.ascontiguousarray(pre, np.float32))
+    for _, g in store.chunks():
+        queries.search(np.ascontiguousarray(g, np.float32), min(k, len(pre)))
+    return {
+        "faiss_seconds": time.perf_counter() - t0,
+        "faiss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "faiss_same_top_query": float(np.mean(per_query == summary.neighbours["top_train"][0])),
+    }
 
 
 def scale(a: argparse.Namespace) -> list[dict]:
@@ -204,6 +235,7 @@ def scale(a: argparse.Namespace) -> list[dict]:
             argv = [sys.executable, __file__, "--child", "--path", tmp, "--n-train", str(n)]
             for k in ("n_query", "top_k", "dim", "dtype", "precondition", "threads", "batch"):
                 argv.append(f"--{k.replace('_', '-')}={getattr(a, k)}")
+            argv += ["--faiss"] if a.faiss else []
             out = subprocess.run(argv, capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 raise SystemExit(f"N = {n} failed:\n{out.stderr[-3000:]}")
@@ -227,6 +259,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", action="store_true", help="the scale run (small CNN, --sizes)")
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--faiss", action="store_true", help="--scale: also faiss's exact index (faiss-cpu)")
     p.add_argument("--tmp", help="folder of the scale run's stores (default: the system's temporary folder)")
     p.add_argument("--json", type=Path, help="also write the report to this JSON file")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

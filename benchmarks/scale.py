@@ -9,8 +9,10 @@ the built-in small CNN in its place: the data's share of each job's memory and t
 ``--stages samples`` the per-sample stages (evaluation, sample outputs, dossier, thumbnails,
 explorer; curvature, features, probes and ablation off): a ResNet-18 on every image (36 s of
 forward passes at N = 50,000 on two CPU cores); ``--stages all`` every stage, influence (EK-FAC)
-too. ``--source imagefolder`` or ``npz``: random pixels as well, in an image folder of PNGs or
-an ``.npz``, normalised from the training images; ``text``: N sentences and a tiny BERT in the
+too; ``--stages influence`` the projected-gradient store (method logra, every class trained, the
+dossier) with ``--queries`` queries, its (Q, N) scores kept whole up to ``--pairwise-gb``.
+``--source imagefolder`` or ``npz``: random pixels as well, in an image folder of PNGs or an ``.npz``,
+normalised from the training images; ``text``: N sentences and a tiny BERT in the
 formats of config/examples/text_classifier.yaml (benchmarks/_text_project.py). Peaks and
 seconds are Snakemake's ``benchmark:`` files (``max_rss``: sampled from 0.5 s on), one row per
 rule; ``growth`` is the ratio of the largest N's peak to the smallest's; ``asked_mb`` the
@@ -47,7 +49,11 @@ SOURCES = ("cifar100", "imagefolder", "npz", "text")
 def options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000], help="training images (x100)")
-    p.add_argument("--stages", choices=["thumbnails", "samples", "all"], default="thumbnails")
+    p.add_argument("--stages", choices=["thumbnails", "samples", "all", "influence"], default="thumbnails")
+    p.add_argument("--queries", type=int, default=100, help="--stages influence: queries scored")
+    p.add_argument(
+        "--pairwise-gb", type=float, default=2.0, help="--stages influence: influence.projection's"
+    )
     p.add_argument("--model", choices=sorted(MODELS), default="resnet18_lop", help="the checkpoint's network")
     p.add_argument(
         "--source",
@@ -64,8 +70,9 @@ def options() -> argparse.ArgumentParser:
 
 
 def write_project(
-    work: Path, n_train: int, model: str = "resnet18_lop", stages: str = "samples", source: str = "cifar100"
-) -> Path:
+    work: Path, n_train: int, model: str = "resnet18_lop", stages: str = "samples", source: str = "cifar100",
+    queries: int = 100, pairwise_gb: float = 2.0,
+) -> Path:  # fmt: skip
     """The study's inputs and its config (paths into ``work``); returns the config file. ``source``
     other than cifar100: random pixels as well, in an image folder or an npz, normalised from them."""
     writers = {"cifar100": _common.write_cifar100, "imagefolder": _common.write_image_folder}
@@ -84,6 +91,11 @@ def write_project(
     run.update(indices=[0], epochs=[EPOCH])
     if stages == "all":
         run["influence"] = {"enabled": True}
+    elif stages == "influence":  # every class trained: N training samples in the store
+        run.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
+        run["schedule"]["initial_classes"] = 100
+        run["influence"] = {"enabled": True, "methods": ["logra"], "queries": {"max_count": queries}}
+        run["influence"]["projection"] = {"pairwise_gb": pairwise_gb}
     else:
         run.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     cfg["device"] = "cpu"
@@ -91,12 +103,14 @@ def write_project(
     return work / "config.yaml"
 
 
-def measure(work: Path, n_train: int, stages: str, cores: int, model: str, source: str) -> list[dict]:
+def measure(
+    work: Path, n_train: int, stages: str, cores: int, model: str, source: str, **influence
+) -> list[dict]:
     """Build and run one project; a row per rule: peak MB, seconds, seconds per 1,000 samples."""
     if source == "text":
         config = write_text_project(work, n_train, stages)
     else:
-        config = write_project(work, n_train, model, stages, source)
+        config = write_project(work, n_train, model, stages, source, **influence)
     targets = [f"results/{RUN}/samples/thumbs"] if stages == "thumbnails" else []
     _, output = run_snakemake(work, config, cores, *targets, peaks=work / "peaks")
     own = job_peaks(work / "peaks")
@@ -121,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             work = (args.keep or Path(tmp)) / f"n{n}"
-            rows += measure(work, n, args.stages, args.cores, args.model, args.source)
+            influence = {"queries": args.queries, "pairwise_gb": args.pairwise_gb}
+            rows += measure(work, n, args.stages, args.cores, args.model, args.source, **influence)
     table = pd.DataFrame(rows)
     peaks = table.pivot(index="rule", columns="n", values="own_peak_mb")
     peaks["growth"] = peaks[max(args.sizes)] / peaks[min(args.sizes)]
