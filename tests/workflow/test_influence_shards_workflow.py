@@ -1,8 +1,9 @@
 """influence.shards in the workflow: the jobs a sharded checkpoint plans, results equal to the
 unsharded computation, and a lost (killed) shard recomputed alone.
 
-The tiny run (wfutil.tiny_config) trained by the pipeline, influence at epoch 6 by EK-FAC and
-identity in 2 shards, and LoGra's gradient store in 2 shards. A job killed before it wrote its
+The tiny run (wfutil.tiny_config) trained by the pipeline, influence at epoch 6 by EK-FAC in 2
+shards (the other methods' score shards merge alike: tests/unit/influence/test_influence_shards.py),
+and LoGra's gradient store in 2 shards. A job killed before it wrote its
 output leaves no output (outputs are written atomically), and the jobs that merge the shards have
 not run yet: the tests delete a shard's file and what comes after it, which is what Snakemake finds
 after such a kill.
@@ -34,7 +35,7 @@ from epochlens.study.score_queries import score_queries
 pytestmark = pytest.mark.workflow
 
 OFF = {"enabled": False}
-METHODS = ["ekfac", "identity", "logra"]
+METHODS = ["ekfac", "logra"]
 
 
 def sharded_config(tmp_path, shards: int, methods=METHODS) -> dict:
@@ -120,40 +121,30 @@ def test_sharded_results_equal_the_unsharded_job(sharded_run):
         paths.dataset("tiny"), paths.checkpoint("tiny", 0, 6), "small_cnn", 6, "cpu",
         paths.class_order("tiny", 0), spec["schedule"],
     )  # fmt: skip
-    for method in ("ekfac", "identity"):
-        scores_path, factors_path = _files(run, method)
-        params = run_config.influence_score_params("tiny", spec, method, 6)
-        fitted = None
-        if method != "identity":
-            fparams = run_config.influence_factor_params(spec, method)
-            fit = fit_checkpoint_factors(job, fparams["settings"], spec["influence"], task=fparams["task"])
-            ref = merged_groups(fit.groups)
-            got = load_factors(factors_path)
-            assert got.key == ref.key
-            for name, lf in ref.layers.items():
-                for attr in ("activation_values", "gradient_values", "corrected"):
-                    a, b = getattr(lf, attr), getattr(got.layers[name], attr)
-                    if a is not None:
-                        assert torch.allclose(b, a, rtol=1e-12, atol=1e-12 * float(a.abs().max())), (
-                            name,
-                            attr,
-                        )
-            fitted = factors_path
-        queries = score_queries(job, params)
-        ref_scores = checkpoint_scores(
-            job, method, params, spec["influence"], factors_path=fitted, queries=queries
-        )
-        with np.load(scores_path) as npz:
-            np.testing.assert_array_equal(npz["query_test_indices"], ref_scores.arrays["query_test_indices"])
-            for name in ("self_influence", "loss", "pairwise_none"):
-                ref_values = ref_scores.arrays[name]
-                np.testing.assert_allclose(
-                    npz[name], ref_values, rtol=1e-6, atol=1e-6 * np.nanmax(np.abs(ref_values)), err_msg=name
-                )
-        meta = json.loads(Path(paths.influence_file("metadata.json", "tiny", 0, 6, method)).read_text())
-        assert meta["shards"] == 2 and meta["n_scored"] == int(
-            np.isfinite(ref_scores.arrays["self_influence"]).sum()
-        )
+    scores_path, factors_path = _files(run, "ekfac")
+    params = run_config.influence_score_params("tiny", spec, "ekfac", 6)
+    fparams = run_config.influence_factor_params(spec, "ekfac")
+    fit = fit_checkpoint_factors(job, fparams["settings"], spec["influence"], task=fparams["task"])
+    ref, got = merged_groups(fit.groups), load_factors(factors_path)
+    assert got.key == ref.key
+    for name, lf in ref.layers.items():
+        for attr in ("activation_values", "gradient_values", "corrected"):
+            a, b = getattr(lf, attr), getattr(got.layers[name], attr)
+            assert torch.allclose(b, a, rtol=1e-12, atol=1e-12 * float(a.abs().max())), (name, attr)
+    ref_scores = checkpoint_scores(
+        job, "ekfac", params, spec["influence"], factors_path=factors_path, queries=score_queries(job, params)
+    )
+    with np.load(scores_path) as npz:
+        np.testing.assert_array_equal(npz["query_test_indices"], ref_scores.arrays["query_test_indices"])
+        for name in ("self_influence", "loss", "pairwise_none"):
+            want = ref_scores.arrays[name]
+            np.testing.assert_allclose(
+                npz[name], want, rtol=1e-6, atol=1e-6 * np.nanmax(np.abs(want)), err_msg=name
+            )
+    meta = json.loads(Path(paths.influence_file("metadata.json", "tiny", 0, 6, "ekfac")).read_text())
+    assert meta["shards"] == 2 and meta["n_scored"] == int(
+        np.isfinite(ref_scores.arrays["self_influence"]).sum()
+    )
 
 
 @pytest.mark.slow
@@ -195,17 +186,18 @@ def test_a_lost_shard_is_recomputed_alone(sharded_run):
     scores_path, factors_path = _files(run, "ekfac")
     with np.load(scores_path) as npz:
         before = {k: npz[k] for k in npz.files}
-    # A score shard killed (so the scores were never merged): that shard, then the concatenation.
+    # A score shard killed (so the scores were never merged): that shard, then the concatenation
+    # (planned with the files moved aside and back: running them is the correction shard's case).
     merged = [Path(paths.influence_file(n, "tiny", 0, 6, "ekfac")) for n in ("scores.npz", "metadata.json")]
-    _lose(Path(paths.influence_shard("scores", "tiny", 0, 6, "ekfac", 1, 2)), *merged)
+    lost = [Path(paths.influence_shard("scores", "tiny", 0, 6, "ekfac", 1, 2)), *merged]
+    for path in lost:
+        path.rename(path.with_name(path.name + ".aside"))
     assert planned_jobs(wf, work, *targets, configfile=cfg) == {
         "influence_score_shard": 1,
         "influence_scores": 1,
     }
-    snakemake(wf, work, *targets, configfile=cfg)
-    with np.load(scores_path) as npz:
-        for k, v in before.items():
-            np.testing.assert_array_equal(npz[k], v)  # the same computation: the same bits
+    for path in lost:
+        path.with_name(path.name + ".aside").rename(path)
     # A correction shard of EK-FAC killed: that shard, the factors summed again, the scores after.
     old = load_factors(factors_path)
     shards = [Path(paths.influence_shard("scores", "tiny", 0, 6, "ekfac", k, 2)) for k in range(2)]
@@ -225,6 +217,9 @@ def test_a_lost_shard_is_recomputed_alone(sharded_run):
     new = load_factors(factors_path)
     for name, lf in old.layers.items():
         assert torch.equal(new.layers[name].corrected, lf.corrected)
+    with np.load(scores_path) as npz:
+        for k, v in before.items():
+            np.testing.assert_array_equal(npz[k], v)  # the same computation: the same bits
 
 
 def _lose(*paths: Path) -> None:
