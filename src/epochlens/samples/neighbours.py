@@ -80,9 +80,20 @@ def _summarised(arrays: Mapping[str, np.ndarray]) -> bool:
     return "query_influence_max_none" in arrays
 
 
-def _padded(index: np.ndarray, scores: np.ndarray, k: int) -> tuple[pa.ListArray, pa.ListArray]:
-    """(R, k') neighbours, -1 past the finite, as :func:`top_k`'s list arrays (the first k)."""
-    index, scores = index[:, :k], scores[:, :k]
+def _no_queries(arrays: Mapping[str, np.ndarray]) -> bool:
+    pairwise = arrays.get("pairwise_none")
+    return not _summarised(arrays) and (pairwise is None or pairwise.shape[0] == 0)
+
+
+def _neighbours(arrays: Mapping[str, np.ndarray], name: str, k: int) -> tuple[pa.ListArray, pa.ListArray]:
+    """``proponents`` / ``opponents`` of each training sample among the queries, or ``top_train`` /
+    ``bottom_train`` of each query: kept in a summary (-1 past the finite), else ranked here."""
+    per_sample = name in ("proponents", "opponents")
+    if not _summarised(arrays):
+        pairwise = arrays["pairwise_none"]
+        return top_k(pairwise.T if per_sample else pairwise, k, name in ("proponents", "top_train"))
+    index = arrays[name][:, :k]
+    scores = arrays[f"{name[:-1]}_scores" if per_sample else f"{name}_scores"][:, :k]
     keep = index >= 0
     offsets = pa.array(np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int32))
     return (
@@ -98,20 +109,15 @@ def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: in
         f"self_influence_{method}": self_scores,
         f"self_influence_rank_{method}": rank_descending(self_scores),
     }
-    if _summarised(arrays):  # the store's summary (influence.store_summary): kept, not computed
-        cols[f"query_influence_{method}"] = arrays[f"query_influence_{reduce}_none"]
-        for name in ("proponents", "opponents"):
-            positions, scores = _padded(arrays[name], arrays[f"{name[:-1]}_scores"], k)
-            cols[f"{name}_{method}"], cols[f"{name[:-1]}_scores_{method}"] = positions, scores
+    if _no_queries(arrays):  # no query influence, no neighbours
         return cols
-    pairwise = arrays.get("pairwise_none")
-    if pairwise is None or pairwise.shape[0] == 0:  # no queries: no query influence, no neighbours
-        return cols
-    cols[f"query_influence_{method}"] = reduce_query_influence(pairwise, float(arrays["query_sign"]), reduce)
-    for name, largest in (("proponents", True), ("opponents", False)):
-        positions, scores = top_k(pairwise.T, k, largest)
-        cols[f"{name}_{method}"] = positions
-        cols[f"{name[:-1]}_scores_{method}"] = scores
+    cols[f"query_influence_{method}"] = (
+        arrays[f"query_influence_{reduce}_none"]
+        if _summarised(arrays)
+        else reduce_query_influence(arrays["pairwise_none"], float(arrays["query_sign"]), reduce)
+    )
+    for name in ("proponents", "opponents"):
+        cols[f"{name}_{method}"], cols[f"{name[:-1]}_scores_{method}"] = _neighbours(arrays, name, k)
     return cols
 
 
@@ -120,12 +126,9 @@ def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -
     table's ``query_influence_{transform}`` signals), keyed ``{method}_query_influence_{transform}``:
     detectors of the dossier, not columns of their own."""
     if _summarised(arrays):
-        prefix = f"query_influence_{reduce}_"
-        return {
-            f"{method}_query_influence_{key.removeprefix(prefix)}": arrays[key]
-            for key in arrays
-            if key.startswith(prefix) and key != f"{prefix}none"
-        }
+        kept = f"query_influence_{reduce}_"
+        return {f"{method}_query_influence_{key.removeprefix(kept)}": v for key, v in arrays.items()
+                if key.startswith(kept) and key != f"{kept}none"}  # fmt: skip
     sign = float(arrays.get("query_sign", 1.0))
     return {
         f"{method}_query_influence_{key.removeprefix('pairwise_')}": reduce_query_influence(
@@ -138,17 +141,9 @@ def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -
 
 def query_columns(method: str, arrays: dict[str, np.ndarray], k: int = NEIGHBOURS) -> dict:
     """The query rows' columns of one method (each of length Q): top and bottom training samples."""
-    pairwise = arrays.get("pairwise_none")
-    if not _summarised(arrays) and (pairwise is None or pairwise.shape[0] == 0):
-        return {}
     cols = {}
-    for name, largest in (("top_train", True), ("bottom_train", False)):
-        if _summarised(arrays):
-            positions, scores = _padded(arrays[name], arrays[f"{name}_scores"], k)
-        else:
-            positions, scores = top_k(pairwise, k, largest)
-        cols[f"{name}_{method}"] = positions
-        cols[f"{name}_scores_{method}"] = scores
+    for name in () if _no_queries(arrays) else ("top_train", "bottom_train"):
+        cols[f"{name}_{method}"], cols[f"{name}_scores_{method}"] = _neighbours(arrays, name, k)
     return cols
 
 

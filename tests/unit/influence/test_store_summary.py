@@ -29,7 +29,11 @@ def _write_store(folder, rows: np.ndarray, shards: int) -> GradientStore:
     for k, part in enumerate(np.array_split(np.arange(len(rows)), shards)):
         npy, pt = folder / f"s{k}.npy", folder / f"s{k}.pt"
         with StoreWriter(npy, len(part), WIDTH, "float32") as write:
-            write(part[usable[part]] - part[0], rows[part][usable[part]], np.ones(usable[part].sum(), np.float32))
+            write(
+                part[usable[part]] - part[0],
+                rows[part][usable[part]],
+                np.ones(usable[part].sum(), np.float32),
+            )
         info = ShardInfo(part, np.ones(len(part), np.float32), np.zeros(len(part)), usable[part], layers,
                          sums, int(usable.sum()), [], [], {"k": 1}, {})  # fmt: skip
         info.save(pt)
@@ -87,3 +91,41 @@ def test_first_k_breaks_ties_to_the_lower_column():
     np.testing.assert_array_equal(first_k(key, 3), [[3, 1, 2], [5, 2, 4]])
     np.testing.assert_array_equal(first_k(key, 4), [[3, 1, 2, 4], [5, 2, 4, 0]])
     assert first_k(key, 0).shape == (2, 0) and first_k(key, 9).shape == (2, 6)
+
+
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+def test_the_dossier_reads_a_summary_as_the_full_scores(store_and_queries, reduce):
+    """samples/neighbours.py's columns of a summary's scores.npz arrays (study_store_scores.summary_arrays,
+    the store's rows placed at training positions with a holdout between them) equal those of the
+    full scores: query influence, neighbours both ways, the other transforms' signals."""
+    from epochlens.influence.study_store_scores import summary_arrays
+    from epochlens.samples.neighbours import query_columns, train_columns, transform_signals
+
+    store, curvature, queries = store_and_queries
+    n, positions = 2 * len(store), 2 * np.arange(len(store)) + 1  # every other sample held out
+    sign = -1.0
+    summary = store_summary(store, curvature, queries, sign, k=5)
+    full = {"self_influence": np.full(n, np.nan), "query_sign": np.float64(sign)}
+    full["self_influence"][positions] = summary.self_influence
+    for t, q in queries.items():
+        full[f"pairwise_{t}"] = np.full((len(q), n), np.nan, np.float32)
+        full[f"pairwise_{t}"][:, positions] = store_scores(store, curvature, q)[0]
+    kept = {**full, **summary_arrays(summary, positions, n)}
+    kept = {k: v for k, v in kept.items() if not k.startswith("pairwise_")}
+    for got, want in (
+        (train_columns("m", kept, reduce, k=4), train_columns("m", full, reduce, k=4)),
+        (query_columns("m", kept, k=4), query_columns("m", full, k=4)),
+        (transform_signals("m", kept, reduce), transform_signals("m", full, reduce)),
+    ):
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            if hasattr(value, "to_pylist"):
+                np.testing.assert_allclose(
+                    np.concatenate([*map(np.asarray, got[name].to_pylist()), [0]]),
+                    np.concatenate([*map(np.asarray, value.to_pylist()), [0]]),
+                    rtol=1e-12,
+                    err_msg=name,
+                )
+                assert [len(v) for v in got[name].to_pylist()] == [len(v) for v in value.to_pylist()], name
+            else:
+                np.testing.assert_allclose(np.asarray(got[name], float), np.asarray(value, float), rtol=1e-9)
