@@ -54,8 +54,8 @@ class StoreSummary:
 
 def first_k(key: np.ndarray, k: int) -> np.ndarray:
     """Per row of ``key`` (R, C): the columns of its k smallest keys in order, ties to the lower
-    column (a stable argsort's first k), from a partition; rows with ties across the k-th key are
-    sorted alone."""
+    column (a stable argsort's first k), from a partition; rows with ties across a finite k-th key
+    are sorted alone (the order among infinite keys is left as the partition gives it)."""
     k = min(k, key.shape[1])
     if k == 0:
         return np.zeros((len(key), 0), np.int64)
@@ -65,7 +65,8 @@ def first_k(key: np.ndarray, k: int) -> np.ndarray:
     picked = np.take_along_axis(key, part, 1)
     kth = picked.max(1, keepdims=True)
     order = np.take_along_axis(part, np.lexsort((part, picked), axis=1), 1)
-    for r in np.flatnonzero((key <= kth).sum(1) > k):  # ties straddle the k-th: this row alone
+    # ties straddle a finite k-th key: that row alone (ties at inf are left out as not finite)
+    for r in np.flatnonzero(((key <= kth).sum(1) > k) & np.isfinite(kth[:, 0])):
         candidates = np.flatnonzero(key[r] <= kth[r])
         order[r] = candidates[np.argsort(key[r, candidates], kind="stable")][:k]
     return order
