@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -146,7 +147,8 @@ def _tensors(x, y, where: str) -> list[str]:
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
         same = x.dtype == y.dtype and x.shape == y.shape and torch.equal(_bits(x), _bits(y))
         return [] if same else [f"tensor {where} differs"]
-    return [] if x == y else [f"value {where} differs"]
+    nan = isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)
+    return [] if x == y or nan else [f"value {where} differs"]
 
 
 def _bits(t):
