@@ -301,8 +301,8 @@ def lds_tables(
             if "pairwise_none" not in npz:  # a store's summary (influence.projection.pairwise_gb)
                 raise InfluenceError(
                     f"{path} has no scores of untransformed queries (pairwise_none): the LDS needs "
-                    "them whole; raise influence.projection.pairwise_gb above their size, or leave "
-                    f"{job['method']} out of the LDS run's methods."
+                    "them whole; raise influence.projection.pairwise_gb above their size, or run "
+                    f"the LDS without {job['method']} (influence.methods: the LDS scores each)."
                 )
             arrays = {k: npz[k] for k in ("pairwise_none", "query_test_indices", "query_labels")}
         by_checkpoint.setdefault((int(job["index"]), int(job["epoch"])), {})[job["method"]] = arrays
