@@ -11,7 +11,7 @@ two (it needs two seeds a run; its jobs run in tests/workflow/test_compare_workf
 sets and hand-made tables); ``polarity``'s features, probes and head ablations at its last
 checkpoint only, influence by EK-FAC and identity (no K-FAC). Training,
 the rest of ``digits_noisy`` (the poison and LDS study) and of ``polarity`` (the text run) are the
-demo's own. `make demo` runs the full default (273 jobs; 98 here). The run is a module fixture:
+demo's own. `make demo` runs the full default (297 jobs; a third here). The run is a module fixture:
 the polarity run's sample explorer is then opened in headless chromium (tests/explorer_browser.py).
 """
 
