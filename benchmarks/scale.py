@@ -91,13 +91,12 @@ def write_project(
     run.update(indices=[0], epochs=[EPOCH])
     if stages == "all":
         run["influence"] = {"enabled": True}
-    elif stages == "influence":  # every class trained: N training samples in the store
+    else:
         run.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
+    if stages == "influence":  # every class trained: N training samples in the store
         run["schedule"]["initial_classes"] = 100
         run["influence"] = {"enabled": True, "methods": ["logra"], "queries": {"max_count": queries}}
         run["influence"]["projection"] = {"pairwise_gb": pairwise_gb}
-    else:
-        run.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     cfg["device"] = "cpu"
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return work / "config.yaml"

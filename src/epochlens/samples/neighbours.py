@@ -21,7 +21,8 @@ import pandas as pd
 import pyarrow as pa
 
 from epochlens.errors import InfluenceError
-from epochlens.study.poison import reduce_query_influence
+from epochlens.ranking import first_k
+from epochlens.study.poison import query_signals, query_transforms
 
 #: Neighbours kept per sample and direction.
 NEIGHBOURS = 10
@@ -38,34 +39,23 @@ def read_scores(path: str | Path) -> dict[str, np.ndarray]:
         ) from exc
 
 
-#: Rows longer than this are partitioned one by one instead of sorted all at once.
-LONG_ROWS = 1024
-
-
-def _first_k(key: np.ndarray, k: int) -> np.ndarray:
-    """The positions of the k smallest keys of one row, in stable order (ties: lower position
-    first), as a stable argsort's first k, from a partition of the row."""
-    kth = np.partition(key, k - 1)[k - 1]
-    candidates = np.flatnonzero(key <= kth)  # the k smallest and any ties with the k-th
-    return candidates[np.argsort(key[candidates], kind="stable")][:k]
-
-
 def top_k(scores: np.ndarray, k: int, largest: bool = True) -> tuple[pa.ListArray, pa.ListArray]:
     """Per row of ``scores`` (R, C): the columns of the k largest (or smallest) finite scores, in
     order (ties: lower column first), and those scores, as list arrays of R lists (shorter where a
     row has fewer finite scores)."""
     scores = np.asarray(scores, np.float64)
-    k = min(k, scores.shape[1])
-    key = np.where(np.isfinite(scores), -scores if largest else scores, np.inf)
-    if scores.shape[1] <= LONG_ROWS or k == 0:  # one sort of every row at once
-        order = np.argsort(key, axis=1, kind="stable")[:, :k]
-    else:  # long rows (a query's scores of every training sample): partitioned
-        order = np.stack([_first_k(row, k) for row in key]).reshape(len(key), k)
+    order = first_k(np.where(np.isfinite(scores), -scores if largest else scores, np.inf), k)
     picked = np.take_along_axis(scores, order, axis=1)
-    keep = np.isfinite(picked)
+    return _lists(order, picked, np.isfinite(picked))
+
+
+def _lists(index: np.ndarray, scores: np.ndarray, keep: np.ndarray) -> tuple[pa.ListArray, pa.ListArray]:
+    """Each row's ``index`` and ``scores`` where ``keep``, as two list arrays of a list a row."""
     offsets = pa.array(np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int32))
-    cols = pa.ListArray.from_arrays(offsets, pa.array(order[keep].astype(np.int64)))
-    return cols, pa.ListArray.from_arrays(offsets, pa.array(picked[keep]))
+    return (
+        pa.ListArray.from_arrays(offsets, pa.array(index[keep].astype(np.int64))),
+        pa.ListArray.from_arrays(offsets, pa.array(scores[keep].astype(np.float64))),
+    )
 
 
 def rank_descending(values: np.ndarray) -> pd.array:
@@ -93,13 +83,7 @@ def _neighbours(arrays: Mapping[str, np.ndarray], name: str, k: int) -> tuple[pa
         pairwise = arrays["pairwise_none"]
         return top_k(pairwise.T if per_sample else pairwise, k, name in ("proponents", "top_train"))
     index = arrays[name][:, :k]
-    scores = arrays[f"{name[:-1]}_scores" if per_sample else f"{name}_scores"][:, :k]
-    keep = index >= 0
-    offsets = pa.array(np.concatenate([[0], np.cumsum(keep.sum(1))]).astype(np.int32))
-    return (
-        pa.ListArray.from_arrays(offsets, pa.array(index[keep].astype(np.int64))),
-        pa.ListArray.from_arrays(offsets, pa.array(scores[keep].astype(np.float64))),
-    )
+    return _lists(index, arrays[f"{name[:-1]}_scores" if per_sample else f"{name}_scores"][:, :k], index >= 0)
 
 
 def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: int = NEIGHBOURS) -> dict:
@@ -111,11 +95,7 @@ def train_columns(method: str, arrays: dict[str, np.ndarray], reduce: str, k: in
     }
     if _no_queries(arrays):  # no query influence, no neighbours
         return cols
-    cols[f"query_influence_{method}"] = (
-        arrays[f"query_influence_{reduce}_none"]
-        if _summarised(arrays)
-        else reduce_query_influence(arrays["pairwise_none"], float(arrays["query_sign"]), reduce)
-    )
+    cols[f"query_influence_{method}"] = query_signals(arrays, reduce, ["none"])["none"]
     for name in ("proponents", "opponents"):
         cols[f"{name}_{method}"], cols[f"{name[:-1]}_scores_{method}"] = _neighbours(arrays, name, k)
     return cols
@@ -125,18 +105,8 @@ def transform_signals(method: str, arrays: dict[str, np.ndarray], reduce: str) -
     """The query influence of one method under each query transform but ``none`` (the detection
     table's ``query_influence_{transform}`` signals), keyed ``{method}_query_influence_{transform}``:
     detectors of the dossier, not columns of their own."""
-    if _summarised(arrays):
-        kept = f"query_influence_{reduce}_"
-        return {f"{method}_query_influence_{key.removeprefix(kept)}": v for key, v in arrays.items()
-                if key.startswith(kept) and key != f"{kept}none"}  # fmt: skip
-    sign = float(arrays.get("query_sign", 1.0))
-    return {
-        f"{method}_query_influence_{key.removeprefix('pairwise_')}": reduce_query_influence(
-            arrays[key], sign, reduce
-        )
-        for key in arrays
-        if key.startswith("pairwise_") and key != "pairwise_none" and arrays[key].shape[0] > 0
-    }
+    others = [] if _no_queries(arrays) else [t for t in query_transforms(arrays, reduce) if t != "none"]
+    return {f"{method}_query_influence_{t}": v for t, v in query_signals(arrays, reduce, others).items()}
 
 
 def query_columns(method: str, arrays: dict[str, np.ndarray], k: int = NEIGHBOURS) -> dict:

@@ -81,9 +81,39 @@ def study_signals(
     the queries reduced by :func:`reduce_query_influence` (one per query transform; all NaN
     without queries).
     """
-    signals = {(method, "self_influence"): np.asarray(self_scores, np.float64)}
-    for transform, scores in pairwise.items():
-        signals[(method, query_signal_name(transform))] = reduce_query_influence(scores, sign, reduce)
+    arrays = {"self_influence": self_scores, "query_sign": sign}
+    return job_signals(method, {**arrays, **{f"pairwise_{t}": v for t, v in pairwise.items()}}, reduce)
+
+
+def job_signals(method: str, arrays: Mapping[str, np.ndarray], reduce: str = "max") -> dict:
+    """:func:`study_signals` of one ``scores.npz``'s arrays, its scores whole or a store's summary."""
+    signals = {(method, "self_influence"): np.asarray(arrays["self_influence"], np.float64)}
+    for transform, values in query_signals(arrays, reduce).items():
+        signals[(method, query_signal_name(transform))] = values
+    return signals
+
+
+def query_transforms(arrays: Mapping[str, np.ndarray], reduce: str = "max") -> list[str]:
+    """The query transforms of one ``scores.npz``: of its ``pairwise_*`` scores, or of the
+    ``query_influence_{reduce}_*`` a store's summary keeps instead (epochlens.influence.store_summary)."""
+    whole = any(k.startswith("pairwise_") for k in arrays)
+    prefix = "pairwise_" if whole else f"query_influence_{reduce}_"
+    return [k.removeprefix(prefix) for k in arrays if k.startswith(prefix)]
+
+
+def query_signals(
+    arrays: Mapping[str, np.ndarray], reduce: str = "max", transforms: Sequence[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Per query transform (all, or ``transforms``), the images' influence on the queries (N,):
+    :func:`reduce_query_influence` of its pairwise scores signed by ``query_sign``, or as a store's
+    summary keeps it."""
+    sign = float(arrays.get("query_sign", 1.0))
+    signals = {}
+    for t in query_transforms(arrays, reduce) if transforms is None else transforms:
+        kept = arrays.get(f"query_influence_{reduce}_{t}")
+        signals[t] = (
+            kept if kept is not None else reduce_query_influence(arrays[f"pairwise_{t}"], sign, reduce)
+        )
     return signals
 
 
@@ -179,16 +209,9 @@ def detection_tables(
         key = {"index": index, "epoch": epoch}
         with np.load(scores_path) as npz:
             arrays = {name: npz[name] for name in npz.files}
-        transforms = [name.removeprefix("pairwise_") for name in arrays if name.startswith("pairwise_")]
-        pairwise = {t: arrays[f"pairwise_{t}"] for t in transforms}
-        signals = study_signals(
-            method, arrays["self_influence"], pairwise, float(arrays["query_sign"]), reduce
-        )
-        if not transforms:  # a store's summary: each transform's signal kept, no pairwise scores
-            reduced = {k.removeprefix(f"query_influence_{reduce}_"): v for k, v in arrays.items()
-                       if k.startswith(f"query_influence_{reduce}_")}  # fmt: skip
-            transforms = list(reduced)
-            signals.update({(method, query_signal_name(t)): reduced[t] for t in transforms})
+        transforms = query_transforms(arrays, reduce)
+        pairwise = {t: arrays[f"pairwise_{t}"] for t in transforms if f"pairwise_{t}" in arrays}
+        signals = job_signals(method, arrays, reduce)
         if (index, epoch) not in baselines_done:  # the loss and random baselines once per checkpoint
             baselines_done.add((index, epoch))
             signals.update(baseline_signals(arrays["loss"], seed=seed + index))
