@@ -29,6 +29,7 @@ from epochlens.data import Dataset  # noqa: E402
 SLOWEST_FIRST = (
     "workflow/test_end_to_end.py",
     "cluster/test_slurm.py",
+    "unit/core/test_scale_plan.py",
     "workflow/test_influence_shards_workflow.py",
     "workflow/test_workflow.py",
     "workflow/test_user_model_workflow.py",

@@ -22,6 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+#: The job launcher (tests/job_server.py) a request's Snakemake is to start its script jobs with.
+LAUNCHER = "EPOCHLENS_TEST_JOB_LAUNCHER"
+
 
 def _preload() -> None:
     """What every Snakemake command imports before it reads its arguments."""
@@ -45,6 +48,8 @@ def _become_snakemake(request: dict) -> None:
     os.close(null)
     os.close(out)
     sys.path[0] = os.getcwd()  # as `python -m` sets it
+    if os.environ.get(LAUNCHER):  # script jobs started by tests/job_server.py
+        sys.executable = os.environ[LAUNCHER]
     sys.argv = ["snakemake", *request["args"]]
     runpy.run_module("snakemake", run_name="__main__", alter_sys=True)
     sys.exit(0)  # Snakemake's main exits itself; this is in case it ever returns
@@ -70,11 +75,12 @@ class SnakemakeServer:
         self._startup: dict[str, str] = {}
         atexit.register(self.close)
 
-    def run(self, args: list[str]) -> subprocess.CompletedProcess:
+    def run(self, args: list[str], launcher: str | None = None) -> subprocess.CompletedProcess:
         """``python -m snakemake *args`` here, now: its exit status and output (stdout and stderr
-        merged, in order)."""
+        merged, in order); with ``launcher``, its script jobs started by it (tests/job_server.py)."""
+        env = dict(os.environ, **({LAUNCHER: launcher} if launcher else {}))
         with tempfile.NamedTemporaryFile("r", prefix="snakemake-", suffix=".out") as output:
-            request = {"args": args, "cwd": os.getcwd(), "env": dict(os.environ), "output": output.name}
+            request = {"args": args, "cwd": os.getcwd(), "env": env, "output": output.name}
             proc = self._server(request["env"])
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from job_server import JobServer
 from snakemake_server import SnakemakeServer
 
 from epochlens.layout import Layout
@@ -21,6 +22,8 @@ from epochlens.layout import Layout
 REPO = Path(__file__).resolve().parents[1]
 #: Snakemake commands of this process: ``SNAKEMAKE.run(args)`` is ``python -m snakemake *args``.
 SNAKEMAKE = SnakemakeServer()
+#: Script jobs of this process's Snakemake commands, forked from a process with torch & co imported.
+JOBS = JobServer()
 WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "config", "src", "profiles", "envs", "report")
 
 
@@ -55,16 +58,20 @@ def snakemake(
     configfile: Path | None = None,
     check: bool = True,
     keep_going: bool = True,
+    forked_jobs: bool = True,
 ) -> subprocess.CompletedProcess:
     """Run ``snakemake`` on ``workflow``'s Snakefile in ``workdir``; output in .stdout (merged).
-    ``keep_going=False`` also leaves out the workflow profile (profiles/default sets keep-going)."""
+    ``keep_going=False`` also leaves out the workflow profile (profiles/default sets keep-going).
+    ``forked_jobs``: script jobs forked from tests/job_server.py (their libraries imported already);
+    False where a test reads what Snakemake's benchmark files measure of a job."""
     cmd = ["--snakefile", str(workflow / "Snakefile"), "--directory", str(workdir)]
     cmd += ["--cores", "2", "--show-failed-logs"]
     cmd += ["--keep-going"] if keep_going else ["--workflow-profile", "none"]
     cmd += args
     if configfile:  # last: --configfile takes several values and would swallow a target
         cmd += ["--configfile", str(configfile)]
-    proc = SNAKEMAKE.run(cmd)  # `python -m snakemake *cmd`, started faster (tests/snakemake_server.py)
+    # `python -m snakemake *cmd`, started faster (tests/snakemake_server.py)
+    proc = SNAKEMAKE.run(cmd, JOBS.launcher if forked_jobs else None)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-6000:]}")
     return proc

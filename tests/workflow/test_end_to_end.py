@@ -62,13 +62,15 @@ N_CHECKPOINTS = 8
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """The demo run (smaller), once for the module's tests: (workflow, working directory, configs)."""
+    """The demo run (smaller), once for the module's tests: (workflow, working directory, configs).
+    Its jobs start as `make demo` starts them, each a Python process of its own (not forked from
+    tests/job_server.py): Snakemake's benchmark files measure them (test_jobs_ask_for_more_memory)."""
     tmp_path = tmp_path_factory.mktemp("demo")
     wf = copy_workflow(tmp_path / "wf")
     work = tmp_path / "work"
     work.mkdir()
     configs = [str(REPO / "config/config.yaml"), str(write_config(tmp_path / "smaller.yaml", SMALLER))]
-    snakemake(wf, work, "--configfile", *configs)
+    snakemake(wf, work, "--configfile", *configs, forked_jobs=False)
     return wf, work, configs
 
 
