@@ -1,12 +1,11 @@
 """The memory each job asks for (Snakemake's ``mem_mb``), from the shapes of the run it works on.
 
 A job's peak is what the interpreter and its libraries take, plus what it holds per sample of the
-data set (outputs, scores, a pickle read whole), plus model-sized buffers (weights, gradients,
-factors). :data:`RULES` gives each rule those three numbers, measured with
-``benchmarks/scale.py`` (the slope of each job's peak between two sizes of the data set; see
-docs/measurements.md); :func:`mem_mb` adds them up for a job's :class:`RunShape` with
-:data:`HEADROOM` and multiplies by the attempt, so that a job killed for memory is submitted again
-with twice, then three times as much (the SLURM profile's ``retries``).
+data set (outputs, a pickle read whole) and per query too (scores), plus model-sized buffers
+(weights, gradients, factors). :data:`RULES` gives each rule those numbers, measured with
+``benchmarks/scale.py`` (slopes between sizes: docs/measurements.md); :func:`mem_mb` adds them up
+for a job's :class:`RunShape` with :data:`HEADROOM` and multiplies by the attempt, so that a job
+killed for memory is submitted again with twice, then three times as much (``retries``).
 
 The workflow declares ``mem_mb`` through :func:`job_mem_mb` for the rules that hold data or a
 model (rules/common.smk: ``get_mem_mb``; the others get the profile's ``default-resources``);
@@ -25,7 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from epochlens.memory_sources import held_bytes, size
+from epochlens.influence.projection_settings import PROJECTED_METHODS
+from epochlens.memory_sources import dossier_rows, held_bytes, model_bytes, size
 from epochlens.scale_plan import influence_cap
 
 #: Peak measured x HEADROOM: what the job asks for at its first attempt.
@@ -33,16 +33,13 @@ HEADROOM = 1.5
 MB = 1e6
 #: Inputs whose bytes a job reads whole: ``prepare_data``'s source files, a merge's shards.
 SIZED_INPUTS = ("source", "shards")
-#: Files of a Hugging Face checkpoint folder that hold the model (not the optimizer's state).
-MODEL_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
 
 
 @dataclass(frozen=True)
 class RunShape:
-    """What a job's memory grows with: the data set's samples (train and test), the bytes one
-    sample takes as stored (an image's pixels, a sequence's token ids), the bytes of the largest
-    model it loads, the bytes of the files it reads whole (:data:`SIZED_INPUTS`) and whether
-    the data are text."""
+    """What a job's memory grows with: the data set's samples (train and test), one's bytes as
+    stored (pixels, token ids), the largest model it loads, the files it reads whole
+    (:data:`SIZED_INPUTS`), whether the data are text, and what influence sets (below)."""
 
     samples: int = 0
     sample_bytes: int = 0
@@ -50,19 +47,25 @@ class RunShape:
     input_bytes: int = 0
     text: bool = False
     model_cap: float = math.inf  # the most an influence job holds for it (scale_plan.influence_cap)
+    score_columns: int = 0  # the queries x their transforms an influence scoring job scores
+    pairwise_gb: float = math.inf  # scores kept whole up to this (GiB of float32): projected methods'
 
 
 @dataclass(frozen=True)
 class Memory:
     """A rule's peak in MB: ``base_mb`` + ``per_sample`` bytes x samples + ``model_copies`` x the
     model (at most the shape's ``model_cap`` where ``capped``) + ``input_copies`` x the files it
-    reads whole."""
+    reads whole + ``per_score`` bytes x samples x score columns (none where ``summarised`` and
+    their float32 pass the shape's ``pairwise_gb``: a store's summary, see store_summary; its
+    readers, where the run's methods are all projected)."""
 
     base_mb: float = 400
     per_sample: float = 0.0
     model_copies: float = 0.0
     input_copies: float = 0.0
     capped: bool = False
+    per_score: float = 0.0
+    summarised: bool = False
 
     def peak_mb(self, shape: RunShape) -> float:
         """The expected peak of a job of this rule on ``shape`` (MB, no headroom)."""
@@ -70,8 +73,13 @@ class Memory:
             self.per_sample * shape.samples
             + min(self.model_copies * shape.model_bytes, shape.model_cap if self.capped else math.inf)
             + self.input_copies * shape.input_bytes
+            + self.per_score * self._scores(shape)
         )
         return self.base_mb + (TEXT_MB if shape.text else 0) + held / MB
+
+    def _scores(self, shape: RunShape) -> float:
+        scores = shape.samples * shape.score_columns
+        return 0.0 if self.summarised and 4.0 * scores > shape.pairwise_gb * 2**30 else scores
 
 
 #: Each rule's fixed cost is its job's own peak (``ru_maxrss``) on the smallest of the runs of
@@ -103,18 +111,22 @@ RULES: dict[str, Memory] = {
     "poison_detection": Memory(base_mb=200, per_sample=1500),
 }
 #: Influence: the model, its gradients and each layer's Kronecker factors and eigenvectors in
-#: float64 (several times the weights; past a few GB, layer groups bound them: influence_cap),
-#: and the scores of every training sample against the queries (the study's 50: 400 B a sample
-#: in float64; peaks flat from 20,000 to 100,000 images; 1 KB a sample: room for 125 queries).
+#: float64 (past a few GB, layer groups bound them: influence_cap); the (queries x transforms, N)
+#: scores, float64 then float32 (scale.py --stages influence, N = 20,000, 1,000 and 5,000 queries:
+#: +15.9 B a query and sample of the shape, 18 asked); their readers widen them (+24 B, 26 asked).
+#: Past ``pairwise_gb`` a store's are a summary, and so its readers' if every method is projected.
 for _rule in ("covariances", "eigenbasis", "corrections", "factors", "score_shard", "scores"):
     RULES[f"influence_{_rule}"] = Memory(base_mb=710, per_sample=1000, model_copies=16, capped=True)
-RULES["influence_store_scores"] = RULES["influence_scores"]
+for _rule in ("score_shard", "scores", "store_scores"):
+    RULES[f"influence_{_rule}"] = replace(RULES["influence_scores"], per_score=18)
+RULES["influence_store_scores"] = replace(RULES["influence_store_scores"], summarised=True)
+for _rule in ("poison_detection", "sample_dossier", "lds_tables"):
+    RULES[_rule] = replace(RULES.get(_rule, DEFAULT), per_score=26, summarised=_rule != "lds_tables")
 #: The store's shards write their rows as they go: a sample's positions, scale and loss stay.
 RULES["influence_store_shard"] = Memory(base_mb=710, per_sample=100, model_copies=16, capped=True)
 #: The store's curvature: the shards' sums and each layer's eigenvectors, (k_out k_in)² numbers a layer.
 RULES["influence_store_eigen"] = Memory(base_mb=400, model_copies=4, capped=True)
-#: A text run's jobs import transformers and tokenizers (about 200 MB more on the demo's
-#: polarity run than on its image runs).
+#: A text run's jobs import transformers and tokenizers (~200 MB more on the demo's polarity run).
 TEXT_MB = 200
 
 
@@ -162,29 +174,6 @@ def _stored_shape(path: str, mtime_ns: int, size: int) -> RunShape:
     return RunShape(samples=samples, sample_bytes=sample_bytes, text=text)
 
 
-def dossier_rows(path: str | Path) -> int:
-    """The rows of a ``dossier.parquet`` (from its footer), 0 while it does not exist yet: the
-    samples of a job that reads the dossier instead of the data set (the explorer)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path).metadata.num_rows if Path(path).is_file() else 0
-    except (OSError, pa.ArrowException):  # damaged: the explorer's own read says so
-        return 0
-
-
-def model_bytes(path: str | Path) -> int:
-    """The bytes of a checkpoint's weights: the file, or a checkpoint folder's model files."""
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    if path.is_dir():
-        files = {p for pattern in MODEL_FILES for p in path.glob(pattern)}
-        return sum(p.stat().st_size for p in files if "optimizer" not in p.name)
-    return 0
-
-
 def _files(value: Any) -> list[str]:
     if value is None:
         return []
@@ -221,16 +210,27 @@ def job_mem_mb(
     what it reads whole of a data folder that is not among its inputs
     (:func:`~epochlens.memory_sources.data_folder_bytes`); ``share``: a shard job's share of the
     samples (1 / its shard count), what it holds per sample; ``run``: its run's config section."""
-    shape = job_shape(inputs)
+    shape = influence_shape(job_shape(inputs), (run or {}).get("influence"))
     samples, input_bytes = math.ceil(shape.samples * share), shape.input_bytes + folder_bytes
-    cap = influence_cap(shape.model_bytes, (run or {}).get("influence"))
-    return mem_mb(rule, replace(shape, samples=samples, input_bytes=input_bytes, model_cap=cap), attempt)
+    return mem_mb(rule, replace(shape, samples=samples, input_bytes=input_bytes), attempt)
+
+
+def influence_shape(shape: RunShape, influence: Mapping[str, Any] | None) -> RunShape:
+    """``shape`` with what a run's ``influence`` section sets of its jobs' memory: the model's
+    cap (layer groups), the score columns (at most ``queries.max_count`` x the transforms) and
+    ``pairwise_gb`` where every method is projected (the config's; else, or unset: scores whole)."""
+    cap, influence = influence_cap(shape.model_bytes, influence), influence or {}
+    columns = (influence.get("queries") or {}).get("max_count", 50) * len(influence.get("transforms") or [0])
+    projected = set(influence.get("methods") or [None]) <= set(PROJECTED_METHODS)
+    gb = (influence.get("projection") or {}).get("pairwise_gb", math.inf) if projected else math.inf
+    return replace(shape, model_cap=cap, score_columns=columns, pairwise_gb=gb)
 
 
 def describe(rule: str) -> str:
     """``rule``'s memory as a formula (MB, before the headroom): ``450 + 100 B x samples + ...``."""
     m = rule_memory(rule)
     terms = ((m.per_sample, " B x samples"), (m.model_copies, " x model"), (m.input_copies, " x input files"))
+    terms += ((m.per_score, " B x samples x queries x transforms" + (" (whole)" if m.summarised else "")),)
     return " + ".join([f"{m.base_mb:g}"] + [f"{v:g}{unit}" for v, unit in terms if v])
 
 
@@ -248,5 +248,5 @@ def run_shapes(config: Mapping[str, Any], workdir: str | Path = ".") -> dict[str
         indices, epochs = run.get("indices") or [0], run.get("epochs") or []
         ckpt = Path(workdir) / checkpoint_path(name, run, indices[0], epochs[-1]) if epochs else None
         shape = replace(dataset_shape(dataset), model_bytes=model_bytes(ckpt) if ckpt else 0)
-        shapes[name] = replace(shape, model_cap=influence_cap(shape.model_bytes, run.get("influence")))
+        shapes[name] = influence_shape(shape, run.get("influence"))
     return shapes

@@ -1,7 +1,8 @@
-"""What ``prepare_data`` holds of its data source, for its memory (:mod:`epochlens.memory`; torch-
-free, imported by no job): a source file whole but for the ``.npz`` arrays it reads by rows
-(:func:`held_bytes`), a data folder (a param of the rule, not its input) by its files, an image
-folder's images decoded up to what it keeps in memory (:func:`data_folder_bytes`)."""
+"""The sizes jobs' memory grows with, read from their inputs (:mod:`epochlens.memory`; torch-free,
+imported by no job): what ``prepare_data`` holds of its data source, a source file whole but for
+the ``.npz`` arrays it reads by rows (:func:`held_bytes`), a data folder (a param of the rule, not
+its input) by its files, an image folder's images decoded up to what it keeps in memory
+(:func:`data_folder_bytes`); a checkpoint's weights (:func:`model_bytes`), a dossier's rows."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from epochlens.formats.folder_listing import FOLDER_SOURCES, folder_files
+
+#: Files of a Hugging Face checkpoint folder that hold the model (not the optimizer's state).
+MODEL_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
 
 
 def size(path: str) -> int:
@@ -83,3 +87,26 @@ def _pixels(size: Any, first: str) -> int:
             return image.width * image.height
     except (OSError, UnidentifiedImageError):
         return 0
+
+
+def dossier_rows(path: str | Path) -> int:
+    """The rows of a ``dossier.parquet`` (from its footer), 0 while it does not exist yet: the
+    samples of a job that reads the dossier instead of the data set (the explorer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows if Path(path).is_file() else 0
+    except (OSError, pa.ArrowException):  # damaged: the explorer's own read says so
+        return 0
+
+
+def model_bytes(path: str | Path) -> int:
+    """The bytes of a checkpoint's weights: the file, or a checkpoint folder's model files."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        files = {p for pattern in MODEL_FILES for p in path.glob(pattern)}
+        return sum(p.stat().st_size for p in files if "optimizer" not in p.name)
+    return 0

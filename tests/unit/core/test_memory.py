@@ -51,6 +51,12 @@ def test_files_not_made_yet_count_as_empty(tmp_path):
 PER_SAMPLE = ["sample_outputs_shard", "sample_dossier", "sample_explorer", "evaluate_checkpoint"]
 
 
+def _per_sample(rule: str) -> float:
+    """Bytes a sample of a job of ``rule`` with no run config: a scoring job's scores of the
+    schema's default 50 queries, one transform, too."""
+    return rule_memory(rule).per_sample + 50 * rule_memory(rule).per_score
+
+
 @pytest.mark.parametrize("rule", PER_SAMPLE)
 def test_resources_grow_with_n(tmp_path, rule):
     """The per-sample jobs ask for more as the data set grows (by what they hold per sample), and
@@ -58,7 +64,7 @@ def test_resources_grow_with_n(tmp_path, rule):
     small = {"dataset": str(_images_h5(tmp_path / "small.h5", 10_000, 10_000))}
     large = {"dataset": str(_images_h5(tmp_path / "large.h5", 1_000_000, 10_000))}
     assert job_mem_mb(rule, small) < job_mem_mb(rule, large)
-    held_mb = rule_memory(rule).per_sample * 990_000 / memory.MB
+    held_mb = _per_sample(rule) * 990_000 / memory.MB
     assert job_mem_mb(rule, large) - job_mem_mb(rule, small) == pytest.approx(held_mb * HEADROOM, abs=2)
     assert job_mem_mb(rule, large, attempt=2) == pytest.approx(2 * job_mem_mb(rule, large), abs=2)
 
@@ -144,7 +150,7 @@ def test_a_shard_job_asks_for_its_share_of_the_samples(tmp_path, rule):
     """A shard of S holds 1/S of what the job holds per sample (its model and fixed cost whole)."""
     inputs = {"dataset": str(_images_h5(tmp_path / "large.h5", 1_000_000, 10_000))}
     whole, quarter = job_mem_mb(rule, inputs), job_mem_mb(rule, inputs, share=1 / 4)
-    held_mb = rule_memory(rule).per_sample * 1_010_000 / memory.MB
+    held_mb = _per_sample(rule) * 1_010_000 / memory.MB
     assert whole - quarter == pytest.approx(held_mb * 3 / 4 * HEADROOM, abs=2)
     assert quarter > mem_mb(rule, RunShape())
 
@@ -166,3 +172,40 @@ def test_an_influence_job_of_a_large_model_asks_for_its_layer_groups_not_16_copi
             rule, {"checkpoint": str(small)}
         )
     assert job_mem_mb("curvature_shard", {"checkpoint": str(big)}, run=run) > 12 * 29_000  # influence only
+
+
+#: Own peaks (ru_maxrss, MB) measured by ``benchmarks/scale.py --sizes 20000 --stages influence
+#: --model small_cnn --source npz --queries Q --pairwise-gb 100`` (logra alone, scores whole; the
+#: shape: 30,000 samples, train and test), 2026-12-07, before the scores counted in mem_mb.
+MEASURED = {
+    1000: {"influence_store_scores": 943, "poison_detection": 825, "sample_dossier": 866},
+    5000: {"influence_store_scores": 2850, "poison_detection": 3717, "sample_dossier": 3758},
+}
+
+
+@pytest.mark.parametrize("queries", sorted(MEASURED))
+def test_scoring_jobs_and_their_readers_ask_for_the_scores_they_hold(queries):
+    """The store's scoring job and the tables that read its scores asked for 1,114 and ~360 MB
+    whatever the queries; the measured peaks are below what they ask now."""
+    run = {"influence": {"methods": ["logra"], "queries": {"max_count": queries}, "transforms": ["none"]}}
+    run["influence"]["projection"] = {"pairwise_gb": 100}
+    shape = memory.influence_shape(RunShape(samples=30_000), run["influence"])
+    for rule, peak in MEASURED[queries].items():
+        assert peak < mem_mb(rule, shape) < 2.5 * peak, rule
+
+
+def test_scores_past_pairwise_gb_are_asked_for_as_a_summary_where_every_method_is_projected():
+    """1,000 queries x 2 transforms x 1,000,000 samples: 8 GB of float32 scores. Past pairwise_gb
+    the store's job and its readers hold a summary; a factor method in the run keeps them whole."""
+    shape = RunShape(samples=1_000_000)
+    logra = {"methods": ["logra"], "queries": {"max_count": 1000}, "transforms": ["none", "hflip"]}
+    small = memory.influence_shape(shape, {**logra, "projection": {"pairwise_gb": 2}})
+    whole = memory.influence_shape(shape, {**logra, "projection": {"pairwise_gb": 10}})
+    mixed = {**logra, "methods": ["ekfac", "logra"], "projection": {"pairwise_gb": 2}}
+    mixed = memory.influence_shape(shape, mixed)
+    scores_mb = 2000 * 1_000_000 * 18 / memory.MB * HEADROOM
+    for rule in ("influence_store_scores", "poison_detection", "sample_dossier"):
+        assert mem_mb(rule, small) == mem_mb(rule, shape) < mem_mb(rule, whole) == mem_mb(rule, mixed)
+        assert mem_mb(rule, small) < 3_000 and mem_mb(rule, whole) > scores_mb
+    assert mem_mb("influence_scores", small) > scores_mb  # a factor method's are always whole
+    assert mem_mb("lds_tables", small) > scores_mb  # the LDS reads them whole
