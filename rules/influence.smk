@@ -11,7 +11,8 @@
 # The projected methods (logra) write each training image's projected gradient once per checkpoint
 # (influence_store_shard, S jobs: the gradient store), eigendecompose its projected curvature once
 # (influence_store_eigen) and score any queries with one read of it (influence_store_scores:
-# the same scores.npz as influence_scores).
+# the same scores.npz as influence_scores). tracin_rp: a store at each of its tracin_epochs, no
+# curvature; its influence_store_scores sums over them.
 # Per run: poison_detection (tables) -> plot_influence (figures); with influence.lds the linear
 # datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds. A run whose
 # training is its own command is retrained by that command (its {subset}): its files and {data}
@@ -256,7 +257,7 @@ rule influence_store_shard:
             "influence", index="{index}", epoch="{epoch}", name=shard_log("store")
         )
     wildcard_constraints:
-        method=PROJECTED,
+        method=STORE,
     conda:
         "../envs/epochlens.yaml"
     envmodules:
@@ -306,7 +307,8 @@ rule influence_store_scores:
         model_code=get_model_code,
         gradients=get_influence_store_gradients,
         infos=get_influence_store_infos,
-        curvature=rules.influence_store_eigen.output.curvature,
+        curvature=get_influence_store_curvature,
+        tracin_checkpoints=get_influence_tracin_checkpoints,
         code=get_code("influence_store_scores.py"),
     output:
         scores=layout.influence_file("scores.npz"),
@@ -321,7 +323,7 @@ rule influence_store_scores:
             "influence", index="{index}", epoch="{epoch}", name="{method}/scores"
         )
     wildcard_constraints:
-        method=PROJECTED,
+        method=STORE,
     conda:
         "../envs/epochlens.yaml"
     envmodules:

@@ -2,10 +2,12 @@
 
 from types import SimpleNamespace
 
+from epochlens.config.results import STORE_METHODS
 from epochlens.influence.projection_settings import PROJECTED_METHODS
 from epochlens.influence.settings import FACTOR_METHODS
 
-#: The projected methods' wildcard constraint.
+#: Wildcard constraints: the methods scored from a gradient store, those with its curvature.
+STORE = "|".join(STORE_METHODS)
 PROJECTED = "|".join(PROJECTED_METHODS)
 INFLUENCE_FIGURES = ("poison_roc", "top_influential_images", "influence_conditioning")
 
@@ -60,10 +62,12 @@ def get_influence_shards(wildcards):
     return get_run(wildcards)["influence"]["shards"]
 
 
-def influence_shard_files(wildcards, kind, ext=None):
+def influence_shard_files(wildcards, kind, ext=None, epoch=None):
     w, n = wildcards, get_influence_shards(wildcards)
     return [
-        layout.influence_shard(kind, w.run, w.index, w.epoch, w.method, k, n, ext)
+        layout.influence_shard(
+            kind, w.run, w.index, epoch or w.epoch, w.method, k, n, ext
+        )
         for k in range(n)
     ]
 
@@ -102,14 +106,38 @@ def get_influence_score_shards(wildcards):
     return influence_shard_files(wildcards, "scores")
 
 
+def store_epochs(wildcards):
+    """The checkpoints whose stores a job reads: tracin_rp's tracin_epochs, else its own."""
+    if wildcards.method != "tracin_rp":
+        return [wildcards.epoch]
+    return [f"{e:04d}" for e in get_influence_score_params(wildcards)["tracin_epochs"]]
+
+
 def get_influence_store_gradients(wildcards):
-    """The gradient store's rows, one file per shard (influence.shards), in order."""
-    return influence_shard_files(wildcards, "store", "npy")
+    """The gradient store's rows, one file per shard (influence.shards), in order (tracin_rp:
+    the stores of its checkpoints, in order)."""
+    return [
+        path
+        for epoch in store_epochs(wildcards)
+        for path in influence_shard_files(wildcards, "store", "npy", epoch)
+    ]
 
 
 def get_influence_store_infos(wildcards):
     """What each of the store's shards holds (positions, losses, Gauss-Newton sums, key)."""
-    return influence_shard_files(wildcards, "store")
+    return [
+        path
+        for epoch in store_epochs(wildcards)
+        for path in influence_shard_files(wildcards, "store", None, epoch)
+    ]
+
+
+def get_influence_store_curvature(wildcards):
+    """The store's curvature (logra); none for tracin_rp, which has no curvature."""
+    if wildcards.method not in PROJECTED_METHODS:
+        return []
+    w = wildcards
+    return layout.influence_file("curvature.pt", w.run, w.index, w.epoch, w.method)
 
 
 def get_influence_factors(wildcards):

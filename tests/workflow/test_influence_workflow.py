@@ -425,3 +425,34 @@ def test_scores_too_large_to_keep_whole_give_the_same_tables_and_dossier(tiny_ru
             assert [len(v) for v in x] == [len(v) for v in y], column
             x, y = np.concatenate(x), np.concatenate(y)
         np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float), rtol=1e-9, err_msg=column)
+
+
+def test_tracin_from_projected_stores_is_tracin_where_nothing_is_projected(tiny_run, tmp_path):
+    """tracin_rp in a copy of the finished study, with a projection dimension above every layer's
+    sides (the identity): a store at each of TracIn's checkpoints (epochs 2, 4, 6) and one scoring
+    job summing over them, no curvature; its scores are the exact tracin's of the same run."""
+    import shutil
+
+    wf, work, cfg, _ = tiny_run
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy, symlinks=True)
+    changed = json.loads(json.dumps(cfg))
+    spec = changed["runs"]["tiny"]["influence"]
+    spec["methods"] = [*spec["methods"], "tracin_rp"]
+    spec["projection"] = {"dim": 4096}
+    config = write_config(tmp_path / "tracin_rp.yaml", changed)
+    target = RESULTS.influence_file("scores.npz", "tiny", 0, 6, "tracin_rp")
+    assert planned_jobs(wf, copy, target, configfile=config) == {
+        "influence_store_shard": 3, "influence_store_scores": 1,
+    }  # fmt: skip
+    snakemake(wf, copy, target, configfile=config)
+    exact = RESULTS.influence_file("scores.npz", "tiny", 0, 6, "tracin")
+    with np.load(copy / target) as rp, np.load(work / exact) as tracin:
+        for key in ("self_influence", "pairwise_none", "pairwise_hflip"):
+            scale = np.nanmax(np.abs(tracin[key]))
+            np.testing.assert_allclose(rp[key], tracin[key], rtol=1e-4, atol=1e-5 * scale, err_msg=key)
+        np.testing.assert_array_equal(rp["query_test_indices"], tracin["query_test_indices"])
+    metadata = json.loads(
+        (copy / RESULTS.influence_file("metadata.json", "tiny", 0, 6, "tracin_rp")).read_text()
+    )
+    assert metadata["tracin_epochs"] == [2, 4, 6] and metadata["pairwise"] == "full"

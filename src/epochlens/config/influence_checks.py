@@ -40,7 +40,7 @@ def check_influence_config(name: str, run: dict) -> None:
             f"runs.{name}.influence.transforms: {odd} transform images or texts; a regression's "
             f"queries take {list(REGRESSION_TRANSFORMS)} (noise: Gaussian noise on the inputs)."
         )
-    if "tracin" in spec["methods"]:
+    if {"tracin", "tracin_rp"} & set(spec["methods"]):
         for epoch in influence_epochs:
             epochs.tracin_epochs(name, run, epoch)
     corruption = run["data"].get("corruption") or {"kind": "none"}

@@ -29,6 +29,12 @@ from epochlens.schedule import is_no_schedule
 from epochlens.study.lds import LdsSettings
 from epochlens.study.settings import QuerySettings, QueryTransformSettings
 
+#: Methods scored from a store of projected gradients: logra (preconditioned by the store's
+#: curvature, influence_store_eigen) and tracin_rp (a store at each of its checkpoints, no curvature).
+STORE_METHODS = (*PROJECTED_METHODS, "tracin_rp")
+#: Methods that sum over the checkpoints of influence.tracin_epochs.
+TRACIN_METHODS = ("tracin", "tracin_rp")
+
 #: Curvature settings of a regression only (a classifier's params leave them out).
 REGRESSION_FIELDS = ("tolerance", "reduction")
 
@@ -233,7 +239,7 @@ def influence_settings(run: Mapping, method: str) -> dict:
         settings["fisher"] = fisher
     else:
         settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
-    if method in PROJECTED_METHODS:  # the store's gradients: the Fisher's draws and the projection
+    if method in STORE_METHODS:  # the store's gradients: the Fisher's draws and the projection
         settings.update(fisher=fisher, seed=spec["seed"])
         # how the scores precondition is theirs: changing it rescores, it does not redo the store
         skip = {"seed", "precondition"}
@@ -271,14 +277,14 @@ def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> 
     score = result_settings(spec, InfluenceSettings, exclude=_factor_fields())
     if method not in FACTOR_METHODS + PROJECTED_METHODS:  # identity and tracin invert no curvature
         score = {k: v for k, v in score.items() if not k.startswith("damping")}
-    if projected:  # scored in float64 from the store, never low-rank; kept whole up to pairwise_gb
+    if method in STORE_METHODS:  # scored in float64 from the store, never low-rank; whole to pairwise_gb
         score = {k: v for k, v in score.items() if k not in ("query_gradient_rank", "precondition_dtype")}
         params["settings"]["projection"]["pairwise_gb"] = spec["projection"]["pairwise_gb"]
     params["settings"].update(score)
     # How the scores are reduced over the queries changes the tables only.
     params["settings"]["queries"] = result_settings(spec["queries"], QuerySettings)
     params["settings"].update(result_settings(spec, QueryTransformSettings))
-    params["tracin_epochs"] = epochs.tracin_epochs(name, run, epoch) if method == "tracin" else []
+    params["tracin_epochs"] = epochs.tracin_epochs(name, run, epoch) if method in TRACIN_METHODS else []
     params["corruption"] = corruption(run)
     return params
 

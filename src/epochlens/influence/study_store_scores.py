@@ -1,12 +1,9 @@
-"""Scores of the projected methods at one checkpoint of a run, for the data-quality study: what the
-workflow's ``influence_store_scores`` jobs do, as a function of a :class:`~epochlens.job.CheckpointJob`.
-
-:func:`store_checkpoint_scores` reads the checkpoint's gradient store (:mod:`.study_store`) once to give
-the same ``scores.npz``, metadata and diagnostics as the factor methods (:mod:`.study_scores`):
-self-influence, losses and the (Q, N) influence on each query transform. A new query set recomputes
-only the queries' projected gradients and one read of the store. Where the (Q, N) scores would be
-larger than ``influence.projection.pairwise_gb``, the file holds their reductions over the queries and
-the top-k neighbours both ways instead (:mod:`.store_summary`, two reads; :func:`summary_arrays`).
+"""Scores of the projected methods at one checkpoint of a run: what the workflow's
+``influence_store_scores`` jobs do for logra (tracin_rp: :mod:`.study_store_tracin`). One read of the
+checkpoint's store (:mod:`.study_store`) gives the same ``scores.npz``, metadata and diagnostics as
+the factor methods (:mod:`.study_scores`); a new query set recomputes only the queries' projected
+gradients. Past ``influence.projection.pairwise_gb`` the file holds the (Q, N) scores' reductions over
+the queries and the top-k neighbours both ways instead (:mod:`.store_summary`, two reads).
 """
 
 from __future__ import annotations
@@ -44,23 +41,20 @@ def store_checkpoint_scores(
     shards ((gradients .npy, info .pt) in order), its projected curvature (:func:`store_curvature`)
     and the queries' projected gradients."""
     settings, projection, task, active, key = store_setup(job, params, execution)
-    grads = _open_store(store, key, trained_samples(job)[2])
+    grads = open_store(store, key, trained_samples(job)[2])
     t0 = time.perf_counter()
     curvature = _curvature(curvature_path, grads, projection, settings)
     timings = {"store": sum(i.timings["store"] for i in grads.infos), "curvature": time.perf_counter() - t0}
-    pre = _query_gradients(job, queries, settings, projection, task, active, curvature, grads.width)
-    t1 = time.perf_counter()
-    timings["queries"] = t1 - t0 - timings["curvature"]
+    pre = query_gradients(job, queries, settings, projection, task, active, curvature, grads.width)
+    timings["queries"] = (t1 := time.perf_counter()) - t0 - timings["curvature"]
     n_train, q, summary = len(job.data.train_labels), len(queries.selected.labels), None
     if summarised(q, n_train, len(pre), params["settings"]["projection"].get("pairwise_gb", PAIRWISE_GB)):
         summary = store_summary(grads, curvature, pre, queries.selected.sign)
-        arrays = _arrays(grads, summary.self_influence, {}, queries)
+        arrays = store_arrays(grads, summary.self_influence, {}, queries)
     else:
-        stacked = np.concatenate(list(pre.values())) if pre else np.zeros((0, grads.width))
-        pairwise, self_ = store_scores(grads, curvature, stacked)
-        arrays = _arrays(grads, self_, {t: pairwise[k * q : (k + 1) * q] for k, t in enumerate(pre)}, queries)
+        arrays = store_arrays(grads, *whole_scores(grads, curvature, pre), queries)
     timings["scores"] = time.perf_counter() - t1
-    info = _info(job, method, settings, projection, task, active, grads, queries, timings, key["inputs"])
+    info = store_info(job, method, settings, projection, task, active, grads, queries, timings, key["inputs"])
     result = merge_scores([ScoreShard(grads.positions, arrays, curvature.diagnostics, info)], params)
     result.metadata.update(shards=len(grads.infos), pairwise="full" if summary is None else "summary")
     if summary is not None:  # no (Q, N) matrix: its reductions and neighbours
@@ -84,9 +78,7 @@ def _curvature(path, grads: GradientStore, projection, settings) -> ProjectedCur
     return projected_curvature(basis, settings)
 
 
-def _query_gradients(
-    job, queries: ScoreQueries, settings, projection, task, active, curvature, width
-) -> dict:
+def query_gradients(job, queries: ScoreQueries, settings, projection, task, active, curvature, width) -> dict:
     """Per query transform, the queries' preconditioned projected gradients P g̃_q (Q, width)."""
     selected, pre = queries.selected, {}
     for transform, images in queries.images.items():
@@ -123,7 +115,15 @@ def summary_arrays(summary: StoreSummary, positions: np.ndarray, n: int) -> dict
     return arrays
 
 
-def _open_store(store, key: dict, trained: np.ndarray) -> GradientStore:
+def whole_scores(grads: GradientStore, curvature, pre: dict) -> tuple[np.ndarray, dict]:
+    """Self-influence (n,) of the stored samples and, per transform, their (Q, n) influence on the
+    queries of ``pre`` (preconditioned projected gradients): one read of the store."""
+    stacked = np.concatenate(list(pre.values())) if pre else np.zeros((0, grads.width))
+    pairwise, self_ = store_scores(grads, curvature, stacked)
+    return self_, dict(zip(pre, np.split(pairwise, len(pre)), strict=True))
+
+
+def open_store(store, key: dict, trained: np.ndarray) -> GradientStore:
     """The store, checked against the settings and checkpoint of this job and its training samples."""
     grads = GradientStore(store)
     if grads.key != key:
@@ -137,7 +137,7 @@ def _open_store(store, key: dict, trained: np.ndarray) -> GradientStore:
     return grads
 
 
-def _arrays(grads: GradientStore, self_: np.ndarray, pairwise: dict, queries: ScoreQueries) -> dict:
+def store_arrays(grads: GradientStore, self_: np.ndarray, pairwise: dict, queries: ScoreQueries) -> dict:
     selected = queries.selected
     arrays = {
         "self_influence": self_,
@@ -152,7 +152,7 @@ def _arrays(grads: GradientStore, self_: np.ndarray, pairwise: dict, queries: Sc
     return arrays
 
 
-def _info(
+def store_info(
     job, method, settings, projection, task, active, grads, queries: ScoreQueries, timings, inputs
 ) -> dict:
     selected = queries.selected

@@ -26,6 +26,7 @@ METHOD_COLORS = {
     "identity": "tab:purple",
     "tracin": "tab:brown",
     "logra": "tab:cyan",
+    "tracin_rp": "tab:olive",
     "loss": "k",
     "random": "0.6",
 }

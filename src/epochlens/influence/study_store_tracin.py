@@ -1,0 +1,139 @@
+"""TracIn from projected gradient stores (``tracin_rp``: Pruthi et al. 2020's TracInRP with LoGra's
+projection of each layer): Σ_e ⟨P g_q(θ_e), P g_n(θ_e)⟩ over the checkpoints of ``tracin_epochs``,
+each term from that checkpoint's store (written by the store's shard jobs, as ``logra``'s, once)
+and the queries' projected gradients at it; no curvature. What the workflow's
+``influence_store_scores`` jobs of ``tracin_rp`` do, as a function of the influence epoch's
+:class:`~epochlens.job.CheckpointJob`.
+
+A training sample counts at the checkpoints whose store holds it (its class trained there), a query
+at those where its label is (:func:`~epochlens.influence.accumulate.accumulate_tracin`), as in the
+exact ``tracin``. With projections that are the identity (``dim`` at least every layer's sides) the
+scores are ``tracin``'s. The queries are those of the influence epoch; losses are its store's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from epochlens.errors import InfluenceError
+from epochlens.influence.accumulate import accumulate_tracin
+from epochlens.influence.gradient_store import GradientStore
+from epochlens.influence.precondition import DIAGNOSTIC_COLUMNS
+from epochlens.influence.projected_curvature import ProjectedCurvature
+from epochlens.influence.store_summary import PAIRWISE_GB, summarised
+from epochlens.influence.study_inputs import trained_samples
+from epochlens.influence.study_scores import CheckpointScores, ScoreQueries, ScoreShard, merge_scores
+from epochlens.influence.study_store import store_setup
+from epochlens.influence.study_store_scores import (
+    open_store,
+    query_gradients,
+    store_arrays,
+    store_info,
+    whole_scores,
+)
+from epochlens.job import CheckpointJob
+from epochlens.provenance import file_sha256
+
+Store = Sequence[tuple[str | Path, str | Path]]
+
+
+def store_tracin_scores(
+    job: CheckpointJob,
+    params: Mapping,
+    execution: Mapping,
+    stores: Mapping[int, Store],
+    checkpoints: Mapping[int, str | Path],
+    *,
+    queries: ScoreQueries,
+) -> CheckpointScores:
+    """Self-influence Σ_e ‖P g_n(θ_e)‖² and influence on each query transform, (Q, N), summed over
+    the checkpoints of ``stores`` (epoch -> its store's shards, (gradients .npy, info .pt) in
+    order; ``checkpoints``: epoch -> checkpoint file), at the influence epoch of ``job``."""
+    _check_size(job, params, queries)
+    positions = trained_samples(job)[2]
+    self_parts, pair_parts, last, timings = [], {t: [] for t in queries.images}, None, {}
+    for epoch, store in stores.items():
+        at = _job_at(job, epoch, checkpoints[epoch])
+        t0 = time.perf_counter()
+        grads, self_, pairwise = _epoch_scores(at, params, execution, store, queries)
+        where = np.searchsorted(positions, grads.positions)
+        self_parts.append(_spread(self_, where, len(positions)))
+        for t, scores in pairwise.items():
+            pair_parts[t].append(_spread(scores, where, len(positions)))
+        timings[f"epoch_{epoch}"] = time.perf_counter() - t0
+        last = grads
+    if last is None or not np.array_equal(last.positions, positions):
+        raise InfluenceError(
+            f"tracin_rp at epoch {job.epoch}: its last store (epoch {max(stores, default=None)}) must be "
+            "the influence epoch's, holding every sample trained there; check influence.tracin_epochs."
+        )
+    pairwise = {t: accumulate_tracin(parts) for t, parts in pair_parts.items()}
+    arrays = store_arrays(last, accumulate_tracin(self_parts), pairwise, queries)
+    settings, projection, task, active, key = store_setup(job, params, execution)
+    info = store_info(
+        job, "tracin_rp", settings, projection, task, active, last, queries, timings, key["inputs"]
+    )
+    info["tracin_epochs"] = list(stores)
+    info["inputs"]["tracin_checkpoints"] = {str(e): file_sha256(p) for e, p in checkpoints.items()}
+    result = merge_scores([ScoreShard(positions, arrays, _no_curvature(last).diagnostics, info)], params)
+    result.metadata.update(shards=len(last.infos), pairwise="full", tracin_epochs=list(stores))
+    return result
+
+
+def _epoch_scores(job: CheckpointJob, params, execution, store: Store, queries: ScoreQueries):
+    """The store of one checkpoint, its samples' squared norms and their dot products with each
+    transform's projected query gradients at that checkpoint."""
+    settings, projection, task, active, key = store_setup(job, params, execution)
+    grads = open_store(store, key, trained_samples(job)[2])
+    identity = _no_curvature(grads)
+    pre = query_gradients(job, queries, settings, projection, task, active, identity, grads.width)
+    return grads, *whole_scores(grads, identity, pre)
+
+
+def _job_at(job: CheckpointJob, epoch: int, checkpoint: str | Path) -> CheckpointJob:
+    """The same replicate and data at another checkpoint (its classes where the run has a schedule)."""
+    if epoch == job.epoch:
+        return job
+    active = job.active_at(epoch) if job.schedule is not None else None
+    new = job.schedule.new_classes(epoch) if job.schedule is not None else None
+    return dataclasses.replace(job, epoch=epoch, checkpoint=Path(checkpoint), active=active, new=new)
+
+
+def _no_curvature(grads: GradientStore) -> ProjectedCurvature:
+    """Plain dot products over the store's layers (each layer's columns, no inverse), with the
+    diagnostics table of the projected methods (one row a layer)."""
+    columns, rows = {}, []
+    for name, out_dim, in_dim, k_out, k_in, offset in grads.infos[0].layers:
+        columns[name] = slice(offset, offset + k_out * k_in)
+        row = dict.fromkeys(DIAGNOSTIC_COLUMNS, math.nan)
+        row.update(layer=name, kind="projected", out_dim=k_out, in_dim=k_in, cond=1.0, damping=0.0)
+        row.update(damping_steps=0, forward_dtype="", note=f"projected from {out_dim} x {in_dim}")
+        rows.append(row)
+    diagnostics = pd.DataFrame(rows, columns=list(DIAGNOSTIC_COLUMNS))
+    return ProjectedCurvature(dict.fromkeys(columns), columns, diagnostics)
+
+
+def _spread(values: np.ndarray, where: np.ndarray, n: int) -> np.ndarray:
+    """(..., stored rows) -> (..., n trained samples of the influence epoch), NaN where not stored."""
+    out = np.full((*values.shape[:-1], n), np.nan)
+    out[..., where] = values
+    return out
+
+
+def _check_size(job: CheckpointJob, params: Mapping, queries: ScoreQueries) -> None:
+    """tracin_rp keeps its scores whole: refuse where they pass ``pairwise_gb``."""
+    q, n, transforms = len(queries.selected.labels), len(job.data.train_labels), len(queries.images)
+    gb = params["settings"]["projection"].get("pairwise_gb", PAIRWISE_GB)
+    if summarised(q, n, transforms, gb):
+        raise InfluenceError(
+            f"tracin_rp: the scores of {q} queries x {transforms} transforms x {n} training samples pass "
+            f"influence.projection.pairwise_gb ({gb}); tracin_rp keeps them whole: raise pairwise_gb, or "
+            "lower influence.queries.max_count (logra summarises scores this large)."
+        )
