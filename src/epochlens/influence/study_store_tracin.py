@@ -58,24 +58,20 @@ def store_tracin_scores(
     order; ``checkpoints``: epoch -> checkpoint file), at the influence epoch of ``job``."""
     _check_size(job, params, queries)
     positions = trained_samples(job)[2]
-    self_parts, pair_parts, last, timings = [], {t: [] for t in queries.images}, None, {}
+    self_parts, pair_parts, last, timings = [], {t: [] for t in queries.images}, None, {"store": 0.0}
     for epoch, store in stores.items():
         at = _job_at(job, epoch, checkpoints[epoch])
         t0 = time.perf_counter()
         grads, self_, pairwise = _epoch_scores(at, params, execution, store, queries)
-        where = np.searchsorted(positions, grads.positions)
+        where = _rows_in(positions, grads.positions, epoch, job.epoch)
         self_parts.append(_spread(self_, where, len(positions)))
         for t, scores in pairwise.items():
             pair_parts[t].append(_spread(scores, where, len(positions)))
-        timings[f"epoch_{epoch}"] = time.perf_counter() - t0
-        last = grads
-    if last is None or not np.array_equal(last.positions, positions):
-        raise InfluenceError(
-            f"tracin_rp at epoch {job.epoch}: its last store (epoch {max(stores, default=None)}) must be "
-            "the influence epoch's, holding every sample trained there; check influence.tracin_epochs."
-        )
+        timings[f"epoch_{epoch}"] = time.perf_counter() - t0  # the queries' gradients, one read
+        timings["store"] += sum(i.timings["store"] for i in grads.infos)  # its shard jobs'
+        last, losses = grads, _spread(grads.concatenated("losses"), where, len(positions))
     pairwise = {t: accumulate_tracin(parts) for t, parts in pair_parts.items()}
-    arrays = store_arrays(last, accumulate_tracin(self_parts), pairwise, queries)
+    arrays = {**store_arrays(last, accumulate_tracin(self_parts), pairwise, queries), "loss": losses}
     settings, projection, task, active, key = store_setup(job, params, execution)
     info = store_info(
         job, "tracin_rp", settings, projection, task, active, last, queries, timings, key["inputs"]
@@ -118,6 +114,17 @@ def _no_curvature(grads: GradientStore) -> ProjectedCurvature:
         rows.append(row)
     diagnostics = pd.DataFrame(rows, columns=list(DIAGNOSTIC_COLUMNS))
     return ProjectedCurvature(dict.fromkeys(columns), columns, diagnostics)
+
+
+def _rows_in(positions: np.ndarray, stored: np.ndarray, epoch: int, influence_epoch: int) -> np.ndarray:
+    """Where a checkpoint's stored samples are among those trained at the influence epoch."""
+    where = np.searchsorted(positions, stored)
+    if len(stored) and (where.max() >= len(positions) or not np.array_equal(positions[where], stored)):
+        raise InfluenceError(
+            f"tracin_rp: the store of epoch {epoch} holds samples not trained at the influence epoch "
+            f"{influence_epoch}: its classes are not the run's schedule; delete that store and rerun."
+        )
+    return where
 
 
 def _spread(values: np.ndarray, where: np.ndarray, n: int) -> np.ndarray:
