@@ -20,15 +20,15 @@ from epochlens.study.score_queries import score_queries
 def main(snakemake) -> None:
     cfg, inp, wc = snakemake.params.config, snakemake.input, snakemake.wildcards
     job = load_checkpoint_job(model=cfg["model"], schedule=cfg["schedule"], **job_files(snakemake))
-    store, run = list(zip(inp.gradients, inp.infos, strict=True)), execution(snakemake, "influence")
+    store, exe = list(zip(inp.gradients, inp.infos, strict=True)), execution(snakemake, "influence")
     if wc.method == "tracin_rp":  # the shards of each checkpoint's store, checkpoint by checkpoint
         epochs, per = cfg["tracin_epochs"], len(store) // len(cfg["tracin_epochs"])
         stores = {e: store[k * per : (k + 1) * per] for k, e in enumerate(epochs)}
         checkpoints = dict(zip(epochs, inp.tracin_checkpoints, strict=True))
-        result = store_tracin_scores(job, cfg, run, stores, checkpoints, queries=score_queries(job, cfg))
+        result = store_tracin_scores(job, cfg, exe, stores, checkpoints, queries=score_queries(job, cfg))
     else:
         result = store_checkpoint_scores(
-            job, wc.method, cfg, run, store, inp.curvature, progress=True, queries=score_queries(job, cfg)
+            job, wc.method, cfg, exe, store, inp.curvature, progress=True, queries=score_queries(job, cfg)
         )
 
     def write_npz(path):

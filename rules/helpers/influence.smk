@@ -113,23 +113,24 @@ def store_epochs(wildcards):
     return [f"{e:04d}" for e in get_influence_score_params(wildcards)["tracin_epochs"]]
 
 
-def get_influence_store_gradients(wildcards):
-    """The gradient store's rows, one file per shard (influence.shards), in order (tracin_rp:
-    the stores of its checkpoints, in order)."""
+def store_shard_files(wildcards, ext=None):
+    """The store's shards (influence.shards), in order; tracin_rp: those of each of its
+    checkpoints, checkpoint by checkpoint."""
     return [
         path
         for epoch in store_epochs(wildcards)
-        for path in influence_shard_files(wildcards, "store", "npy", epoch)
+        for path in influence_shard_files(wildcards, "store", ext, epoch)
     ]
+
+
+def get_influence_store_gradients(wildcards):
+    """The gradient store's rows, one .npy a shard (store_shard_files)."""
+    return store_shard_files(wildcards, "npy")
 
 
 def get_influence_store_infos(wildcards):
     """What each of the store's shards holds (positions, losses, Gauss-Newton sums, key)."""
-    return [
-        path
-        for epoch in store_epochs(wildcards)
-        for path in influence_shard_files(wildcards, "store", None, epoch)
-    ]
+    return store_shard_files(wildcards)
 
 
 def get_influence_store_curvature(wildcards):

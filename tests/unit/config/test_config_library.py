@@ -87,6 +87,10 @@ def test_schema_errors_name_the_key_and_the_allowed_values():
             "none is at or before influence epoch 2",
         ),
         (
+            {"influence": {"enabled": True, "methods": ["tracin_rp"], "epochs": [2], "tracin_epochs": [4]}},
+            "none is at or before influence epoch 2",
+        ),
+        (
             {"influence": {"enabled": True, "lds": {"enabled": True}, "transforms": ["hflip"]}},
             "runs.tiny.influence.lds: it correlates the untransformed queries' scores; add none",
         ),
