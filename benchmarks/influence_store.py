@@ -12,6 +12,12 @@ task), N training samples and Q queries, the influence jobs of each method as th
   scores (the curvature damped, the queries' gradients, one read of the store);
 * ``logra_requery``: Q other queries scored against the kept store and curvature (what a new query
   set costs: the ``influence_store_scores`` job alone).
+* ``kronfluence`` (``--kronfluence PYTHON``, the image models): kronfluence 1.0.1's EK-FAC in its own
+  environment (benchmarks/_kronfluence.py, as ``benchmarks/influence.py --kronfluence`` runs it:
+  empirical Fisher, float64, ``--kf-query-batch-size`` queries held) on the same weights, training
+  samples and first queries, its five stages in a row; its seconds are the subprocess's wall time
+  and its peak the largest its driver reports. Printed beside: logra / kronfluence and the Spearman
+  correlations of logra's and EK-FAC's scores with kronfluence's.
 
 The three are interleaved (A B C, C B A, ...; ``--repeats`` rounds, the fastest of each kept), each
 with its peak memory (the increase of the process's peak RSS during it). Printed: seconds, the
@@ -160,7 +166,12 @@ def compare(a: argparse.Namespace) -> dict:
             "logra": logra,
             "logra_requery": lambda: score_store(c, kept["store"], kept["basis"], c.queries[1]),
         }
-        seconds, results, peaks = _common.interleaved(sides, a.repeats, device, memory=True)
+        kf = _kronfluence_side(c, a, folder, sides) if a.kronfluence else None
+        try:
+            seconds, results, peaks = _common.interleaved(sides, a.repeats, device, memory=True)
+        finally:
+            if kf is not None:
+                kf.close()
         disk = (folder / "store.npy").stat().st_size
     (ek_pair, ek_self), (lg_pair, lg_self) = results["ekfac"], results["logra"]
     report = {
@@ -171,7 +182,42 @@ def compare(a: argparse.Namespace) -> dict:
         "spearman_pairwise": _spearman(lg_pair, ek_pair),
         "spearman_self": float(spearmanr(lg_self, ek_self).statistic), "store_bytes": disk,
     }  # fmt: skip
+    if kf is not None:
+        kf_pair, kf_self = results["kronfluence"]
+        report["peak_mib"]["kronfluence"] = kf.peak_mib
+        report["logra_over_kronfluence"] = seconds["logra"] / seconds["kronfluence"]
+        report["ekfac_over_kronfluence"] = seconds["ekfac"] / seconds["kronfluence"]
+        for name, (pair, own) in (("logra", (lg_pair, lg_self)), ("ekfac", (ek_pair, ek_self))):
+            report[f"spearman_{name}_kronfluence"] = {
+                "pairwise": _spearman(pair, kf_pair),
+                "self": float(spearmanr(own, kf_self).statistic),
+            }
     return report
+
+
+def _kronfluence_side(c: Case, a: argparse.Namespace, folder: Path, sides: dict):
+    """kronfluence's EK-FAC as a side of the comparison: its driver started on the case's inputs."""
+    from influence import _Kronfluence
+
+    if a.model not in SHAPES:
+        raise SystemExit("influence_store.py: --kronfluence runs on the image models (kronfluence's driver)")
+    inputs = {
+        "model": a.model, "num_classes": SHAPES[a.model][2], "state_dict": c.net.state_dict(),
+        "x": c.x, "y": c.y, "xq": c.queries[0][0], "yq": c.queries[0][1], "active": c.active,
+    }  # fmt: skip
+    torch.save(inputs, folder / "inputs.pt")
+    args = argparse.Namespace(batch_size=a.batch, kf_query_batch_size=a.kf_query_batch_size)
+    args.threads = a.threads
+    kf = _Kronfluence(a.kronfluence, folder, args, torch.device("cpu"))
+    kf.peak_mib = 0.0
+
+    def run():  # the factors, then self-influence and the queries' influence, as a first run
+        for stage in ("covariance", "eigendecomposition", "lambda", "self", "pairwise"):
+            kf.peak_mib = max(kf.peak_mib, kf.run(stage).get("peak_mib", 0.0))
+        return np.load(folder / "kf_pairwise.npy"), np.load(folder / "kf_self.npy")
+
+    sides["kronfluence"] = run
+    return kf
 
 
 def scale_child(a: argparse.Namespace) -> dict:
@@ -261,6 +307,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--faiss", action="store_true", help="--scale: also faiss's exact index (faiss-cpu)")
     p.add_argument("--tmp", help="folder of the scale run's stores (default: the system's temporary folder)")
+    p.add_argument("--kronfluence", help="compare with kronfluence 1.0.1 run by this Python (its own venv)")
+    p.add_argument("--kf-query-batch-size", type=int, default=40, help="queries kronfluence holds at once")
     p.add_argument("--json", type=Path, help="also write the report to this JSON file")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)
