@@ -6,9 +6,10 @@ and the queries' projected gradients at it; no curvature. What the workflow's
 :class:`~epochlens.job.CheckpointJob`.
 
 A training sample counts at the checkpoints whose store holds it (its class trained there), a query
-at those where its label is (:func:`~epochlens.influence.accumulate.accumulate_tracin`), as in the
-exact ``tracin``. With projections that are the identity (``dim`` at least every layer's sides) the
-scores are ``tracin``'s. The queries are those of the influence epoch; losses are its store's.
+at those where its label is (the sum of :func:`~epochlens.influence.accumulate.accumulate_tracin`,
+one checkpoint at a time), as in the exact ``tracin``. With projections that are the identity
+(``dim`` at least every layer's sides) the scores are ``tracin``'s. The queries are those of the
+influence epoch; losses those of the last TracIn checkpoint's store.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 from epochlens.errors import InfluenceError
-from epochlens.influence.accumulate import accumulate_tracin
 from epochlens.influence.gradient_store import GradientStore
 from epochlens.influence.precondition import DIAGNOSTIC_COLUMNS
 from epochlens.influence.projected_curvature import ProjectedCurvature
@@ -58,20 +58,20 @@ def store_tracin_scores(
     order; ``checkpoints``: epoch -> checkpoint file), at the influence epoch of ``job``."""
     _check_size(job, params, queries)
     positions = trained_samples(job)[2]
-    self_parts, pair_parts, last, timings = [], {t: [] for t in queries.images}, None, {"store": 0.0}
+    self_sum, pair_sums, last, timings = _Sum(), {t: _Sum() for t in queries.images}, None, {"store": 0.0}
     for epoch, store in stores.items():
         at = _job_at(job, epoch, checkpoints[epoch])
         t0 = time.perf_counter()
         grads, self_, pairwise = _epoch_scores(at, params, execution, store, queries)
         where = _rows_in(positions, grads.positions, epoch, job.epoch)
-        self_parts.append(_spread(self_, where, len(positions)))
+        self_sum.add(_spread(self_, where, len(positions)))
         for t, scores in pairwise.items():
-            pair_parts[t].append(_spread(scores, where, len(positions)))
+            pair_sums[t].add(_spread(scores, where, len(positions)))
         timings[f"epoch_{epoch}"] = time.perf_counter() - t0  # the queries' gradients, one read
         timings["store"] += sum(i.timings["store"] for i in grads.infos)  # its shard jobs'
         last, losses = grads, _spread(grads.concatenated("losses"), where, len(positions))
-    pairwise = {t: accumulate_tracin(parts) for t, parts in pair_parts.items()}
-    arrays = {**store_arrays(last, accumulate_tracin(self_parts), pairwise, queries), "loss": losses}
+    pairwise = {t: total.value() for t, total in pair_sums.items()}
+    arrays = {**store_arrays(last, self_sum.value(), pairwise, queries), "loss": losses}
     settings, projection, task, active, key = store_setup(job, params, execution)
     info = store_info(
         job, "tracin_rp", settings, projection, task, active, last, queries, timings, key["inputs"]
@@ -114,6 +114,25 @@ def _no_curvature(grads: GradientStore) -> ProjectedCurvature:
         rows.append(row)
     diagnostics = pd.DataFrame(rows, columns=list(DIAGNOSTIC_COLUMNS))
     return ProjectedCurvature(dict.fromkeys(columns), columns, diagnostics)
+
+
+class _Sum:
+    """accumulate_tracin's sum, checkpoint by checkpoint: each entry summed where finite, NaN where
+    it never is; one (Q, N) total held, not one a checkpoint (the same additions, in order)."""
+
+    def __init__(self) -> None:
+        self.total: np.ndarray | None = None
+        self.seen: np.ndarray | None = None
+
+    def add(self, part: np.ndarray) -> None:
+        finite = np.isfinite(part)
+        if self.total is None:
+            self.total, self.seen = np.zeros(part.shape), np.zeros(part.shape, bool)
+        self.total += np.where(finite, part, 0.0)
+        self.seen |= finite
+
+    def value(self) -> np.ndarray:
+        return np.where(self.seen, self.total, np.nan)
 
 
 def _rows_in(positions: np.ndarray, stored: np.ndarray, epoch: int, influence_epoch: int) -> np.ndarray:

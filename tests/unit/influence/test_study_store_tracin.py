@@ -38,3 +38,21 @@ def test_a_store_of_samples_the_influence_epoch_did_not_train_is_refused():
         _rows_in(positions, np.array([2, 3]), 2, 6)
     with pytest.raises(InfluenceError):
         _rows_in(positions, np.array([9]), 2, 6)
+
+
+def test_the_sum_checkpoint_by_checkpoint_is_accumulate_tracins():
+    """One (Q, N) total held instead of one a checkpoint: the same numbers, bit for bit (entries
+    non-finite at some checkpoints, and at all of them)."""
+    from epochlens.influence.accumulate import accumulate_tracin
+    from epochlens.influence.study_store_tracin import _Sum
+
+    rng = np.random.default_rng(0)
+    parts = [rng.normal(size=(3, 50)) for _ in range(4)]
+    for part in parts:
+        part[rng.random(part.shape) < 0.3] = np.nan
+        part[:, 0] = np.nan
+    total = _Sum()
+    for part in parts:
+        total.add(part)
+    np.testing.assert_array_equal(total.value(), accumulate_tracin(parts))
+    assert np.isnan(total.value()[:, 0]).all()
