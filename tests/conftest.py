@@ -29,12 +29,12 @@ from epochlens.data import Dataset  # noqa: E402
 SLOWEST_FIRST = (
     "workflow/test_end_to_end.py",
     "cluster/test_slurm.py",
+    "workflow/test_influence_workflow.py",
     "unit/core/test_scale_plan.py",
     "workflow/test_influence_shards_workflow.py",
     "workflow/test_workflow.py",
     "workflow/test_user_model_workflow.py",
     "workflow/test_train_command_workflow.py",
-    "workflow/test_influence_workflow.py",
     "workflow/test_lop_study.py",
     "workflow/test_features_workflow.py",
     "workflow/test_causal_lm_workflow.py",
