@@ -230,7 +230,7 @@ def describe(rule: str) -> str:
     """``rule``'s memory as a formula (MB, before the headroom): ``450 + 100 B x samples + ...``."""
     m = rule_memory(rule)
     terms = ((m.per_sample, " B x samples"), (m.model_copies, " x model"), (m.input_copies, " x input files"))
-    terms += ((m.per_score, " B x samples x queries x transforms" + (" (whole)" if m.summarised else "")),)
+    terms += ((m.per_score, " B x samples x queries x transforms" + (" if whole" * m.summarised)),)
     return " + ".join([f"{m.base_mb:g}"] + [f"{v:g}{unit}" for v, unit in terms if v])
 
 
