@@ -29,11 +29,9 @@ from epochlens.schedule import is_no_schedule
 from epochlens.study.lds import LdsSettings
 from epochlens.study.settings import QuerySettings, QueryTransformSettings
 
-#: Methods scored from a store of projected gradients: logra (preconditioned by the store's
-#: curvature, influence_store_eigen) and tracin_rp (a store at each of its checkpoints, no curvature).
-STORE_METHODS = (*PROJECTED_METHODS, "tracin_rp")
-#: Methods that sum over the checkpoints of influence.tracin_epochs.
-TRACIN_METHODS = ("tracin", "tracin_rp")
+#: Methods scored from gradient stores (logra, with the store's curvature; tracin_rp, a store at
+#: each of its checkpoints), and those summing over the checkpoints of influence.tracin_epochs.
+STORE_METHODS, TRACIN_METHODS = (*PROJECTED_METHODS, "tracin_rp"), ("tracin", "tracin_rp")
 
 #: Curvature settings of a regression only (a classifier's params leave them out).
 REGRESSION_FIELDS = ("tolerance", "reduction")
@@ -43,17 +41,10 @@ ANALYSIS_SECTIONS = ("curvature", "features", "probes", "ablation", "influence",
 
 
 def result_settings(section: Mapping, settings_class: type, exclude: Iterable[str] = ()) -> dict:
-    """``{field: section[field]}`` for the fields of ``settings_class`` that change results.
-
-    Args:
-        section: a config section (e.g. ``config["runs"][run]["curvature"]``).
-        settings_class: the stage's settings dataclass.
-        exclude: further field names to leave out.
-
-    Returns:
-        The fields present in ``section`` whose metadata marks neither ``execution`` nor
-        ``tables``, in the dataclass's field order.
-    """
+    """``{field: section[field]}`` for the fields of ``settings_class`` (a stage's settings
+    dataclass) present in ``section`` (a config section, e.g. ``config["runs"][run]["curvature"]``)
+    whose metadata marks neither ``execution`` nor ``tables``, in the dataclass's field order, but
+    those in ``exclude``."""
     skip = set(exclude)
     return {
         f.name: section[f.name]
@@ -229,8 +220,8 @@ def _factor_fields() -> set[str]:
 
 
 def influence_settings(run: Mapping, method: str) -> dict:
-    """The influence settings that change the factors of ``method``: the factor fields (none but
-    the layer selection for identity and tracin, which fit nothing)."""
+    """The settings that change ``method``'s factors or store: the factor fields (the layers alone
+    for identity and tracin, which fit nothing; the store's for logra and tracin_rp)."""
     spec = run["influence"]
     settings = {"method": method}
     fisher = "true" if spec["fisher"] is True else spec["fisher"]  # YAML's bare true
@@ -241,8 +232,7 @@ def influence_settings(run: Mapping, method: str) -> dict:
         settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
     if method in STORE_METHODS:  # the store's gradients: the Fisher's draws and the projection
         settings.update(fisher=fisher, seed=spec["seed"])
-        # how the scores precondition is theirs: changing it rescores, it does not redo the store
-        skip = {"seed", "precondition"}
+        skip = {"seed", "precondition"}  # how scores precondition: it rescores, not redoes the store
         settings["projection"] = result_settings(spec["projection"], ProjectionSettings, exclude=skip)
     return settings
 
@@ -281,8 +271,7 @@ def influence_score_params(name: str, run: Mapping, method: str, epoch: int) -> 
         score = {k: v for k, v in score.items() if k not in ("query_gradient_rank", "precondition_dtype")}
         params["settings"]["projection"]["pairwise_gb"] = spec["projection"]["pairwise_gb"]
     params["settings"].update(score)
-    # How the scores are reduced over the queries changes the tables only.
-    params["settings"]["queries"] = result_settings(spec["queries"], QuerySettings)
+    params["settings"]["queries"] = result_settings(spec["queries"], QuerySettings)  # reduce: tables only
     params["settings"].update(result_settings(spec, QueryTransformSettings))
     params["tracin_epochs"] = epochs.tracin_epochs(name, run, epoch) if method in TRACIN_METHODS else []
     params["corruption"] = corruption(run)
