@@ -62,8 +62,9 @@ PRELOAD = (
     "tokenizers",
 )
 #: Environment variables read as libraries are imported: a job with other values than the
-#: server's runs with the real interpreter.
-IMPORT_TIME = ("PYTHON", "HF_", "TRANSFORMERS_", "MPL", "TORCH", "CUDA", "PYTORCH")
+#: server's runs with the real interpreter. Not TORCHINDUCTOR_*: importing the Trainer sets its
+#: cache folder in the importing process (a test's), which then told every later job apart.
+IMPORT_TIME = ("PYTHON", "HF_", "TRANSFORMERS_", "MPL", "TORCH_", "CUDA", "PYTORCH")
 #: Thread counts Snakemake sets for a job (its rule's threads).
 THREADS = "OMP_NUM_THREADS"
 LAUNCHER = """#!{python} -S
@@ -77,7 +78,9 @@ if job:
     socket.send_fds(sock, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
     reply = sock.makefile("r")
     first = reply.readline().strip()
-    if first != "fallback":
+    if first.startswith("fallback"):
+        sys.stderr.write("job server (tests/job_server.py): not forked, %s differ\\n" % first[9:])
+    else:
         pid = int(first)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda s, f: os.kill(pid, s))
@@ -160,8 +163,9 @@ def _handle(conn: socket.socket, settings: dict, added: dict, base_path: list[st
     """In a child of the server: fork the job, tell the launcher its pid and then its status."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     request, fds = _receive(conn)
-    if _import_settings(request["env"]) != settings:
-        conn.sendall(b"fallback\n")
+    if (theirs := _import_settings(request["env"])) != settings:
+        differ = sorted(k for k in set(theirs) | set(settings) if theirs.get(k) != settings.get(k))
+        conn.sendall(f"fallback {' '.join(differ)}\n".encode())
         os._exit(0)
     pid = os.fork()
     if pid == 0:

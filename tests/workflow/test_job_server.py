@@ -6,6 +6,7 @@ imported already, pandas not), not with the real interpreter."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def both(tmp_path, monkeypatch, **env) -> list[tuple[int, str, dict, Path]]:
     results = []
     for name, launcher in (("own", None), ("forked", JOBS.launcher)):
         folder = tmp_path / name
-        folder.mkdir()
+        folder.mkdir(parents=True)
         (folder / "Snakefile").write_text(SNAKEFILE)
         (folder / "see.py").write_text(SCRIPT)
         for key, value in {**env, "SEEN": name}.items():
@@ -85,3 +86,17 @@ def _traceback(result) -> list[str]:
     lines = output[output.index("Traceback") :].splitlines()
     end = next(k for k, line in enumerate(lines) if line.startswith("ValueError"))
     return [re.sub(r"tmp\w+\.see", "T.see", line) for line in lines[: end + 1]]
+
+
+def test_jobs_stay_forked_after_the_test_process_imports_the_trainer(tmp_path, monkeypatch):
+    """Importing transformers' Trainer sets TORCHINDUCTOR_CACHE_DIR in the importing process: with
+    the server already started, a test that did so (the text runs' fixtures) once sent every later
+    job of its worker to the real interpreter. An import-time variable (HF_HUB_OFFLINE) still does."""
+    JOBS.launcher  # noqa: B018 (started before the variable is set, as in a worker)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    (_, forked) = both(tmp_path / "cache", monkeypatch)
+    assert forked[0] == 0 and forked[2]["preloaded"], forked[1]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
+    (_, real) = both(tmp_path / "hub", monkeypatch)
+    assert real[0] == 0 and not real[2]["preloaded"]
+    assert "job server (tests/job_server.py): not forked, HF_HUB_OFFLINE differ" in real[1]
