@@ -59,6 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
     worker) oversubscribes the cores, and the OpenMP threads of one worker spin while they wait
     for the others' (measured on 2 cores: tests/unit took 148 s and 289 CPU-s, 43 s and 80 CPU-s
     with one thread each). Snakemake sets its jobs' own (the rule's threads)."""
+    # What epochlens.models.hf sets in a process that loads a model (nothing is downloaded), set
+    # for the whole session: a test's in-process load would otherwise change, mid-session, the
+    # import-time environment that tests/job_server.py compares, and later jobs would run unforked.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     workers = len(getattr(config.option, "tx", None) or [])
     if workers and not hasattr(config, "workerinput"):  # in the controller, before workers start
         threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
