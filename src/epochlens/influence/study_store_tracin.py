@@ -39,7 +39,6 @@ from epochlens.influence.study_store_scores import (
     whole_scores,
 )
 from epochlens.job import CheckpointJob
-from epochlens.provenance import file_sha256
 
 Store = Sequence[tuple[str | Path, str | Path]]
 
@@ -59,6 +58,7 @@ def store_tracin_scores(
     _check_size(job, params, queries)
     positions = trained_samples(job)[2]
     self_sum, pair_sums, last, timings = _Sum(), {t: _Sum() for t in queries.images}, None, {"store": 0.0}
+    hashes = {}
     for epoch, store in stores.items():
         at = _job_at(job, epoch, checkpoints[epoch])
         t0 = time.perf_counter()
@@ -70,6 +70,7 @@ def store_tracin_scores(
         timings[f"epoch_{epoch}"] = time.perf_counter() - t0  # the queries' gradients, one read
         timings["store"] += sum(i.timings["store"] for i in grads.infos)  # its shard jobs'
         last, losses = grads, _spread(grads.concatenated("losses"), where, len(positions))
+        hashes[str(epoch)] = at.checkpoint_sha256  # hashed once, as its store's key checked it
     pairwise = {t: total.value() for t, total in pair_sums.items()}
     arrays = {**store_arrays(last, self_sum.value(), pairwise, queries), "loss": losses}
     settings, projection, task, active, key = store_setup(job, params, execution)
@@ -77,7 +78,7 @@ def store_tracin_scores(
         job, "tracin_rp", settings, projection, task, active, last, queries, timings, key["inputs"]
     )
     info["tracin_epochs"] = list(stores)
-    info["inputs"]["tracin_checkpoints"] = {str(e): file_sha256(p) for e, p in checkpoints.items()}
+    info["inputs"]["tracin_checkpoints"] = hashes
     result = merge_scores([ScoreShard(positions, arrays, _no_curvature(last).diagnostics, info)], params)
     result.metadata.update(shards=len(last.infos), pairwise="full", tracin_epochs=list(stores))
     return result
