@@ -58,9 +58,10 @@ from scipy.stats import spearmanr
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores
+from epochlens.influence.layer_projection import layer_projections
 from epochlens.influence.projected_basis import projected_basis
 from epochlens.influence.projected_curvature import projected_curvature
-from epochlens.influence.projection import layer_projections, project_samples
+from epochlens.influence.projection import project_samples
 from epochlens.influence.projection_settings import ProjectionSettings
 from epochlens.influence.store_summary import store_summary
 from epochlens.models.networks import build_model

@@ -8,11 +8,11 @@
 # eigendecomposed; kfac's factors are that) -> influence_corrections (ekfac, diagonal) ->
 # influence_factors (summed); influence_score_shard -> influence_scores (concatenated). A killed
 # shard reruns alone. With S = 1 influence_factors and influence_scores do the passes themselves.
-# The projected methods (logra) write each training image's projected gradient once per checkpoint
-# (influence_store_shard, S jobs: the gradient store), eigendecompose its projected curvature once
-# (influence_store_eigen) and score any queries with one read of it (influence_store_scores:
-# the same scores.npz as influence_scores). tracin_rp: a store at each of its tracin_epochs, no
-# curvature; its influence_store_scores sums over them.
+# The projected methods (logra by layer, trak the whole gradient) write each training image's projected
+# gradient once per checkpoint (influence_store_shard, S jobs: the gradient store), eigendecompose its
+# projected curvature once (influence_store_eigen) and score any queries with one read of it
+# (influence_store_scores: the same scores.npz as influence_scores). tracin_rp: a store at each of
+# its tracin_epochs, no curvature; its influence_store_scores sums over them.
 # Per run: poison_detection (tables) -> plot_influence (figures); with influence.lds the linear
 # datamodeling score: lds_retrain (index x epoch x part) -> lds_tables -> plot_lds. A run whose
 # training is its own command is retrained by that command (its {subset}): its files and {data}

@@ -134,7 +134,7 @@ def get_influence_store_infos(wildcards):
 
 
 def get_influence_store_curvature(wildcards):
-    """The store's curvature (logra); none for tracin_rp, which has no curvature."""
+    """The store's curvature (logra, trak); none for tracin_rp, which has no curvature."""
     if wildcards.method not in PROJECTED_METHODS:
         return []
     w = wildcards

@@ -427,10 +427,12 @@ def test_scores_too_large_to_keep_whole_give_the_same_tables_and_dossier(tiny_ru
         np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float), rtol=1e-9, err_msg=column)
 
 
-def test_tracin_from_projected_stores_is_tracin_where_nothing_is_projected(tiny_run, tmp_path):
-    """tracin_rp in a copy of the finished study, with a projection dimension above every layer's
-    sides (the identity): a store at each of TracIn's checkpoints (epochs 2, 4, 6) and one scoring
-    job summing over them, no curvature; its scores are the exact tracin's of the same run."""
+def test_projected_stores_are_exact_where_nothing_is_projected(tiny_run, tmp_path):
+    """tracin_rp and trak in a copy of the finished study, with projection dimensions above every
+    layer's sides and the whole gradient's size (the identity). tracin_rp: a store at each of
+    TracIn's checkpoints (epochs 2, 4, 6) and one scoring job summing over them, no curvature; its
+    scores are the exact tracin's of the same run. trak without its preconditioner (precondition:
+    none): its scores are identity's (gradient dot products)."""
     import shutil
 
     wf, work, cfg, _ = tiny_run
@@ -438,21 +440,27 @@ def test_tracin_from_projected_stores_is_tracin_where_nothing_is_projected(tiny_
     shutil.copytree(work, copy, symlinks=True)
     changed = json.loads(json.dumps(cfg))
     spec = changed["runs"]["tiny"]["influence"]
-    spec["methods"] = [*spec["methods"], "tracin_rp"]
-    spec["projection"] = {"dim": 4096}
-    config = write_config(tmp_path / "tracin_rp.yaml", changed)
-    target = RESULTS.influence_file("scores.npz", "tiny", 0, 6, "tracin_rp")
-    assert planned_jobs(wf, copy, target, configfile=config) == {
-        "influence_store_shard": 3, "influence_store_scores": 1,
+    spec["methods"] = [*spec["methods"], "tracin_rp", "trak"]
+    spec["projection"] = {"dim": 4096, "trak_dim": 10**7, "precondition": "none"}
+    config = write_config(tmp_path / "stores.yaml", changed)
+    targets = [RESULTS.influence_file("scores.npz", "tiny", 0, 6, m) for m in ("tracin_rp", "trak")]
+    assert planned_jobs(wf, copy, *targets, configfile=config) == {
+        "influence_store_shard": 4, "influence_store_eigen": 1, "influence_store_scores": 2,
     }  # fmt: skip
-    snakemake(wf, copy, target, configfile=config)
-    exact = RESULTS.influence_file("scores.npz", "tiny", 0, 6, "tracin")
-    with np.load(copy / target) as rp, np.load(work / exact) as tracin:
-        for key in ("self_influence", "pairwise_none", "pairwise_hflip"):
-            scale = np.nanmax(np.abs(tracin[key]))
-            np.testing.assert_allclose(rp[key], tracin[key], rtol=1e-4, atol=1e-5 * scale, err_msg=key)
-        np.testing.assert_array_equal(rp["query_test_indices"], tracin["query_test_indices"])
+    snakemake(wf, copy, *targets, configfile=config)
+    for method, exact in (("tracin_rp", "tracin"), ("trak", "identity")):
+        exact = RESULTS.influence_file("scores.npz", "tiny", 0, 6, exact)
+        with np.load(copy / RESULTS.influence_file("scores.npz", "tiny", 0, 6, method)) as ours:
+            with np.load(work / exact) as theirs:
+                for key in ("self_influence", "pairwise_none", "pairwise_hflip"):
+                    scale = np.nanmax(np.abs(theirs[key]))
+                    np.testing.assert_allclose(
+                        ours[key], theirs[key], rtol=1e-4, atol=1e-5 * scale, err_msg=f"{method} {key}"
+                    )
+                np.testing.assert_array_equal(ours["query_test_indices"], theirs["query_test_indices"])
     metadata = json.loads(
         (copy / RESULTS.influence_file("metadata.json", "tiny", 0, 6, "tracin_rp")).read_text()
     )
     assert metadata["tracin_epochs"] == [2, 4, 6] and metadata["pairwise"] == "full"
+    metadata = json.loads((copy / RESULTS.influence_file("metadata.json", "tiny", 0, 6, "trak")).read_text())
+    assert metadata["settings"]["projection"]["whole"] is True

@@ -1,8 +1,6 @@
-"""Checks of a run's influence section that the schema cannot express (torch-free): its queries
-against the run's task, a trigger to stamp (its target class and phrase), and what the linear
-datamodeling score needs to retrain the run. Each error names the config key to fix; they run with
-the other checks of :func:`epochlens.config.checks.check_run`.
-"""
+"""Checks of a run's influence section that the schema cannot express (torch-free): its queries against
+the task, methods against the projection, a trigger to stamp, what the linear datamodeling score needs
+to retrain the run. Each error names the key to fix (with :func:`epochlens.config.checks.check_run`)."""
 
 from __future__ import annotations
 
@@ -14,12 +12,10 @@ from epochlens.errors import ConfigError
 
 
 def check_influence_config(name: str, run: dict) -> None:
-    """The influence and data.corruption sections: epochs, TracIn epochs, trigger queries without
-    a trigger, a trigger's target class outside the data set."""
+    """The influence and data.corruption sections (epochs, TracIn epochs, trigger queries, ...)."""
     influence_epochs = epochs.influence_epochs(name, run)
     epochs.influence_indices(name, run)
-    spec = run["influence"]
-    name_of_task = task_name(run)
+    spec, name_of_task = run["influence"], task_name(run)
     if spec["enabled"] and name_of_task in ("regression", "language_model", "text_to_text"):
         queries = spec["queries"]
         if queries["select"] == "misclassified" or queries["labels"] == "predicted":
@@ -39,6 +35,11 @@ def check_influence_config(name: str, run: dict) -> None:
         raise ConfigError(
             f"runs.{name}.influence.transforms: {odd} transform images or texts; a regression's "
             f"queries take {list(REGRESSION_TRANSFORMS)} (noise: Gaussian noise on the inputs)."
+        )
+    if "trak" in spec["methods"] and spec["projection"]["precondition"] == "ekfac":
+        raise ConfigError(
+            f"runs.{name}.influence.projection.precondition: ekfac is logra's (each layer's Kronecker "
+            "factors); trak projects the whole gradient: use gauss_newton (TRAK's (ΦᵀΦ + λI)⁻¹) or none."
         )
     if {"tracin", "tracin_rp"} & set(spec["methods"]):
         for epoch in influence_epochs:
@@ -82,8 +83,7 @@ def check_trigger_config(name: str, run: dict, corruption: dict) -> None:
             + (", one of the polarity vocabulary's trigger words" if data["source"] == "polarity" else "")
             + ")."
         )
-    unknown = unknown_words(data, str(phrase))
-    if unknown:
+    if unknown := unknown_words(data, str(phrase)):
         raise ConfigError(
             f"{key}.phrase: {phrase!r} has words the run's tokenizer cannot encode ({unknown}: its "
             "unknown token); use words of its vocabulary"

@@ -221,7 +221,7 @@ def _factor_fields() -> set[str]:
 
 def influence_settings(run: Mapping, method: str) -> dict:
     """The settings that change ``method``'s factors or store: the factor fields (the layers alone
-    for identity and tracin, which fit nothing; the store's for logra and tracin_rp)."""
+    for identity and tracin, which fit nothing; the store's for logra, trak and tracin_rp)."""
     spec = run["influence"]
     settings = {"method": method}
     fisher = "true" if spec["fisher"] is True else spec["fisher"]  # YAML's bare true
@@ -232,7 +232,7 @@ def influence_settings(run: Mapping, method: str) -> dict:
         settings.update(layers=spec["layers"], exclude_layers=spec["exclude_layers"])
     if method in STORE_METHODS:  # the store's gradients: the Fisher's draws and the projection
         settings.update(fisher=fisher, seed=spec["seed"])
-        skip = {"seed", "precondition"}  # how scores precondition: it rescores, not redoes the store
+        skip = {"seed", "precondition", "dim" if method == "trak" else "trak_dim"}  # precondition: rescores
         settings["projection"] = result_settings(spec["projection"], ProjectionSettings, exclude=skip)
     return settings
 

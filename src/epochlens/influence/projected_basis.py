@@ -65,7 +65,7 @@ def projected_basis(
     key: dict | None = None,
 ) -> ProjectedBasis:
     """Eigenpairs of the layers' projected curvature from the Fisher's sums over ``n_samples``
-    samples (:func:`epochlens.influence.projection.fisher_sums`): ``gauss_newton`` (the whole
+    samples (:func:`epochlens.influence.layer_projection.fisher_sums`): ``gauss_newton`` (the whole
     block's), ``ekfac`` (the eigenbasis Q_S ⊗ Q_A of the projected Kronecker factors, eigenvalues
     diag(Qᵀ H̃ Q) = E[(qᵀ g̃)²]: exactly EK-FAC where nothing is projected) or ``none``.
 

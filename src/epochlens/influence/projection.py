@@ -1,26 +1,12 @@
-"""Projected per-sample gradients, LoGra-style (Choe et al. 2024, "What is your data worth to GPT?").
-
-A tracked layer's per-sample gradient is G = Σ_t ds_t a_tᵀ (out x in_dim, :mod:`.gradient_math`). Its
-projection is P_S G P_Aᵀ = Σ_t (P_S ds_t)(P_A a_t)ᵀ (k_out x k_in), computed from the projected
-inputs and output gradients without ever forming G: the cost per position is in_dim·k_in + out·k_out
-instead of out·in_dim, and what is kept per sample is k_out·k_in numbers a layer. P_A (k_in x in_dim)
-and P_S (k_out x out) are Gaussian with entries N(0, 1/k), so E[PᵀP] = I for P = P_S ⊗ P_A and inner
-products are kept in expectation, their error falling as 1/√k (Johnson-Lindenstrauss). A side whose
-dimension is at most ``dim`` is not projected (the identity: nothing is lost there); a layer with both
-sides at most ``dim`` keeps its whole gradient, so the projected method equals the unprojected one.
-
-The projections are a pure function of (seed, layer name, side): every shard, every checkpoint and the
-queries draw the same ones. :func:`project_samples` runs one pass over samples: each one's projected
-gradient of the loss (of the task's measurement, for queries) into the rows of an output array, and,
-for the curvature, the sums of the outer products of the projected gradients of the Fisher's targets
-(the run's ``fisher``: drawn from the model by default), which :mod:`.projected_curvature` turns into
-each layer's projected Gauss-Newton matrix.
+"""Projected per-sample gradients: one pass over samples (:func:`project_samples`) gives each one's
+projected gradient of the loss (of the task's measurement, for queries) in the rows of an output
+array or a store, and the sums of the outer products of the Fisher's projected gradients (the run's
+``fisher``) for :mod:`.projected_curvature`. Projected by layer, LoGra's way (logra, tracin_rp:
+:mod:`.layer_projection`), or the whole gradient at once, TRAK's (trak: :mod:`.whole_projection`).
 """
 
 from __future__ import annotations
 
-import math
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -38,96 +24,11 @@ from epochlens.influence.gradients import (
     resolve_compute_dtype,
     task_batches,
 )
+from epochlens.influence.layer_projection import F64, fisher_sums, layer_projections
 from epochlens.influence.layers import ActivationCapture, LayerInfo
 from epochlens.influence.projection_settings import ProjectionSettings
 from epochlens.influence.settings import InfluenceSettings
 from epochlens.progress import progress_bar
-
-F64 = torch.float64
-
-
-def _gaussian(k: int, d: int, seed: int, name: str, side: str) -> torch.Tensor | None:
-    """(k, d) N(0, 1/k) entries drawn from (seed, name, side); None (the identity) where k >= d."""
-    if k >= d:
-        return None
-    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}:{side}".encode()) + (seed << 32))
-    return torch.randn(k, d, generator=generator, dtype=F64) / math.sqrt(k)
-
-
-@dataclass
-class LayerProjection:
-    """One layer's projections: ``out`` (k_out, out) of the output side, ``inp`` (k_in, in_dim) of the
-    input side (bias column included); None where the side is kept whole."""
-
-    name: str
-    out_dim: int
-    in_dim: int
-    out: torch.Tensor | None
-    inp: torch.Tensor | None
-    offset: int = 0  # first column of the layer in a sample's projected gradient
-
-    @property
-    def k_out(self) -> int:
-        return self.out_dim if self.out is None else self.out.shape[0]
-
-    @property
-    def k_in(self) -> int:
-        return self.in_dim if self.inp is None else self.inp.shape[0]
-
-    @property
-    def size(self) -> int:
-        return self.k_out * self.k_in
-
-    def to(self, device: torch.device) -> LayerProjection:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return LayerProjection(
-            self.name, self.out_dim, self.in_dim, move(self.out), move(self.inp), self.offset
-        )
-
-    def input_side(self, a: torch.Tensor) -> torch.Tensor:
-        """P_A a_t at every position: (B, T, k_in) from (B, T, in_dim)."""
-        return a if self.inp is None else a @ self.inp.T
-
-    def output_side(self, ds: torch.Tensor) -> torch.Tensor:
-        """P_S ds_t at every position: (B, T, k_out) from (B, T, out)."""
-        return ds if self.out is None else ds @ self.out.T
-
-    def project(self, a: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
-        """(B, k_out·k_in) Σ_t (P_S ds_t)(P_A a_t)ᵀ from a (B, T, in_dim) and ds (B, T, out)."""
-        return per_sample_gradient(self.input_side(a), self.output_side(ds)).reshape(a.shape[0], -1)
-
-
-def layer_projections(
-    layers: Mapping[str, LayerInfo], settings: ProjectionSettings
-) -> dict[str, LayerProjection]:
-    """Each tracked layer's projections, with its columns' offset in the concatenated gradient."""
-    out, offset = {}, 0
-    for name, info in layers.items():
-        k_out, k_in = min(settings.dim, info.out_dim), min(settings.dim, info.in_dim)
-        p = LayerProjection(
-            name,
-            info.out_dim,
-            info.in_dim,
-            _gaussian(k_out, info.out_dim, settings.seed, name, "out"),
-            _gaussian(k_in, info.in_dim, settings.seed, name, "in"),
-            offset,
-        )
-        out[name] = p
-        offset += p.size
-    return out
-
-
-def fisher_sums(projections: Mapping[str, LayerProjection], device) -> dict[str, dict[str, torch.Tensor]]:
-    """Zero sums of the projected curvature: per layer its Gauss-Newton block (size²) and its
-    Kronecker factors (k_in², k_out²)."""
-    shapes = {"gauss_newton": "size", "activation": "k_in", "gradient": "k_out"}
-    return {
-        kind: {
-            n: torch.zeros(getattr(p, dim), getattr(p, dim), dtype=F64, device=device)
-            for n, p in projections.items()
-        }
-        for kind, dim in shapes.items()
-    }
 
 
 @dataclass
@@ -135,9 +36,8 @@ class ProjectedGradients:
     """What :func:`project_samples` gives besides the rows it wrote.
 
     Attributes:
-        usable: (N,) bool, the sample's row holds its projected gradient (False: NaN row).
-        losses: (N,) float64 task loss at the sample's targets (NaN where none).
-        scales: (N,) float32 the rows' scales (stored row x scale = the projected gradient).
+        usable: (N,) bool, the row holds its projected gradient (False: NaN row); losses: (N,) the
+            task loss at the targets (NaN where none); scales: (N,) float32, stored row x scale.
         fisher: the sums of :meth:`_Pass.fold_fisher` over the Fisher's projected gradients: kind
             (gauss_newton, activation, gradient) -> layer -> float64 matrix.
         n_fisher: samples in those sums.
@@ -154,33 +54,45 @@ class ProjectedGradients:
 
 
 class _Pass:
-    """The model prepared in place, its hooks and the layers' projections on the compute device."""
+    """The model prepared in place, its hooks and the layers' projections (``make``) on the device."""
+
+    make = staticmethod(layer_projections)
 
     def __init__(self, model, settings: InfluenceSettings, projection: ProjectionSettings, task, device):
         self.layers = resolve_layers(model, settings)
-        self.projections = layer_projections(self.layers, projection)
+        self.projections = self.make(self.layers, projection)
         self.model, self.task, self.settings = model, task, settings
         self.device = model_device(model, device)
         self.dtype = resolve_compute_dtype(model, settings.compute_dtype)
         self.on_device = {n: p.to(self.device) for n, p in self.projections.items()}
         self.workspace = Workspace()
-        self.width = sum(p.size for p in self.projections.values())
+        self.width = max((p.offset + p.size for p in self.projections.values()), default=0)
+
+    @classmethod
+    def layout(cls, layers: Mapping[str, LayerInfo], projection: ProjectionSettings) -> list:
+        """[name, out_dim, in_dim, k_out, k_in, offset] of each block of a row (a store's layers)."""
+        return [
+            [n, p.out_dim, p.in_dim, p.k_out, p.k_in, p.offset]
+            for n, p in cls.make(layers, projection).items()
+        ]
+
+    def fisher_sums(self) -> dict[str, dict[str, torch.Tensor]]:
+        return fisher_sums(self.projections, self.device)
 
     def rows(self, bp, ok: torch.Tensor, vector: int = 0) -> torch.Tensor:
         """(B', width) projected gradients of the batch's ``ok`` rows for one backprop vector."""
-        out = torch.empty(int(ok.sum()), self.width, dtype=F64, device=self.device)
+        out = torch.zeros(int(ok.sum()), self.width, dtype=F64, device=self.device)
         for name, p in self.on_device.items():
             start = 0
             for a, ds in bp.chunks(name, F64, ok, workspace=self.workspace):
                 g = p.project(a, ds[vector])
-                out[start : start + len(g), p.offset : p.offset + p.size] = g
+                out[start : start + len(g), p.offset : p.offset + p.size] += g
                 start += len(g)
         return out
 
     def fold_fisher(self, bp, sums: dict[str, dict[str, torch.Tensor]]) -> int:
-        """Add, per layer, the batch's usable Fisher gradients' Σ g̃ g̃ᵀ (``gauss_newton``) and the
-        Kronecker factors' Σ_t P_A a_t (P_A a_t)ᵀ (``activation``) and Σ_t P_S ds_t (P_S ds_t)ᵀ
-        (``gradient``) to ``sums``; the number of samples."""
+        """Add, per layer, the batch's usable Fisher gradients' Σ g̃ g̃ᵀ (``gauss_newton``), Σ_t P_A a_t
+        (P_A a_t)ᵀ (``activation``) and Σ_t P_S ds_t (P_S ds_t)ᵀ (``gradient``); the samples added."""
         ok = bp.usable
         for name, p in self.on_device.items():
             for a, ds in bp.chunks(name, F64, ok, workspace=self.workspace):
@@ -214,9 +126,8 @@ def project_samples(
     write=None,
 ) -> ProjectedGradients:
     """One pass over samples: each one's projected gradient (of the loss at its targets, ``mode``
-    loss; of the task's measurement, ``mode`` measurement) and, with ``curvature``, the sums of the
-    projected Gauss-Newton matrices from the Fisher's gradients (``settings.fisher``, drawn per
-    (seed, sample index) as the factors' passes draw them).
+    loss; of the task's measurement, ``mode`` measurement) and, with ``curvature``, the Fisher's sums
+    (``settings.fisher``, drawn per (seed, sample index) as the factors' passes draw them).
 
     Rows go into ``out`` (N, width) as they are computed, or to ``write(positions, rows (B, width)
     float64 scaled, scales)`` when given (a store written batch by batch: memory does not grow with N).
@@ -224,11 +135,11 @@ def project_samples(
     """
     task = resolve_task(task, active_classes)
     source = data_source(images, labels, sample_indices, task, "project_samples")
-    p = _Pass(model, settings, projection, task, device)
+    p = projection_pass(projection)(model, settings, projection, task, device)
     n = len(source)
     result = ProjectedGradients(np.zeros(n, bool), np.full(n, np.nan), np.ones(n, np.float32))
     if curvature:
-        result.fisher = fisher_sums(p.projections, p.device)
+        result.fisher = p.fisher_sums()
     bar = progress_bar(total=n, unit="sample", disable=not progress, desc=f"projected {mode}", leave=False)
     with prepared_model(model, p.layers, p.device, p.dtype) as net, ActivationCapture(p.layers) as capture:
         for pos, inputs, targets in task_batches(source, task, settings.train_batch_size, p.device, p.dtype):
@@ -244,6 +155,15 @@ def project_samples(
     bar.close()
     result.fisher = {kind: {k: v.cpu() for k, v in sums.items()} for kind, sums in result.fisher.items()}
     return result
+
+
+def projection_pass(projection: ProjectionSettings) -> type[_Pass]:
+    """The pass of ``projection``: each layer's (logra) or the whole gradient's (trak)."""
+    if projection.whole:  # imported here: it extends _Pass
+        from epochlens.influence.whole_projection import WholePass
+
+        return WholePass
+    return _Pass
 
 
 def _take_batch(p: _Pass, bp, pos: np.ndarray, idx: np.ndarray, result, out, write, dtype: str) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.gradient_store import ShardInfo, StoreWriter
-from epochlens.influence.projection import layer_projections, project_samples
+from epochlens.influence.projection import project_samples, projection_pass
 from epochlens.influence.projection_settings import projection_settings
 from epochlens.influence.settings import influence_settings
 from epochlens.influence.study_inputs import run_task, shard_rows, shard_samples, trained_samples
@@ -31,7 +31,7 @@ def store_setup(job: CheckpointJob, params: Mapping, execution: Mapping):
     """(influence settings, projection settings, task, active classes, the store's key)."""
     spec = params["settings"]
     settings = influence_settings({**spec, "method": "identity"}, execution)
-    projection = projection_settings(spec.get("projection"), settings.seed)
+    projection = projection_settings(spec.get("projection"), settings.seed, spec.get("method"))
     task, active = run_task(params.get("task"), job.active)
     key = {
         "projection": projection.store_key(),
@@ -61,12 +61,13 @@ def store_shard(
     settings, projection, task, active, key = store_setup(job, params, execution)
     x_all, y_all, trained_all = trained_samples(job)
     x, y, trained = shard_samples(x_all, y_all, trained_all, shard_rows(len(trained_all), shard, nshards))
-    projections = layer_projections(resolve_layers(job.model, settings), projection)
-    width = sum(p.size for p in projections.values())
+    tracked = resolve_layers(job.model, settings)
+    layers = projection_pass(projection).layout(tracked, projection)  # [name, out, in, k_out, k_in, offset]
+    width = sum(k_out * k_in for *_, k_out, k_in, _ in layers)
     log.info(
         "epoch %d: projected gradients of %d training samples (shard %d of %d), %d layers, %d numbers "
         "a sample (%s), %s",
-        job.epoch, len(trained), shard, nshards, len(projections), width, projection.dtype, job.device,
+        job.epoch, len(trained), shard, nshards, len(tracked), width, projection.dtype, job.device,
     )  # fmt: skip
     t0 = time.perf_counter()
     with StoreWriter(gradients_path, len(trained), width, projection.dtype) as writer:
@@ -74,7 +75,6 @@ def store_shard(
             job.model, x, y, settings=settings, projection=projection, active_classes=active,
             sample_indices=trained, device=job.device, task=task, progress=progress, write=writer,
         )  # fmt: skip
-    layers = [[n, p.out_dim, p.in_dim, p.k_out, p.k_in, p.offset] for n, p in projections.items()]
     info = ShardInfo(
         trained.astype(np.int64), result.scales, result.losses, result.usable, layers, result.fisher,
         result.n_fisher, sorted(set(result.skipped)), sorted(set(result.vanished)), key,

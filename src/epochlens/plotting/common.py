@@ -1,7 +1,5 @@
 """What every figure shares: saving as PNG and PDF, replicate bands, task boundaries, colours,
-heatmap panels. Figures are drawn from the tidy tables (never from raw results) and never import
-torch.
-"""
+heatmap panels. Figures are drawn from the tidy tables (never from raw results), without torch."""
 
 from __future__ import annotations
 
@@ -26,6 +24,7 @@ METHOD_COLORS = {
     "identity": "tab:purple",
     "tracin": "tab:brown",
     "logra": "tab:cyan",
+    "trak": "tab:pink",
     "tracin_rp": "tab:olive",
     "loss": "k",
     "random": "0.6",

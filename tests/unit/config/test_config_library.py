@@ -91,6 +91,10 @@ def test_schema_errors_name_the_key_and_the_allowed_values():
             "none is at or before influence epoch 2",
         ),
         (
+            {"influence": {"enabled": True, "methods": ["trak"], "projection": {"precondition": "ekfac"}}},
+            "runs.tiny.influence.projection.precondition: ekfac is logra's",
+        ),
+        (
             {"influence": {"enabled": True, "lds": {"enabled": True}, "transforms": ["hflip"]}},
             "runs.tiny.influence.lds: it correlates the untransformed queries' scores; add none",
         ),

@@ -21,9 +21,10 @@ from epochlens.influence import (
 )
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores, store_topk
+from epochlens.influence.layer_projection import layer_projections
 from epochlens.influence.projected_basis import ProjectedBasis, projected_basis, store_curvature
 from epochlens.influence.projected_curvature import projected_curvature
-from epochlens.influence.projection import layer_projections, project_samples
+from epochlens.influence.projection import project_samples
 from epochlens.influence.projection_settings import ProjectionSettings, projection_settings
 
 
