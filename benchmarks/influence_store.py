@@ -12,6 +12,9 @@ task), N training samples and Q queries, the influence jobs of each method as th
   scores (the curvature damped, the queries' gradients, one read of the store);
 * ``logra_requery``: Q other queries scored against the kept store and curvature (what a new query
   set costs: the ``influence_store_scores`` job alone).
+* ``trak`` and ``trak_requery`` (``--trak-dim K``): the same three jobs and a new query set for
+  TRAK's projection of the whole gradient to K numbers (influence/whole_projection.py), printed
+  beside: trak / ekfac, trak / logra and the Spearman correlations of its scores with EK-FAC's.
 * ``kronfluence`` (``--kronfluence PYTHON``, the image models): kronfluence 1.0.1's EK-FAC in its own
   environment (benchmarks/_kronfluence.py, as ``benchmarks/influence.py --kronfluence`` runs it:
   empirical Fisher, float64, ``--kf-query-batch-size`` queries held) on the same weights, training
@@ -48,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import _common
@@ -58,10 +62,9 @@ from scipy.stats import spearmanr
 from epochlens.influence import InfluenceSettings, fit_factors, pairwise_influence, self_influence
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWriter, store_scores
-from epochlens.influence.layer_projection import layer_projections
 from epochlens.influence.projected_basis import projected_basis
 from epochlens.influence.projected_curvature import projected_curvature
-from epochlens.influence.projection import project_samples
+from epochlens.influence.projection import project_samples, projection_pass
 from epochlens.influence.projection_settings import ProjectionSettings
 from epochlens.influence.store_summary import store_summary
 from epochlens.models.networks import build_model
@@ -112,20 +115,18 @@ def ekfac(c: Case) -> tuple[np.ndarray, np.ndarray]:
     return pair, own
 
 
-def write_store(c: Case, folder: Path) -> GradientStore:
+def write_store(c: Case, folder: Path, projection: ProjectionSettings) -> GradientStore:
     """The store of the training samples in one shard, as an influence_store_shard job writes it."""
-    projections = layer_projections(resolve_layers(c.net, c.settings), c.projection)
-    width = sum(p.size for p in projections.values())
-    layers = [[n, p.out_dim, p.in_dim, p.k_out, p.k_in, p.offset] for n, p in projections.items()]
-    n = len(c.x)
-    with StoreWriter(folder / "store.npy", n, width, c.projection.dtype) as writer:
+    layers = projection_pass(projection).layout(resolve_layers(c.net, c.settings), projection)
+    width, n, name = sum(r[3] * r[4] for r in layers), len(c.x), "trak" if projection.whole else "store"
+    with StoreWriter(folder / f"{name}.npy", n, width, projection.dtype) as writer:
         r = project_samples(
-            c.net, c.x, c.y, settings=c.settings, projection=c.projection, active_classes=c.active,
+            c.net, c.x, c.y, settings=c.settings, projection=projection, active_classes=c.active,
             task=c.task, write=writer,
         )  # fmt: skip
     info = ShardInfo(np.arange(n), r.scales, r.losses, r.usable, layers, r.fisher, r.n_fisher, [], [], {}, {})
-    info.save(folder / "store.pt")
-    return GradientStore([(folder / "store.npy", folder / "store.pt")])
+    info.save(folder / f"{name}.pt")
+    return GradientStore([(folder / f"{name}.npy", folder / f"{name}.pt")])
 
 
 def store_basis(c: Case, store: GradientStore):
@@ -134,15 +135,24 @@ def store_basis(c: Case, store: GradientStore):
     return projected_basis(sums, n, store.infos[0].layers, c.projection.precondition)
 
 
-def score_store(c: Case, store: GradientStore, basis, queries) -> tuple[np.ndarray, np.ndarray]:
+def score_store(
+    c: Case, store: GradientStore, basis, queries, projection=None
+) -> tuple[np.ndarray, np.ndarray]:
     """An influence_store_scores job: the damped curvature, the queries' projected gradients, one read."""
     curvature = projected_curvature(basis, c.settings)
     q = np.full((len(queries[0]), store.width), np.nan)
     project_samples(
-        c.net, *queries, q, settings=c.settings, projection=c.projection, mode="measurement",
+        c.net, *queries, q, settings=c.settings, projection=projection or c.projection, mode="measurement",
         curvature=False, active_classes=c.active, task=c.task,
     )  # fmt: skip
     return store_scores(store, curvature, curvature.apply(q))
+
+
+def _first_run(c: Case, folder: Path, projection: ProjectionSettings, kept: dict):
+    """The store, its curvature, the scores: the three jobs of a first run (kept for the requery)."""
+    kept["store"] = write_store(c, folder, projection)
+    kept["basis"] = store_basis(c, kept["store"])
+    return score_store(c, kept["store"], kept["basis"], c.queries[0], projection)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -155,18 +165,16 @@ def compare(a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     c, device = Case(a), torch.device("cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        folder, kept = Path(tmp), {}
-
-        def logra():  # the store, its curvature, the scores: the three jobs of a first run
-            kept["store"] = write_store(c, folder)
-            kept["basis"] = store_basis(c, kept["store"])
-            return score_store(c, kept["store"], kept["basis"], c.queries[0])
-
+        folder, kept, trak = Path(tmp), {}, {}
         sides = {
             "ekfac": lambda: ekfac(c),
-            "logra": logra,
+            "logra": lambda: _first_run(c, folder, c.projection, kept),
             "logra_requery": lambda: score_store(c, kept["store"], kept["basis"], c.queries[1]),
         }
+        if a.trak_dim:  # TRAK's projection of the whole gradient, preconditioned by the whole curvature
+            whole = replace(c.projection, trak_dim=a.trak_dim, whole=True)
+            sides["trak"] = lambda: _first_run(c, folder, whole, trak)
+            sides["trak_requery"] = lambda: score_store(c, trak["store"], trak["basis"], c.queries[1], whole)
         kf = _kronfluence_side(c, a, folder, sides) if a.kronfluence else None
         try:
             seconds, results, peaks = _common.interleaved(sides, a.repeats, device, memory=True)
@@ -183,6 +191,14 @@ def compare(a: argparse.Namespace) -> dict:
         "spearman_pairwise": _spearman(lg_pair, ek_pair),
         "spearman_self": float(spearmanr(lg_self, ek_self).statistic), "store_bytes": disk,
     }  # fmt: skip
+    if a.trak_dim:
+        tr_pair, tr_self = results["trak"]
+        report.update(
+            trak_over_ekfac=seconds["trak"] / seconds["ekfac"],
+            trak_over_logra=seconds["trak"] / seconds["logra"],
+            trak_spearman_pairwise=_spearman(tr_pair, ek_pair),
+            trak_spearman_self=float(spearmanr(tr_self, ek_self).statistic),
+        )  # fmt: skip
     if kf is not None:
         kf_pair, kf_self = results["kronfluence"]
         report["peak_mib"]["kronfluence"] = kf.peak_mib
@@ -308,6 +324,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--faiss", action="store_true", help="--scale: also faiss's exact index (faiss-cpu)")
     p.add_argument("--tmp", help="folder of the scale run's stores (default: the system's temporary folder)")
+    p.add_argument("--trak-dim", type=int, help="also trak (and a requery) at this projection.trak_dim")
     p.add_argument("--kronfluence", help="compare with kronfluence 1.0.1 run by this Python (its own venv)")
     p.add_argument("--kf-query-batch-size", type=int, default=40, help="queries kronfluence holds at once")
     p.add_argument("--json", type=Path, help="also write the report to this JSON file")
