@@ -16,7 +16,6 @@ job imports this module: changing a number reruns nothing.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from epochlens.influence.projection_settings import PROJECTED_METHODS
-from epochlens.memory_sources import dossier_rows, held_bytes, model_bytes, size
+from epochlens.memory_sources import dossier_rows, held_bytes, model_bytes, size, stored_sizes
 from epochlens.scale_plan import influence_cap
 
 #: Peak measured x HEADROOM: what the job asks for at its first attempt.
@@ -49,6 +48,7 @@ class RunShape:
     model_cap: float = math.inf  # the most an influence job holds for it (scale_plan.influence_cap)
     score_columns: int = 0  # the queries x their transforms an influence scoring job scores
     pairwise_gb: float = math.inf  # scores kept whole up to this (GiB of float32): projected methods'
+    curvature: int = 0  # numbers of a job's whole projected curvature (trak's: trak_dim²)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Memory:
     model (at most the shape's ``model_cap`` where ``capped``) + ``input_copies`` x the files it
     reads whole + ``per_score`` bytes x samples x score columns (none where ``summarised`` and
     their float32 pass the shape's ``pairwise_gb``: a store's summary, see store_summary; its
-    readers, where the run's methods are all projected)."""
+    readers, where the run's methods are all projected) + ``per_curvature`` bytes x its curvature."""
 
     base_mb: float = 400
     per_sample: float = 0.0
@@ -66,6 +66,7 @@ class Memory:
     capped: bool = False
     per_score: float = 0.0
     summarised: bool = False
+    per_curvature: float = 0.0
 
     def peak_mb(self, shape: RunShape) -> float:
         """The expected peak of a job of this rule on ``shape`` (MB, no headroom)."""
@@ -74,6 +75,7 @@ class Memory:
             + min(self.model_copies * shape.model_bytes, shape.model_cap if self.capped else math.inf)
             + self.input_copies * shape.input_bytes
             + self.per_score * self._scores(shape)
+            + self.per_curvature * shape.curvature
         )
         return self.base_mb + (TEXT_MB if shape.text else 0) + held / MB
 
@@ -122,10 +124,15 @@ for _rule in ("score_shard", "scores", "store_scores"):
 RULES["influence_store_scores"] = replace(RULES["influence_store_scores"], summarised=True)
 for _rule in ("poison_detection", "sample_dossier", "lds_tables"):
     RULES[_rule] = replace(RULES.get(_rule, DEFAULT), per_score=26, summarised=_rule != "lds_tables")
-#: The store's shards write their rows as they go: a sample's positions, scale and loss stay.
-RULES["influence_store_shard"] = Memory(base_mb=710, per_sample=100, model_copies=16, capped=True)
-#: The store's curvature: the shards' sums and each layer's eigenvectors, (k_out k_in)² numbers a layer.
-RULES["influence_store_eigen"] = Memory(base_mb=400, model_copies=4, capped=True)
+#: The store's shards write their rows as they go: a sample's positions, scale and loss stay. Its
+#: curvature: the shards' sums and each layer's eigenvectors, (k_out k_in)² numbers a layer; trak's
+#: one k² block, float64, in the Fisher's sums, their merge, eigendecomposition and inverse (the demo's
+#: digits_noisy at trak_dim 2,048 and 8,192, max_rss: +16, +54 and +23 B a number; asked 20, 64, 28).
+RULES["influence_store_shard"] = Memory(
+    base_mb=710, per_sample=100, model_copies=16, capped=True, per_curvature=20
+)
+RULES["influence_store_eigen"] = Memory(base_mb=400, model_copies=4, capped=True, per_curvature=64)
+RULES["influence_store_scores"] = replace(RULES["influence_store_scores"], per_curvature=28)
 #: A text run's jobs import transformers and tokenizers (~200 MB more on the demo's polarity run).
 TEXT_MB = 200
 
@@ -150,28 +157,10 @@ def dataset_shape(path: str | Path) -> RunShape:
         return RunShape()
     stat = Path(path).stat()
     try:
-        return _stored_shape(str(path), stat.st_mtime_ns, stat.st_size)
+        samples, sample_bytes, text = stored_sizes(str(path), stat.st_mtime_ns, stat.st_size)
+        return RunShape(samples=samples, sample_bytes=sample_bytes, text=text)
     except (OSError, KeyError):  # damaged: the job's own read names the file and the fix
         return RunShape()
-
-
-@functools.lru_cache(maxsize=64)
-def _stored_shape(path: str, mtime_ns: int, size: int) -> RunShape:
-    """:func:`dataset_shape` of the file as it is (``mtime_ns`` and ``size`` key the cache)."""
-    import h5py
-
-    samples, sample_bytes, text = 0, 0, False
-    with h5py.File(path, "r") as f:
-        for split in ("train", "test"):
-            group = f.get(split)
-            key = next((k for k in ("images", "input_ids") if group is not None and k in group), None)
-            if key is None:
-                continue
-            rows = group[key]
-            samples += rows.shape[0]
-            sample_bytes = max(sample_bytes, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
-            text = key == "input_ids"
-    return RunShape(samples=samples, sample_bytes=sample_bytes, text=text)
 
 
 def _files(value: Any) -> list[str]:
@@ -204,26 +193,35 @@ def shard_share(wildcards: Any) -> float:
 
 
 def job_mem_mb(
-    rule: str, inputs: Mapping, attempt: int = 1, folder_bytes: int = 0, share: float = 1.0, run=None
+    rule: str,
+    inputs: Mapping,
+    attempt: int = 1,
+    folder_bytes: int = 0,
+    share: float = 1.0,
+    run=None,
+    method=None,
 ) -> int:
     """``mem_mb`` of a job of ``rule`` with these named inputs at its ``attempt``; ``folder_bytes``:
     what it reads whole of a data folder that is not among its inputs
     (:func:`~epochlens.memory_sources.data_folder_bytes`); ``share``: a shard job's share of the
-    samples (1 / its shard count), what it holds per sample; ``run``: its run's config section."""
-    shape = influence_shape(job_shape(inputs), (run or {}).get("influence"))
+    samples (1 / its shard count), what it holds per sample; ``run``: its run's config section;
+    ``method``: its wildcard."""
+    shape = influence_shape(job_shape(inputs), (run or {}).get("influence"), method)
     samples, input_bytes = math.ceil(shape.samples * share), shape.input_bytes + folder_bytes
     return mem_mb(rule, replace(shape, samples=samples, input_bytes=input_bytes), attempt)
 
 
-def influence_shape(shape: RunShape, influence: Mapping[str, Any] | None) -> RunShape:
+def influence_shape(shape: RunShape, influence: Mapping[str, Any] | None, method=None) -> RunShape:
     """``shape`` with what a run's ``influence`` section sets of its jobs' memory: the model's
-    cap (layer groups), the score columns (at most ``queries.max_count`` x the transforms) and
-    ``pairwise_gb`` where every method is projected (the config's; else, or unset: scores whole)."""
+    cap (layer groups), the score columns (at most ``queries.max_count`` x the transforms),
+    ``pairwise_gb`` where every method is projected (the config's; else, or unset: scores whole)
+    and trak's curvature (a job of ``method`` trak)."""
     cap, influence = influence_cap(shape.model_bytes, influence), influence or {}
     columns = (influence.get("queries") or {}).get("max_count", 50) * len(influence.get("transforms") or [0])
     projected = set(influence.get("methods") or [None]) <= set(PROJECTED_METHODS)
     gb = (influence.get("projection") or {}).get("pairwise_gb", math.inf) if projected else math.inf
-    return replace(shape, model_cap=cap, score_columns=columns, pairwise_gb=gb)
+    k = (influence.get("projection") or {}).get("trak_dim", 2048) if method == "trak" else 0
+    return replace(shape, model_cap=cap, score_columns=columns, pairwise_gb=gb, curvature=k * k)
 
 
 def describe(rule: str) -> str:
@@ -231,6 +229,7 @@ def describe(rule: str) -> str:
     m = rule_memory(rule)
     terms = ((m.per_sample, " B x samples"), (m.model_copies, " x model"), (m.input_copies, " x input files"))
     terms += ((m.per_score, " B x samples x queries x transforms" + (" if whole" * m.summarised)),)
+    terms += ((m.per_curvature, " B x trak_dim² (trak)"),)
     return " + ".join([f"{m.base_mb:g}"] + [f"{v:g}{unit}" for v, unit in terms if v])
 
 

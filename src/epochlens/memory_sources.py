@@ -2,7 +2,8 @@
 imported by no job): what ``prepare_data`` holds of its data source, a source file whole but for
 the ``.npz`` arrays it reads by rows (:func:`held_bytes`), a data folder (a param of the rule, not
 its input) by its files, an image folder's images decoded up to what it keeps in memory
-(:func:`data_folder_bytes`); a checkpoint's weights (:func:`model_bytes`), a dossier's rows."""
+(:func:`data_folder_bytes`); a checkpoint's weights (:func:`model_bytes`), a dossier's rows, a
+dataset.h5's samples (:func:`stored_sizes`)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,23 @@ def model_bytes(path: str | Path) -> int:
         files = {p for pattern in MODEL_FILES for p in path.glob(pattern)}
         return sum(p.stat().st_size for p in files if "optimizer" not in p.name)
     return 0
+
+
+@functools.lru_cache(maxsize=64)
+def stored_sizes(path: str, mtime_ns: int, size: int) -> tuple[int, int, bool]:
+    """(samples, bytes a sample, text) of a ``dataset.h5`` as it is: its train and test images or
+    token ids (``mtime_ns`` and ``size`` key the cache; :func:`epochlens.memory.dataset_shape`)."""
+    import h5py
+
+    samples, sample_bytes, text = 0, 0, False
+    with h5py.File(path, "r") as f:
+        for split in ("train", "test"):
+            group = f.get(split)
+            key = next((k for k in ("images", "input_ids") if group is not None and k in group), None)
+            if key is None:
+                continue
+            rows = group[key]
+            samples += rows.shape[0]
+            sample_bytes = max(sample_bytes, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
+            text = key == "input_ids"
+    return samples, sample_bytes, text

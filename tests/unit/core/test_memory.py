@@ -209,3 +209,31 @@ def test_scores_past_pairwise_gb_are_asked_for_as_a_summary_where_every_method_i
         assert mem_mb(rule, small) < 3_000 and mem_mb(rule, whole) > scores_mb
     assert mem_mb("influence_scores", small) > scores_mb  # a factor method's are always whole
     assert mem_mb("lds_tables", small) > scores_mb  # the LDS reads them whole
+
+
+#: max_rss (MB) of trak's jobs on the demo's digits_noisy (1,797 images, 50 queries x 4 transforms)
+#: at two projection sizes, from Snakemake's benchmark files, 2026-12-07: its one k x k curvature.
+MEASURED_TRAK = {
+    2048: {"influence_store_shard": 319, "influence_store_eigen": 462, "influence_store_scores": 433},
+    8192: {"influence_store_shard": 1327, "influence_store_eigen": 3832, "influence_store_scores": 1878},
+}
+
+
+def test_trak_jobs_ask_for_their_curvature():
+    """Below each measured peak, growing from k = 2,048 to 8,192 by more than the peaks grew (the
+    eigendecomposition asked 600 MB at both before); a logra job of the same run asks for none."""
+    spec = {
+        "methods": ["logra", "trak"],
+        "queries": {"max_count": 50},
+        "transforms": ["none", "hflip", "noise", "crop"],
+    }
+    shape, asked = RunShape(samples=1797, model_bytes=103_207), {}
+    for k, peaks in MEASURED_TRAK.items():
+        trak = memory.influence_shape(shape, {**spec, "projection": {"trak_dim": k}}, "trak")
+        asked[k] = {rule: mem_mb(rule, trak) for rule in peaks}
+        assert all(peak < asked[k][rule] for rule, peak in peaks.items()), (k, asked[k])
+        logra = memory.influence_shape(shape, {**spec, "projection": {"trak_dim": k}}, "logra")
+        assert mem_mb("influence_store_eigen", logra) == mem_mb("influence_store_eigen", shape)
+    for rule in MEASURED_TRAK[2048]:
+        assert asked[8192][rule] - asked[2048][rule] > MEASURED_TRAK[8192][rule] - MEASURED_TRAK[2048][rule]
+    assert "trak_dim²" in memory.describe("influence_store_eigen")
