@@ -9,8 +9,8 @@ the built-in small CNN in its place: the data's share of each job's memory and t
 ``--stages samples`` the per-sample stages (evaluation, sample outputs, dossier, thumbnails,
 explorer; curvature, features, probes and ablation off): a ResNet-18 on every image (36 s of
 forward passes at N = 50,000 on two CPU cores); ``--stages all`` every stage, influence (EK-FAC)
-too; ``--stages influence`` the projected-gradient store (method logra, every class trained, the
-dossier) with ``--queries`` queries, its (Q, N) scores kept whole up to ``--pairwise-gb``.
+too; ``--stages influence`` the projected-gradient store (``--methods``, logra by default; every
+class trained, the dossier) with ``--queries`` queries, its (Q, N) scores kept whole up to ``--pairwise-gb``.
 ``--source imagefolder`` or ``npz``: random pixels as well, in an image folder of PNGs or an ``.npz``,
 normalised from the training images; ``text``: N sentences and a tiny BERT in the
 formats of config/examples/text_classifier.yaml (benchmarks/_text_project.py). Peaks and
@@ -54,6 +54,7 @@ def options() -> argparse.ArgumentParser:
     p.add_argument(
         "--pairwise-gb", type=float, default=2.0, help="--stages influence: influence.projection's"
     )
+    p.add_argument("--methods", nargs="+", default=["logra"], help="--stages influence: the store's methods")
     p.add_argument("--model", choices=sorted(MODELS), default="resnet18_lop", help="the checkpoint's network")
     p.add_argument(
         "--source",
@@ -71,7 +72,7 @@ def options() -> argparse.ArgumentParser:
 
 def write_project(
     work: Path, n_train: int, model: str = "resnet18_lop", stages: str = "samples", source: str = "cifar100",
-    queries: int = 100, pairwise_gb: float = 2.0,
+    queries: int = 100, pairwise_gb: float = 2.0, methods: tuple[str, ...] = ("logra",),
 ) -> Path:  # fmt: skip
     """The study's inputs and its config (paths into ``work``); returns the config file. ``source``
     other than cifar100: random pixels as well, in an image folder or an npz, normalised from them."""
@@ -95,7 +96,7 @@ def write_project(
         run.update(curvature=OFF, features=OFF, probes=OFF, ablation=OFF)
     if stages == "influence":  # every class trained: N training samples in the store
         run["schedule"]["initial_classes"] = 100
-        run["influence"] = {"enabled": True, "methods": ["logra"], "queries": {"max_count": queries}}
+        run["influence"] = {"enabled": True, "methods": list(methods), "queries": {"max_count": queries}}
         run["influence"]["projection"] = {"pairwise_gb": pairwise_gb}
     cfg["device"] = "cpu"
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             work = (args.keep or Path(tmp)) / f"n{n}"
-            influence = {"queries": args.queries, "pairwise_gb": args.pairwise_gb}
+            influence = {"queries": args.queries, "pairwise_gb": args.pairwise_gb, "methods": args.methods}
             rows += measure(work, n, args.stages, args.cores, args.model, args.source, **influence)
     table = pd.DataFrame(rows)
     peaks = table.pivot(index="rule", columns="n", values="own_peak_mb")

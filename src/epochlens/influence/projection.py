@@ -36,8 +36,9 @@ class ProjectedGradients:
     """What :func:`project_samples` gives besides the rows it wrote.
 
     Attributes:
-        usable: (N,) bool, the row holds its projected gradient (False: NaN row); losses: (N,) the
-            task loss at the targets (NaN where none); scales: (N,) float32, stored row x scale.
+        usable: (N,) bool, the sample's row holds its projected gradient (False: NaN row).
+        losses: (N,) float64 task loss at the sample's targets (NaN where none).
+        scales: (N,) float32 the rows' scales (stored row x scale = the projected gradient).
         fisher: the sums of :meth:`_Pass.fold_fisher` over the Fisher's projected gradients: kind
             (gauss_newton, activation, gradient) -> layer -> float64 matrix.
         n_fisher: samples in those sums.
