@@ -178,8 +178,8 @@ def get_mem_mb(wildcards, input, attempt, rulename):
     the model's bytes, x the attempt (epochlens.memory); evaluated again once the job's inputs
     exist."""
     run = config["runs"].get(getattr(wildcards, "run", None), {})
-    method = getattr(wildcards, "method", None)
-    return job_mem_mb(rulename, input, attempt, share=shard_share(wildcards), run=run, method=method)
+    share, method = shard_share(wildcards), getattr(wildcards, "method", None)
+    return job_mem_mb(rulename, input, attempt, share=share, run=run, method=method)
 
 
 def get_runtime(wildcards, input, attempt, rulename):
