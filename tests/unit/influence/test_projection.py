@@ -9,14 +9,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from exact_influence import MLP, TinyCNN, assert_matches, dampings_of, data, exact_scores, explicit_quantities
+from exact_influence import (
+    MLP,
+    TinyCNN,
+    assert_matches,
+    dampings_of,
+    data,
+    exact_scores,
+    explicit_quantities,
+    projection_errors,
+)
 
 from epochlens.errors import ConfigError, InfluenceError
 from epochlens.influence import (
     InfluenceSettings,
     fit_factors,
     pairwise_influence,
-    per_sample_gradients,
     self_influence,
 )
 from epochlens.influence.covariances import resolve_layers
@@ -94,24 +102,11 @@ def test_identity_projection_with_ekfac_equals_ekfac(fisher):
 def test_random_projection_error_falls_with_dimension():
     """Johnson-Lindenstrauss: projected gradient inner products approach the exact ones, their
     relative error (mean over 8 seeds of the projections) falling as a power of the dimension."""
-    torch.manual_seed(0)
-    net = MLP(48, 40, 10).double().eval()
-    x, y = data(30, (48,), 10, 0)
-    active = np.arange(10)
-    settings = InfluenceSettings(method="identity")
-    grads = per_sample_gradients(net, x, y, active, settings)
-    g = np.concatenate([v.reshape(len(x), -1).numpy() for v in grads.values()], 1)
-    exact = g @ g.T
-    dims, errors = (2, 4, 8, 16, 32), []
-    for dim in dims:
-        runs = []
-        for seed in range(8):
-            projection = ProjectionSettings(dim=dim, precondition="none", seed=seed)
-            out, _, _ = _project(net, x, y, active, settings, projection, curvature=False)
-            runs.append(np.linalg.norm(out @ out.T - exact) / np.linalg.norm(exact))
-        errors.append(np.mean(runs))
+    dims = (2, 4, 8, 16, 32)
+    errors, slope = projection_errors(
+        lambda d, seed: ProjectionSettings(dim=d, precondition="none", seed=seed), dims
+    )
     assert all(b < a for a, b in zip(errors, errors[1:], strict=False)), errors
-    slope = np.polyfit(np.log(dims), np.log(errors), 1)[0]
     assert -1.2 < slope < -0.4, (slope, errors)  # 1/√k per side, at most 1/k: the order JL predicts
     assert errors[-1] < 0.4
 

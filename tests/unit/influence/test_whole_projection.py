@@ -8,9 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from exact_influence import MLP, TinyCNN, assert_matches, data, exact_scores, explicit_quantities
+from exact_influence import (
+    MLP,
+    TinyCNN,
+    assert_matches,
+    data,
+    exact_scores,
+    explicit_quantities,
+    projection_errors,
+)
 
-from epochlens.influence import InfluenceSettings, per_sample_gradients
+from epochlens.influence import InfluenceSettings
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.projected_basis import projected_basis
 from epochlens.influence.projected_curvature import projected_curvature
@@ -79,25 +87,11 @@ def test_identity_is_exact_influence_with_the_whole_gauss_newton_matrix(model, s
 def test_sketch_error_falls_as_one_over_root_k():
     """The sketch's inner products approach the exact ones: relative error (mean over 8 seeds) falling
     as k^-1/2, as a Gaussian projection's."""
-    torch.manual_seed(0)
-    net = MLP(48, 40, 10).double().eval()
-    x, y = data(30, (48,), 10, 0)
-    active = np.arange(10)
-    settings = InfluenceSettings(method="identity")
-    grads = per_sample_gradients(net, x, y, active, settings)
-    g = np.concatenate([v.reshape(len(x), -1).numpy() for v in grads.values()], 1)
-    exact = g @ g.T
-    dims, errors = (16, 64, 256, 1024), []
-    for k in dims:
-        runs = []
-        for seed in range(8):
-            projection = ProjectionSettings(trak_dim=k, precondition="none", seed=seed, whole=True)
-            out, _, _ = _project(net, x, y, active, settings, projection, curvature=False)
-            assert out.shape == (30, k)
-            runs.append(np.linalg.norm(out @ out.T - exact) / np.linalg.norm(exact))
-        errors.append(np.mean(runs))
+    dims = (16, 64, 256, 1024)
+    errors, slope = projection_errors(
+        lambda k, seed: ProjectionSettings(trak_dim=k, precondition="none", seed=seed, whole=True), dims
+    )
     assert all(b < a for a, b in zip(errors, errors[1:], strict=False)), errors
-    slope = np.polyfit(np.log(dims), np.log(errors), 1)[0]
     assert -0.75 < slope < -0.3, (slope, errors)
     assert errors[-1] < 0.25
 
