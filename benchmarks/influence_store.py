@@ -1,9 +1,11 @@
 """Benchmark: the projected-gradient store (method logra) beside EK-FAC, and at a million samples.
 
 ``compare`` (default): on ResNet-18 (``--model resnet18_lop``: random CIFAR-shaped inputs, 100
-classes, 50 active), the small CNN (``small_cnn``, 1x8x8) or a Mistral-shaped causal LM (``mistral``:
-``--layers`` decoder layers of hidden 512, MLP 1792, random prompts of 32 tokens, the language-model
-task), N training samples and Q queries, the influence jobs of each method as the workflow runs them:
+classes, 50 active), the small CNN (``small_cnn``, 1x8x8), a tiny GPT-2 or BERT classifier
+(``tiny_gpt2``, ``tiny_bert``: benchmarks/influence.py's, random token sequences) or a Mistral-shaped
+causal LM (``mistral``: ``--layers`` decoder layers of hidden 512, MLP 1792, random prompts of 32
+tokens, the language-model task), N training samples and Q queries, the curvature from ``--fisher``,
+the influence jobs of each method as the workflow runs them:
 
 * ``ekfac``: the factors (covariances, eigendecomposition, corrections: two passes) and the scores
   (self-influence and the influence on the queries: ceil(Q / held) passes over the training set);
@@ -15,7 +17,8 @@ task), N training samples and Q queries, the influence jobs of each method as th
 * ``trak`` and ``trak_requery`` (``--trak-dim K``): the same three jobs and a new query set for
   TRAK's projection of the whole gradient to K numbers (influence/whole_projection.py), printed
   beside: trak / ekfac, trak / logra and the Spearman correlations of its scores with EK-FAC's.
-* ``kronfluence`` (``--kronfluence PYTHON``, the image models): kronfluence 1.0.1's EK-FAC in its own
+* ``kronfluence`` (``--kronfluence PYTHON``, the image models and the text classifiers; with
+  ``--fisher empirical`` the EK-FAC side matches it): kronfluence 1.0.1's EK-FAC in its own
   environment (benchmarks/_kronfluence.py, as ``benchmarks/influence.py --kronfluence`` runs it:
   empirical Fisher, float64, ``--kf-query-batch-size`` queries held) on the same weights, training
   samples and first queries, its five stages in a row; its seconds are the subprocess's wall time
@@ -71,6 +74,7 @@ from epochlens.models.networks import build_model
 from epochlens.tasks import LanguageModelTask
 
 SHAPES = {"small_cnn": (1, 8, 10, 5), "resnet18_lop": (3, 32, 100, 50)}
+TEXT_CLASSIFIERS = ("tiny_bert", "tiny_gpt2")  # benchmarks/influence.py's: two-class, random tokens
 
 
 class Case:
@@ -90,6 +94,16 @@ class Case:
             self.net, self.task, self.active = large_models.model(shape), LanguageModelTask(), None
             self.x, self.y = large_models.Prompts(a.n_train, 32, 1000, 1), None
             self.queries = [(large_models.Prompts(a.n_query, 32, 1000, s), None) for s in (2, 3)]
+        elif a.model in TEXT_CLASSIFIERS:  # benchmarks/influence.py's inputs: random token sequences
+            from influence import _data, _inputs, _model
+
+            inputs = [
+                _inputs(a.model, argparse.Namespace(seed=s, n_train=a.n_train, n_query=a.n_query))
+                for s in (0, 1)
+            ]
+            self.inputs, self.net, self.task = inputs[0], _model(inputs[0], torch.device("cpu")), None
+            self.x, self.y, xq, yq, self.active = _data(inputs[0])
+            self.queries = [(xq, yq), _data(inputs[1])[2:4]]
         else:
             channels, side, classes, active = SHAPES[a.model]
             torch.manual_seed(0)
@@ -101,9 +115,8 @@ class Case:
                 (torch.randn(a.n_query, channels, side, side, generator=gen), self._labels(a.n_query, gen))
                 for _ in range(2)
             ]
-        self.settings = InfluenceSettings(
-            method="identity", train_batch_size=a.batch, factor_batch_size=a.batch, query_batch_size=a.n_query
-        )
+        batches = {"train_batch_size": a.batch, "factor_batch_size": a.batch, "query_batch_size": a.n_query}
+        self.settings = InfluenceSettings(method="identity", fisher=a.fisher, **batches)
         self.projection = ProjectionSettings(dim=a.dim, dtype=a.dtype, precondition=a.precondition)
 
 
@@ -216,9 +229,9 @@ def _kronfluence_side(c: Case, a: argparse.Namespace, folder: Path, sides: dict)
     """kronfluence's EK-FAC as a side of the comparison: its driver started on the case's inputs."""
     from influence import _Kronfluence
 
-    if a.model not in SHAPES:
-        raise SystemExit("influence_store.py: --kronfluence runs on the image models (kronfluence's driver)")
-    inputs = {
+    if a.model not in [*SHAPES, *TEXT_CLASSIFIERS]:
+        raise SystemExit("influence_store.py: --kronfluence runs on the image models and text classifiers")
+    inputs = getattr(c, "inputs", None) or {
         "model": a.model, "num_classes": SHAPES[a.model][2], "state_dict": c.net.state_dict(),
         "x": c.x, "y": c.y, "xq": c.queries[0][0], "yq": c.queries[0][1], "active": c.active,
     }  # fmt: skip
@@ -309,7 +322,8 @@ def scale(a: argparse.Namespace) -> list[dict]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=[*SHAPES, "mistral"], default="small_cnn")
+    p.add_argument("--model", choices=[*SHAPES, *TEXT_CLASSIFIERS, "mistral"], default="small_cnn")
+    p.add_argument("--fisher", choices=["true", "empirical"], default="true", help="influence.fisher")
     p.add_argument("--layers", type=int, default=8, help="decoder layers of --model mistral")
     p.add_argument("--n-train", type=int, default=256)
     p.add_argument("--n-query", type=int, default=40)
