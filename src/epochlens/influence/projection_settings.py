@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from epochlens.errors import ConfigError
 
@@ -44,8 +44,8 @@ class ProjectionSettings:
         if problems:
             raise ConfigError("influence.projection: " + "; ".join(problems) + ". Fix the config.")
 
-    def key(self) -> dict:
-        return asdict(self)
+    def key(self) -> dict:  # as a job records them: its method's projection
+        return {**self.store_key(), "precondition": self.precondition}
 
     def store_key(self) -> dict:
         """What the stored gradients depend on (not how the scores precondition them)."""

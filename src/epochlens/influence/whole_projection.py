@@ -1,5 +1,5 @@
 """TRAK's projection (Park et al. 2023, "TRAK: Attributing Model Behavior at Scale") of each sample's
-whole gradient, for the pass of :mod:`.projection` (method trak).
+whole gradient, for the pass of :mod:`.projection_pass` (method trak).
 
 The p numbers of a sample's gradient (every tracked layer's G = Σ_t ds_t a_tᵀ, flattened, in layer
 order) are mapped to k = ``trak_dim`` by one sparse Johnson-Lindenstrauss transform S (k x p), a
@@ -31,7 +31,7 @@ import torch
 from epochlens.influence.gradient_math import gradient_chunks
 from epochlens.influence.layer_projection import F64, generator
 from epochlens.influence.layers import LayerInfo
-from epochlens.influence.projection import _Pass
+from epochlens.influence.projection_pass import ProjectionPass
 from epochlens.influence.projection_settings import ProjectionSettings
 
 #: The name of the store's one block of columns (its "layer" in the store and the diagnostics).
@@ -84,7 +84,7 @@ def layer_sketches(layers: Mapping[str, LayerInfo], settings: ProjectionSettings
     return out
 
 
-class WholePass(_Pass):
+class WholePass(ProjectionPass):
     """The pass of trak: rows S vec(G) of width k (p where not projected), and the Fisher's sums
     Σ φφᵀ of the whole projected gradient (one block, :data:`WHOLE`)."""
 
