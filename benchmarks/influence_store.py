@@ -231,7 +231,7 @@ def _kronfluence_side(c: Case, a: argparse.Namespace, folder: Path, sides: dict)
 
     if a.model not in [*SHAPES, *TEXT_CLASSIFIERS]:
         raise SystemExit("influence_store.py: --kronfluence runs on the image models and text classifiers")
-    inputs = getattr(c, "inputs", None) or {
+    inputs = c.inputs if a.model in TEXT_CLASSIFIERS else {
         "model": a.model, "num_classes": SHAPES[a.model][2], "state_dict": c.net.state_dict(),
         "x": c.x, "y": c.y, "xq": c.queries[0][0], "yq": c.queries[0][1], "active": c.active,
     }  # fmt: skip

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from epochlens.influence.projection_settings import PROJECTED_METHODS
+from epochlens.influence.projection_settings import PROJECTED_METHODS, ProjectionSettings
 from epochlens.memory_sources import dossier_rows, held_bytes, model_bytes, size, stored_sizes
 from epochlens.scale_plan import influence_cap
 
@@ -219,8 +219,9 @@ def influence_shape(shape: RunShape, influence: Mapping[str, Any] | None, method
     cap, influence = influence_cap(shape.model_bytes, influence), influence or {}
     columns = (influence.get("queries") or {}).get("max_count", 50) * len(influence.get("transforms") or [0])
     projected = set(influence.get("methods") or [None]) <= set(PROJECTED_METHODS)
-    gb = (influence.get("projection") or {}).get("pairwise_gb", math.inf) if projected else math.inf
-    k = (influence.get("projection") or {}).get("trak_dim", 2048) if method == "trak" else 0
+    spec = influence.get("projection") or {}
+    gb = spec.get("pairwise_gb", math.inf) if projected else math.inf
+    k = spec.get("trak_dim", ProjectionSettings.trak_dim) if method == "trak" else 0
     return replace(shape, model_cap=cap, score_columns=columns, pairwise_gb=gb, curvature=k * k)
 
 

@@ -69,10 +69,17 @@ class LayerSketch:
         return out
 
 
+def _sizes(layers: Mapping[str, LayerInfo], settings: ProjectionSettings) -> tuple[dict[str, int], int]:
+    """Each layer's number of gradient coordinates, and a row's width: k (``settings.trak_dim``),
+    or p where k >= p (nothing projected)."""
+    sizes = {name: info.out_dim * info.in_dim for name, info in layers.items()}
+    return sizes, min(settings.trak_dim, sum(sizes.values()))
+
+
 def layer_sketches(layers: Mapping[str, LayerInfo], settings: ProjectionSettings) -> dict[str, LayerSketch]:
     """Each tracked layer's part of S (k = ``settings.trak_dim``), or of the identity where k >= p."""
-    sizes = {name: info.out_dim * info.in_dim for name, info in layers.items()}
-    k, whole, out, offset = settings.trak_dim, sum(sizes.values()) <= settings.trak_dim, {}, 0
+    sizes, k = _sizes(layers, settings)
+    whole, out, offset = k == sum(sizes.values()), {}, 0
     for name, info in layers.items():
         if whole:
             out[name] = LayerSketch(name, info.out_dim, info.in_dim, None, None, offset, sizes[name])
@@ -93,8 +100,8 @@ class WholePass(ProjectionPass):
     @staticmethod
     def layout(layers: Mapping[str, LayerInfo], projection: ProjectionSettings) -> list:
         """One block: [WHOLE, 1, p, 1, k, 0] (k = p where nothing is projected)."""
-        p = sum(info.out_dim * info.in_dim for info in layers.values())
-        return [[WHOLE, 1, p, 1, min(p, projection.trak_dim), 0]]
+        sizes, k = _sizes(layers, projection)
+        return [[WHOLE, 1, sum(sizes.values()), 1, k, 0]]
 
     def fisher_sums(self) -> dict[str, dict[str, torch.Tensor]]:
         gauss_newton = torch.zeros(self.width, self.width, dtype=F64, device=self.device)

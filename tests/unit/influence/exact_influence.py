@@ -97,14 +97,26 @@ def dampings_of(diagnostics) -> dict[str, float]:
     return dict(zip(diagnostics["layer"], diagnostics["damping"], strict=True))
 
 
+def projected_rows(model, x, y, active, settings, projection, curvature: bool = True):
+    """(rows (N, width), project_samples' result, the store's layer list) of ``projection`` (its pass's
+    layout: a logra layer's blocks, or trak's one)."""
+    from epochlens.influence.covariances import resolve_layers
+    from epochlens.influence.projection import project_samples, projection_pass
+
+    layout = projection_pass(projection).layout(resolve_layers(model, settings), projection)
+    out = np.zeros((len(x), sum(r[3] * r[4] for r in layout)))
+    result = project_samples(
+        model, x, y, out, settings=settings, projection=projection, active_classes=active, curvature=curvature
+    )
+    return out, result, layout
+
+
 def projection_errors(projection_at, dims, seeds: int = 8) -> tuple[list[float], float]:
     """Johnson-Lindenstrauss, measured: for each dimension, the relative (Frobenius) error of the
     projected gradient inner products of 30 samples of an MLP(48, 40, 10) against the exact ones,
     mean over ``seeds`` projections (``projection_at(dim, seed)``: ProjectionSettings); and the
     slope of log error against log dimension."""
     from epochlens.influence import InfluenceSettings, per_sample_gradients
-    from epochlens.influence.covariances import resolve_layers
-    from epochlens.influence.projection import project_samples, projection_pass
 
     torch.manual_seed(0)
     net = MLP(48, 40, 10).double().eval()
@@ -116,19 +128,7 @@ def projection_errors(projection_at, dims, seeds: int = 8) -> tuple[list[float],
     for dim in dims:
         runs = []
         for seed in range(seeds):
-            projection = projection_at(dim, seed)
-            layout = projection_pass(projection).layout(resolve_layers(net, settings), projection)
-            out = np.zeros((len(x), sum(r[3] * r[4] for r in layout)))
-            project_samples(
-                net,
-                x,
-                y,
-                out,
-                settings=settings,
-                projection=projection,
-                active_classes=active,
-                curvature=False,
-            )
+            out, _, _ = projected_rows(net, x, y, active, settings, projection_at(dim, seed), curvature=False)
             runs.append(np.linalg.norm(out @ out.T - exact) / np.linalg.norm(exact))
         errors.append(float(np.mean(runs)))
     return errors, float(np.polyfit(np.log(dims), np.log(errors), 1)[0])

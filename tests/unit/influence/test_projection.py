@@ -17,6 +17,7 @@ from exact_influence import (
     data,
     exact_scores,
     explicit_quantities,
+    projected_rows,
     projection_errors,
 )
 
@@ -32,24 +33,12 @@ from epochlens.influence.gradient_store import GradientStore, ShardInfo, StoreWr
 from epochlens.influence.layer_projection import layer_projections
 from epochlens.influence.projected_basis import ProjectedBasis, projected_basis, store_curvature
 from epochlens.influence.projected_curvature import projected_curvature
-from epochlens.influence.projection import project_samples
+from epochlens.influence.projection import project_samples, projection_pass
 from epochlens.influence.projection_settings import ProjectionSettings, projection_settings
 
 
 def _layers(model, settings, projection) -> list:
-    return [
-        [n, p.out_dim, p.in_dim, p.k_out, p.k_in, p.offset]
-        for n, p in layer_projections(resolve_layers(model, settings), projection).items()
-    ]
-
-
-def _project(model, x, y, active, settings, projection, curvature=True):
-    layers = _layers(model, settings, projection)
-    out = np.zeros((len(x), sum(r[3] * r[4] for r in layers)))
-    result = project_samples(
-        model, x, y, out, settings=settings, projection=projection, active_classes=active, curvature=curvature
-    )
-    return out, result, layers
+    return projection_pass(projection).layout(resolve_layers(model, settings), projection)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +52,7 @@ def test_identity_projection_is_exact_block_gauss_newton(model, shape, classes):
     x, y = data(16, shape, classes, 1)
     active = np.arange(classes)
     settings = InfluenceSettings(method="identity", fisher="expected", damping=0.1)
-    out, result, layers = _project(net, x, y, active, settings, ProjectionSettings(dim=1000))
+    out, result, layers = projected_rows(net, x, y, active, settings, ProjectionSettings(dim=1000))
     assert all(r[1:3] == r[3:5] for r in layers)  # nothing projected
     curvature = projected_curvature(
         projected_basis(result.fisher, result.n_fisher, layers, "gauss_newton"), settings
@@ -86,7 +75,7 @@ def test_identity_projection_with_ekfac_equals_ekfac(fisher):
     x, y = data(24, (6,), 4, 2)
     active = np.arange(4)
     settings = InfluenceSettings(method="identity", fisher=fisher, damping=0.1)
-    out, result, layers = _project(net, x, y, active, settings, ProjectionSettings(dim=64))
+    out, result, layers = projected_rows(net, x, y, active, settings, ProjectionSettings(dim=64))
     curvature = projected_curvature(
         projected_basis(result.fisher, result.n_fisher, layers, "ekfac"), settings
     )
@@ -164,7 +153,7 @@ def test_store_shards_and_float16(tmp_path):
     active = np.arange(4)
     settings = InfluenceSettings(method="identity", damping=0.1)
     projection = ProjectionSettings(dim=6)
-    queries, _, layers = _project(net, x[:7], y[:7], active, settings, projection, curvature=False)
+    queries, _, layers = projected_rows(net, x[:7], y[:7], active, settings, projection, curvature=False)
     scores, curvatures = {}, {}
     for shards, dtype in ((1, "float32"), (2, "float32"), (1, "float16")):
         p = ProjectionSettings(dim=6, dtype=dtype)

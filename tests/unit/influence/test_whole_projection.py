@@ -15,6 +15,7 @@ from exact_influence import (
     data,
     exact_scores,
     explicit_quantities,
+    projected_rows,
     projection_errors,
 )
 
@@ -22,18 +23,9 @@ from epochlens.influence import InfluenceSettings
 from epochlens.influence.covariances import resolve_layers
 from epochlens.influence.projected_basis import projected_basis
 from epochlens.influence.projected_curvature import projected_curvature
-from epochlens.influence.projection import project_samples, projection_pass
+from epochlens.influence.projection import projection_pass
 from epochlens.influence.projection_settings import ProjectionSettings, projection_settings
 from epochlens.influence.whole_projection import WHOLE, WholePass, layer_sketches
-
-
-def _project(model, x, y, active, settings, projection, curvature=True):
-    layout = projection_pass(projection).layout(resolve_layers(model, settings), projection)
-    out = np.zeros((len(x), layout[0][4]))
-    result = project_samples(
-        model, x, y, out, settings=settings, projection=projection, active_classes=active, curvature=curvature
-    )
-    return out, result, layout
 
 
 def test_trak_selects_the_whole_projection():
@@ -65,7 +57,7 @@ def test_identity_is_exact_influence_with_the_whole_gauss_newton_matrix(model, s
     x, y = data(16, shape, classes, 1)
     active = np.arange(classes)
     settings = InfluenceSettings(method="identity", fisher="expected", damping=0.1)
-    out, result, layout = _project(
+    out, result, layout = projected_rows(
         net, x, y, active, settings, ProjectionSettings(trak_dim=10**6, whole=True)
     )
     ex = explicit_quantities(net, x, y, active)
